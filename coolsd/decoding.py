@@ -1,0 +1,128 @@
+"""The one speculative decoding loop that every decoder runs (AR, SD, LANTERN, LANTERN++, SJD, COOL-SD).
+
+A decoder is a drafter + an acceptance rule + a draft length; the loop below never branches on which.
+Per iteration (the algorithm box of speculative sampling, Leviathan et al. 2023; loop shape after
+Hugging Face ``generation/utils.py: _assisted_decoding`` and gpt-fast ``generate.py: speculative_decode``):
+
+1. draft   — the drafter proposes ``L`` tokens with their draft distributions ``q``;
+2. verify  — one target forward over ``[last committed token, x_1..x_L]`` gives ``p_1..p_{L+1}``;
+3. accept/resample — the rule accepts a prefix of ``n`` drafts and draws one more token;
+4. commit  — append ``n + 1`` tokens, keep their KV entries, drop the rest;
+5. observe — the drafter sees the verified block and updates its own state.
+
+``draft_len = 0`` with the null drafter is plain autoregressive decoding (the speedup denominator).
+Batch size is 1 prompt per call (classifier-free guidance doubles the batch inside the model adapter).
+
+Example: ``python run.py decoder=sd decoder.draft_len=4``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from coolsd.acceptance import AcceptanceRule, verify_chain
+from coolsd.drafters.base import Drafter, NullDrafter
+from coolsd.models.base import ImageARModel
+from coolsd.sampling import sample
+from coolsd.types import DecodeStats, StatsRecorder
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generated image's tokens (N,) in raster order and its decode statistics."""
+
+    tokens: torch.Tensor
+    stats: DecodeStats
+
+
+class Decoder:
+    """A decoding method: ``drafter`` proposes, ``rule`` accepts, ``draft_len`` tokens per iteration."""
+
+    def __init__(
+        self,
+        name: str,
+        model: ImageARModel,
+        rule: AcceptanceRule,
+        draft_len: int = 0,
+        drafter: Callable[..., Drafter] | Drafter | None = None,
+        track_tv: bool = True,
+        sync_phases: bool = False,
+    ) -> None:
+        if draft_len < 0:
+            raise ValueError(f"decoder.draft_len must be >= 0, got {draft_len}")
+        if draft_len > 0 and drafter is None:
+            raise ValueError(f"decoder {name!r} has draft_len={draft_len} but no drafter; set decoder.drafter")
+        self.name = name
+        self.model = model
+        self.rule = rule
+        self.draft_len = draft_len
+        if drafter is None:
+            drafter = NullDrafter()
+        self.drafter = drafter if isinstance(drafter, Drafter) else drafter(target=model)
+        self.track_tv = track_tv
+        self.sync_phases = sync_phases and model.device.type == "cuda"
+
+    def _clock(self) -> float:
+        if self.sync_phases:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    @torch.inference_mode()
+    def generate(self, prompt: str, seed: int) -> Generation:
+        """Generate one image for ``prompt``; all randomness comes from a generator seeded with ``seed``."""
+        model, rule = self.model, self.rule
+        n_tokens = model.num_image_tokens
+        device = model.device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        rec = StatsRecorder(max_accept=self.draft_len + 1)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+
+        cache, out = model.prefill(prompt, extra_slots=self.draft_len + 1)
+        tokens = torch.empty(n_tokens, dtype=torch.long, device=device)
+        tokens[0] = sample(model.probs(out)[-1], gen)
+        rec.target_forwards += 1
+        self.drafter.begin(prompt, out, tokens[0])
+        t = 1  # committed image tokens
+        now = self._clock()
+        rec.prefill_s = now - start
+
+        while t < n_tokens:
+            draft_len = min(self.draft_len, n_tokens - t - 1)
+            # 1. draft
+            draft = self.drafter.propose(tokens[t - 1], t - 1, draft_len, gen)
+            t1 = self._clock()
+            # 2. verify: the last committed token and the drafts, at image positions t-1 .. t-1+L
+            inputs = torch.cat([tokens[t - 1 : t], draft.tokens])
+            out = model.forward_block(cache, inputs, torch.arange(t - 1, t + draft_len, device=device))
+            p = model.probs(out)  # (L+1, V)
+            t2 = self._clock()
+            # 3. accept / resample
+            verdict = verify_chain(rule, p, draft, gen, self.track_tv)
+            n = verdict.num_accepted
+            t3 = self._clock()
+            # 4. commit
+            tokens[t : t + n] = draft.tokens[:n]
+            tokens[t + n] = verdict.next_token
+            cache.keep(n + 1)
+            t += n + 1
+            # 5. observe
+            self.drafter.observe(out, p, draft, verdict)
+            t4 = self._clock()
+            rec.iteration(n + 1, verdict)
+            rec.drafter_forwards += draft.forwards
+            rec.draft_s += t1 - now
+            rec.verify_s += t2 - t1
+            rec.accept_s += t3 - t2
+            rec.observe_s += t4 - t3
+            now = t4
+
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        latency = time.perf_counter() - start
+        return Generation(tokens=tokens, stats=rec.freeze(n_tokens, latency))
+

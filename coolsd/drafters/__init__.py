@@ -1,0 +1,1 @@
+"""Drafters: networks or procedures that propose draft tokens with their draft distributions."""

@@ -1,0 +1,102 @@
+"""The model-adapter interface: everything a decoder may know about a target model.
+
+Decoders see guided distributions over codebook ids ``[0, V)`` and image-token positions, nothing else.
+An adapter hides the CFG batch layout, vocabulary offsets, structural tokens (end-of-row, size tokens),
+prompt templates, text encoders and the VQ decoder (design: ``shared/docs/architecture.md``).
+
+Positions are *image-token indices*: the input token ``x_i`` (the i-th image token, 0-based) sits at
+position ``i`` and its output is the distribution of token ``i + 1``. The prefill's output is the
+distribution of token 0.
+
+Example: ``coolsd.models.llamagen.LlamaGen`` implements it; ``python run.py model=tiny`` uses it.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from coolsd.sampling import SamplingConfig, stream_probs
+from coolsd.types import TargetOutput
+
+
+class BlockCache(Protocol):
+    """A cache of one prompt's decoding state, block-addressed (see ``coolsd.kv_cache.StaticKVCache``)."""
+
+    length: int
+
+    def keep(self, kept: int | torch.Tensor) -> None:
+        """Keep the first ``kept`` tokens of the latest forward block, or the listed block indices."""
+
+    def rollback(self, length: int) -> None:
+        """Forget everything from slot ``length`` on (possibly spanning several blocks)."""
+
+
+class ImageARModel(nn.Module, abc.ABC):
+    """Base class of every target model adapter (one image per prompt; CFG streams are internal)."""
+
+    codebook_size: int
+    grid: tuple[int, int]
+    hidden_size: int
+    sampling: SamplingConfig
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def num_streams(self) -> int:
+        """2 when classifier-free guidance is on (conditional + unconditional streams), else 1."""
+        return 2 if self.sampling.cfg_scale != 1.0 else 1
+
+    @property
+    def device(self) -> torch.device:
+        for tensor in self.parameters():
+            return tensor.device
+        for tensor in self.buffers():
+            return tensor.device
+        return torch.device("cpu")
+
+    @abc.abstractmethod
+    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[BlockCache, TargetOutput]:
+        """Encode the prompt into a fresh cache; return it and the output at the last prefix position.
+
+        ``extra_slots`` is the largest block a decoder will forward beyond the image tokens (tree nodes).
+        The returned output has ``T == 1``: its logits give the distribution of image token 0.
+        """
+
+    @abc.abstractmethod
+    def forward_block(
+        self,
+        cache: BlockCache,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor | None = None,
+    ) -> TargetOutput:
+        """Run the target over ``tokens`` (T,) at image positions ``positions`` (T,), appending a block.
+
+        ``tree_mask`` (T, T) bool: node i attends to node j iff ``tree_mask[i, j]`` (ancestors and itself);
+        ``None`` = causal. Returns logits and hidden states of shape (S, T, ·).
+        """
+
+    @abc.abstractmethod
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Input embeddings of image tokens (T,) -> (T, H), as the target's first layer sees them."""
+
+    @abc.abstractmethod
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's output head: post-norm hidden states (..., H) -> image-code logits (..., V)."""
+
+    @abc.abstractmethod
+    def codebook(self) -> torch.Tensor:
+        """The VQ codebook vectors (V, D), raw (un-normalised) weights."""
+
+    @abc.abstractmethod
+    def decode_image(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image tokens (N,) in raster order -> uint8 image (3, H, W)."""
+
+    def probs(self, out: TargetOutput) -> torch.Tensor:
+        """Guided next-token distributions (T, V) of a forward's output, through the shared pipeline."""
+        return stream_probs(out.logits, self.sampling)

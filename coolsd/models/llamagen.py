@@ -1,0 +1,451 @@
+"""LlamaGen (Sun et al., 2024): the GPT image generator and its model adapter.
+
+Architecture written after FoundationVision/LlamaGen ``autoregressive/models/gpt.py`` (MIT): Llama-style
+pre-norm decoder (RMSNorm, SwiGLU, fused ``wqkv``, no biases), 2-D RoPE over the image grid, condition
+tokens first (a class embedding for ``c2i``, a projected caption for ``t2i``) whose RoPE table is all zeros
+(so their q and k vanish; a quirk of the reference that this copy keeps). Parameter names equal the
+released checkpoints' (``tok_embeddings``, ``layers.{i}.attention.wqkv``, ``cls_embedding.cap_proj.fc1`` ...).
+
+CFG layout: the batch is ``[cond; uncond]`` halves (not interleaved); the unconditional condition is the
+null class (``c2i``) or the learned ``uncond_embedding`` (``t2i``).
+
+Example: ``python run.py model=tiny`` (a random-weight class-conditional instance).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from coolsd.kv_cache import StaticKVCache
+from coolsd.models.base import ImageARModel
+from coolsd.models.vq import VQConfig, VQModel
+from coolsd.sampling import SamplingConfig
+from coolsd.types import TargetOutput
+
+
+def find_multiple(n: int, k: int) -> int:
+    return n if n % k == 0 else n + k - (n % k)
+
+
+@dataclass
+class GPTConfig:
+    """Hyper-parameters of the LlamaGen GPT (names as in the reference ``ModelArgs``)."""
+
+    dim: int = 1280
+    n_layer: int = 36
+    n_head: int = 20
+    n_kv_head: int | None = None
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    token_dropout_p: float = 0.1
+    resid_dropout_p: float = 0.1
+    ffn_dropout_p: float = 0.1
+    num_classes: int = 1000
+    caption_dim: int = 2048
+    class_dropout_prob: float = 0.1
+    model_type: str = "c2i"
+    vocab_size: int = 16384
+    cls_token_num: int = 1
+    block_size: int = 256
+
+    def __post_init__(self) -> None:
+        if self.model_type not in ("c2i", "t2i"):
+            raise ValueError(f"model.gpt.model_type must be 'c2i' or 't2i', got {self.model_type!r}")
+        if self.dim % self.n_head:
+            raise ValueError(f"model.gpt.dim ({self.dim}) must be divisible by model.gpt.n_head ({self.n_head})")
+        side = math.isqrt(self.block_size)
+        if side * side != self.block_size:
+            raise ValueError(f"model.gpt.block_size must be a square grid size, got {self.block_size}")
+
+
+# The reference's named sizes (``GPT_models`` in gpt.py).
+GPT_SIZES: dict[str, dict[str, int]] = {
+    "GPT-B": dict(n_layer=12, n_head=12, dim=768),
+    "GPT-L": dict(n_layer=24, n_head=16, dim=1024),
+    "GPT-XL": dict(n_layer=36, n_head=20, dim=1280),
+    "GPT-XXL": dict(n_layer=48, n_head=24, dim=1536),
+    "GPT-XXXL": dict(n_layer=48, n_head=40, dim=2560),
+    "GPT-1B": dict(n_layer=22, n_head=32, dim=2048),
+    "GPT-3B": dict(n_layer=24, n_head=32, dim=3200),
+    "GPT-7B": dict(n_layer=32, n_head=32, dim=4096),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        hidden = int(2 * 4 * cfg.dim / 3)
+        if cfg.ffn_dim_multiplier is not None:
+            hidden = int(cfg.ffn_dim_multiplier * hidden)
+        hidden = find_multiple(hidden, cfg.multiple_of)
+        self.w1 = nn.Linear(cfg.dim, hidden, bias=False)
+        self.w3 = nn.Linear(cfg.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, cfg.dim, bias=False)
+        self.ffn_dropout = nn.Dropout(cfg.ffn_dropout_p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ffn_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+def rope_2d_table(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
+    """(prefix + grid², head_dim/2, 2) cos/sin table; half the pairs rotate with the row, half with the
+    column; the ``prefix`` condition positions get zeros (reference quirk)."""
+    half = head_dim // 2
+    freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))  # (head_dim/4,)
+    angles = torch.outer(torch.arange(grid).float(), freqs)  # (grid, head_dim/4)
+    per_cell = torch.cat(
+        [angles[:, None, :].expand(-1, grid, -1), angles[None, :, :].expand(grid, -1, -1)], dim=-1
+    )  # (grid, grid, head_dim/2): row angles then column angles
+    table = torch.stack([per_cell.cos(), per_cell.sin()], dim=-1).flatten(0, 1)  # (grid², head_dim/2, 2)
+    return torch.cat([torch.zeros(prefix, head_dim // 2, 2), table])
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs of ``x`` (B, T, H, D) by ``table`` (T, D/2, 2)."""
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)  # (B, T, H, D/2, 2)
+    t = table.view(1, xs.shape[1], 1, xs.shape[3], 2)
+    out = torch.stack(
+        [xs[..., 0] * t[..., 0] - xs[..., 1] * t[..., 1], xs[..., 1] * t[..., 0] + xs[..., 0] * t[..., 1]],
+        dim=-1,
+    )
+    return out.flatten(3).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.dim, self.n_head = cfg.dim, cfg.n_head
+        self.head_dim = cfg.dim // cfg.n_head
+        self.n_kv_head = cfg.n_kv_head or cfg.n_head
+        self.wqkv = nn.Linear(cfg.dim, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.resid_dropout = nn.Dropout(cfg.resid_dropout_p)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: torch.Tensor,
+        cache: StaticKVCache | None,
+        layer: int,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        kv = self.n_kv_head * self.head_dim
+        q, k, v = self.wqkv(x).split([self.dim, kv, kv], dim=-1)
+        q = apply_rope(q.view(b, t, self.n_head, self.head_dim), rope).transpose(1, 2)  # (B, H, T, D)
+        k = apply_rope(k.view(b, t, self.n_kv_head, self.head_dim), rope).transpose(1, 2)
+        v = v.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.write(layer, k, v)  # (B, Hkv, end, D)
+        if self.n_kv_head != self.n_head:
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        causal = cache is None and mask is None
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(b, t, self.dim)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.attention = Attention(cfg)
+        self.feed_forward = FeedForward(cfg)
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+
+    def forward(self, x, rope, cache, layer, mask):
+        h = x + self.attention(self.attention_norm(x), rope, cache, layer, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class LabelEmbedder(nn.Module):
+    """Class embedding with an extra null class (index ``num_classes``) for CFG."""
+
+    def __init__(self, num_classes: int, dim: int, dropout_prob: float) -> None:
+        super().__init__()
+        self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), dim)
+        self.num_classes = num_classes
+        self.dropout_prob = dropout_prob
+
+    def forward(self, labels: torch.Tensor) -> torch.Tensor:
+        if self.training and self.dropout_prob > 0:
+            drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
+            labels = torch.where(drop, torch.full_like(labels, self.num_classes), labels)
+        return self.embedding_table(labels).unsqueeze(1)  # (B, 1, dim)
+
+
+class CaptionMLP(nn.Module):
+    def __init__(self, in_features: int, hidden: int, out_features: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden, bias=False)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class CaptionEmbedder(nn.Module):
+    """Projects text-encoder features (B, T, caption_dim) to the model width; holds the null caption."""
+
+    def __init__(self, caption_dim: int, dim: int, uncond_prob: float, token_num: int) -> None:
+        super().__init__()
+        self.cap_proj = CaptionMLP(caption_dim, dim, dim)
+        self.register_buffer("uncond_embedding", torch.randn(token_num, caption_dim) / caption_dim**0.5)
+        self.uncond_prob = uncond_prob
+
+    def forward(self, caption: torch.Tensor) -> torch.Tensor:
+        if self.training and self.uncond_prob > 0:
+            drop = torch.rand(caption.shape[0], device=caption.device) < self.uncond_prob
+            caption = torch.where(drop[:, None, None], self.uncond_embedding, caption)
+        return self.cap_proj(caption)
+
+
+class Transformer(nn.Module):
+    """The LlamaGen GPT. ``forward_train`` is the teacher-forced pass; ``forward_hidden`` the cached one."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        if cfg.model_type == "c2i":
+            self.cls_embedding: nn.Module = LabelEmbedder(cfg.num_classes, cfg.dim, cfg.class_dropout_prob)
+        else:
+            self.cls_embedding = CaptionEmbedder(cfg.caption_dim, cfg.dim, cfg.class_dropout_prob, cfg.cls_token_num)
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.tok_dropout = nn.Dropout(cfg.token_dropout_p)
+        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        table = rope_2d_table(math.isqrt(cfg.block_size), cfg.dim // cfg.n_head, cfg.rope_base, cfg.cls_token_num)
+        self.register_buffer("freqs_cis", table, persistent=False)
+
+    def init_weights(self, std: float, zero_output: bool) -> None:
+        """Reference initialisation: N(0, std) for linear and embedding weights, zero output head."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+        if zero_output:
+            nn.init.zeros_(self.output.weight)
+
+    def condition(self, cond: torch.Tensor) -> torch.Tensor:
+        """Condition embeddings (B, cls_token_num, dim) from labels (B,) or captions (B, T, caption_dim)."""
+        return self.cls_embedding(cond)[:, : self.config.cls_token_num]
+
+    def forward_hidden(
+        self,
+        h: torch.Tensor,
+        seq_positions: torch.Tensor,
+        cache: StaticKVCache | None,
+        mask: torch.Tensor | None,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:
+        """Input embeddings (B, T, dim) at sequence positions (T,) -> post-norm hidden states (B, T, dim).
+
+        ``num_layers`` runs only the first blocks (layer-skip drafting); ``None`` runs all.
+        """
+        h = self.tok_dropout(h)
+        rope = self.freqs_cis[seq_positions]
+        for i, layer in enumerate(self.layers[:num_layers]):
+            h = layer(h, rope, cache, i, mask)
+        return self.norm(h)
+
+    def forward_train(self, tokens: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced pass over all image tokens (B, N) -> (logits (B, N, V), hidden (B, N, dim)).
+
+        Output ``n`` predicts image token ``n`` (the last condition position predicts token 0).
+        """
+        c = self.config.cls_token_num
+        h = torch.cat([self.condition(cond), self.tok_embeddings(tokens[:, :-1])], dim=1)  # (B, C+N-1, dim)
+        hidden = self.forward_hidden(h, torch.arange(h.shape[1], device=h.device), None, None)[:, c - 1 :]
+        return self.output(hidden).float(), hidden
+
+
+class LlamaGenCache(StaticKVCache):
+    """The static KV cache plus the number of condition tokens in front of the image tokens."""
+
+    def __init__(self, prefix_len: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.prefix_len = prefix_len
+
+
+class LlamaGen(ImageARModel):
+    """Model adapter for LlamaGen class-conditional GPTs (``c2i``; prompts are class names).
+
+    Text-to-image (``t2i``, flan-t5-xl captions) shares this transformer; its adapter adds the text encoder.
+    """
+
+    def __init__(
+        self,
+        gpt: dict | GPTConfig,
+        vq: dict | VQConfig,
+        sampling: dict | SamplingConfig,
+        class_names: Sequence[str] = (),
+        gpt_size: str | None = None,
+        gpt_checkpoint: str | None = None,
+        vq_checkpoint: str | None = None,
+        init_seed: int = 0,
+        init_std: float = 0.02,
+        zero_init_output: bool = True,
+        device: str = "auto",
+        dtype: str = "float32",
+    ) -> None:
+        super().__init__()
+        gpt_fields = dict(gpt) if not isinstance(gpt, GPTConfig) else asdict(gpt)
+        if gpt_size is not None:
+            if gpt_size not in GPT_SIZES:
+                raise ValueError(f"model.gpt_size must be one of {sorted(GPT_SIZES)}, got {gpt_size!r}")
+            gpt_fields.update(GPT_SIZES[gpt_size])
+        self.cfg = GPTConfig(**gpt_fields)
+        if self.cfg.model_type != "c2i":
+            raise ValueError("coolsd.models.llamagen.LlamaGen serves model.gpt.model_type='c2i'; "
+                             "text-to-image uses the t2i adapter (model=llamagen_t2i)")
+        vq_cfg = vq if isinstance(vq, VQConfig) else VQConfig(**dict(vq))
+        self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
+        self.class_names = list(class_names)
+        if self.class_names and len(self.class_names) != self.cfg.num_classes:
+            raise ValueError(f"model.class_names has {len(self.class_names)} names but "
+                             f"model.gpt.num_classes is {self.cfg.num_classes}")
+        if vq_cfg.codebook_size != self.cfg.vocab_size:
+            raise ValueError(f"model.vq.codebook_size ({vq_cfg.codebook_size}) must equal "
+                             f"model.gpt.vocab_size ({self.cfg.vocab_size})")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(init_seed)
+            self.gpt = Transformer(self.cfg)
+            self.gpt.init_weights(init_std, zero_init_output)
+            self.vq = VQModel(vq_cfg)
+        if gpt_checkpoint:
+            load_gpt_checkpoint(self.gpt, gpt_checkpoint)
+        if vq_checkpoint:
+            from coolsd.models.vq import load_vq_checkpoint
+
+            load_vq_checkpoint(self.vq, vq_checkpoint)
+        side = math.isqrt(self.cfg.block_size)
+        self.grid = (side, side)
+        self.codebook_size = self.cfg.vocab_size
+        self.hidden_size = self.cfg.dim
+        self.active_layers = self.cfg.n_layer
+        self.eval()
+        self.to(device=resolve_device(device), dtype=resolve_dtype(dtype))
+        self.vq.float()
+
+    # -- prompts ---------------------------------------------------------------------------------------
+    def class_index(self, prompt: str) -> int:
+        if prompt in self.class_names:
+            return self.class_names.index(prompt)
+        if prompt.strip().isdigit() and int(prompt) < self.cfg.num_classes:
+            return int(prompt)
+        allowed = self.class_names or [f"0..{self.cfg.num_classes - 1}"]
+        raise ValueError(f"prompt {prompt!r} is not a class of this model; allowed: {allowed}")
+
+    # -- the adapter interface -------------------------------------------------------------------------
+    def _new_cache(self, extra_slots: int) -> LlamaGenCache:
+        c = self.cfg.cls_token_num
+        return LlamaGenCache(
+            prefix_len=c,
+            num_layers=self.active_layers,
+            batch=self.num_streams,
+            num_heads=self.cfg.n_kv_head or self.cfg.n_head,
+            max_len=c + self.num_image_tokens + extra_slots,
+            head_dim=self.cfg.dim // self.cfg.n_head,
+            dtype=self.gpt.tok_embeddings.weight.dtype,
+            device=self.device,
+        )
+
+    def _output(self, hidden: torch.Tensor) -> TargetOutput:
+        return TargetOutput(logits=self.head(hidden), hidden=hidden)
+
+    @torch.inference_mode()
+    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[LlamaGenCache, TargetOutput]:
+        cache = self._new_cache(extra_slots)
+        label = torch.tensor([self.class_index(prompt)], device=self.device)
+        if self.num_streams == 2:
+            label = torch.cat([label, torch.full_like(label, self.cfg.num_classes)])  # [cond; uncond]
+        h = self.gpt.condition(label)  # (S, C, dim)
+        mask = cache.begin_block(h.shape[1])
+        hidden = self.gpt.forward_hidden(
+            h, torch.arange(h.shape[1], device=self.device), cache, mask, self.active_layers
+        )
+        return cache, self._output(hidden[:, -1:])
+
+    @torch.inference_mode()
+    def forward_block(self, cache, tokens, positions, tree_mask=None) -> TargetOutput:
+        h = self.gpt.tok_embeddings(tokens.to(self.device)).unsqueeze(0)  # (1, T, dim)
+        h = h.expand(self.num_streams, -1, -1)
+        mask = cache.begin_block(tokens.shape[0], tree_mask)
+        hidden = self.gpt.forward_hidden(
+            h, positions.to(self.device) + cache.prefix_len, cache, mask, self.active_layers
+        )
+        return self._output(hidden)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.gpt.tok_embeddings(tokens)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.gpt.output(hidden).float()
+
+    def codebook(self) -> torch.Tensor:
+        return self.vq.codebook()
+
+    @torch.inference_mode()
+    def decode_image(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.vq.decode_to_uint8(tokens.reshape(1, -1).to(self.device), self.grid)[0]
+
+
+def load_gpt_checkpoint(gpt: Transformer, path: str) -> None:
+    """Load a LlamaGen GPT checkpoint (``torch.save`` dict with key ``model``, or safetensors)."""
+    from coolsd.models.checkpoints import load_state_dict
+
+    state = load_state_dict(path, nested_keys=("model", "module", "state_dict"))
+    missing, unexpected = gpt.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "freqs_cis"]
+    if missing:
+        raise RuntimeError(f"{path} lacks {len(missing)} GPT parameters, e.g. {missing[:5]}; "
+                           "is it a LlamaGen GPT checkpoint of the configured size?")
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+             "float64": torch.float64}
+    if dtype not in table:
+        raise ValueError(f"model.dtype must be one of {sorted(table)}, got {dtype!r}")
+    return table[dtype]
+
+
+def layer_skip_copy(target: LlamaGen, num_layers: int) -> LlamaGen:
+    """A draft model sharing the target's weights that runs only its first ``num_layers`` blocks.
+
+    A cheap, training-free drafter of the same family (self-speculation by layer skipping) for models
+    without a trained EAGLE head. The copy is shallow: no weights are duplicated.
+    """
+    if not 0 < num_layers <= target.cfg.n_layer:
+        raise ValueError(f"drafter.draft_model.num_layers must be in 1..{target.cfg.n_layer}, got {num_layers}")
+    draft = copy.copy(target)
+    draft.active_layers = num_layers
+    return draft

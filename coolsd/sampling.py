@@ -1,0 +1,93 @@
+"""The sampling pipeline shared by the target, every drafter and the AR baseline.
+
+raw logits of the conditional and unconditional streams -> classifier-free guidance ``l = u + s(c - u)``
+-> (model masks: applied by the model adapter, which returns logits over image codes only) -> temperature
+-> top-k -> top-p -> softmax. All arithmetic runs in float32, even when the model runs in bf16.
+
+Order and tie handling follow LlamaGen ``autoregressive/models/generate.py`` (top-k keeps ties with the k-th
+logit; top-p keeps the smallest prefix whose mass reaches ``top_p``, always at least one token).
+Temperature 0 means greedy: the distribution is one-hot on the arg-max.
+
+Example: ``python run.py model.sampling.temperature=0`` runs every decoder greedily.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling hyper-parameters; one instance is used for target and drafter alike."""
+
+    cfg_scale: float = 1.0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+
+
+def guide(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+    """Combine CFG streams: ``logits`` is (S, ..., V) with stream 0 conditional and stream 1 unconditional.
+
+    With one stream the conditional logits are returned unchanged.
+    """
+    cond = logits[0].float()
+    if logits.shape[0] == 1:
+        return cond
+    uncond = logits[1].float()
+    return uncond + cfg_scale * (cond - uncond)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k then top-p filtering on float32 logits (..., V); removed entries become -inf."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better tokens
+        remove_sorted = mass_before > top_p
+        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Guided logits (..., V) -> float32 probabilities (..., V) through temperature, top-k, top-p."""
+    logits = logits.float()
+    if cfg.temperature == 0.0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    if cfg.temperature != 1.0:
+        logits = logits / cfg.temperature
+    logits = filter_logits(logits, cfg.top_k, cfg.top_p)
+    return torch.softmax(logits, dim=-1)
+
+
+def stream_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """The whole pipeline: per-stream raw logits (S, T, V) -> guided probabilities (T, V)."""
+    return logits_to_probs(guide(logits, cfg.cfg_scale), cfg)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token per row of ``probs`` (..., V) -> int64 tensor (...)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    out = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    return out.reshape(probs.shape[:-1])
+
+
+def normalize(mass: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Renormalise a non-negative vector (V,); if its total is (numerically) zero return ``fallback``."""
+    total = mass.sum()
+    if float(total) <= 1e-12:
+        return fallback
+    return mass / total

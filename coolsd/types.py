@@ -1,0 +1,158 @@
+"""Small frozen records that the decoding steps exchange.
+
+Notation follows the papers (see ``shared/docs/algorithms.md``): ``p`` is the target's next-token
+distribution, ``q`` the draft distribution, ``x`` a drafted token, ``draft_len`` (L) the number of draft
+tokens per iteration. One *iteration* = draft -> one target verify forward -> accept/resample -> commit;
+it commits ``n + 1`` tokens where ``n`` is the number of accepted drafts.
+
+Example: ``python run.py decoder=sd`` prints the statistics that ``DecodeStats`` carries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class TargetOutput:
+    """What one model forward returns, per classifier-free-guidance stream.
+
+    ``logits`` are raw (un-guided) logits over the image codebook ``[0, V)``; stream 0 is conditional,
+    stream 1 (present only with CFG) unconditional, whatever batch layout the model uses internally.
+    ``hidden`` are the last-layer, post-final-norm hidden states (what an EAGLE drafter consumes).
+    """
+
+    logits: torch.Tensor  # (S, T, V)
+    hidden: torch.Tensor  # (S, T, H)
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A chain of ``L`` proposed tokens with the distributions they were drawn from.
+
+    ``q[i]`` is the full draft distribution at draft position ``i + 1`` (after the sampling pipeline) and
+    ``tokens[i]`` was drawn from it (or chosen deterministically; then ``q[i]`` is one-hot).
+    ``forwards`` counts the drafter network forwards spent producing it.
+    """
+
+    tokens: torch.Tensor  # (L,) int64 codebook ids
+    q: torch.Tensor  # (L, V) float32
+    forwards: int = 0
+
+    @property
+    def draft_len(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of the acceptance step of one iteration.
+
+    ``num_accepted`` = n drafts accepted (a prefix of the chain); ``next_token`` is the token sampled from
+    the rule's resampling distribution after a rejection, or the bonus token from ``p_{L+1}`` when every
+    draft was accepted. ``tv`` is the exact one-step total-variation distance of the rule(s) applied in this
+    iteration, summed over the positions that were tested (``nan`` when the rule cannot compute it).
+    """
+
+    num_accepted: int
+    next_token: int
+    tv: float = 0.0
+    tv_steps: int = 0
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """Per-image statistics of one decode.
+
+    ``accepted_hist[k]`` counts the iterations that committed ``k + 1`` tokens. The token that the prefill
+    forward produces is not counted, so plain AR has ``mean_accepted_length == 1`` exactly. Times are wall
+    seconds; ``latency_s`` runs from the start of prefill to the commit of the last image token.
+    """
+
+    num_tokens: int
+    iterations: int
+    accepted_hist: tuple[int, ...]
+    target_forwards: int  # verify forwards + the prefill forward
+    drafter_forwards: int
+    latency_s: float
+    prefill_s: float
+    draft_s: float
+    verify_s: float
+    accept_s: float
+    observe_s: float
+    tv_sum: float
+    tv_steps: int
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Committed image tokens / target verify forwards, prefill excluded (AR = 1.00)."""
+        committed = sum((k + 1) * c for k, c in enumerate(self.accepted_hist))
+        return committed / max(self.iterations, 1)
+
+    @property
+    def tv_per_step(self) -> float:
+        """Mean exact one-step TV distance over the acceptance steps of this image."""
+        return self.tv_sum / self.tv_steps if self.tv_steps else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "num_tokens": self.num_tokens,
+            "iterations": self.iterations,
+            "accepted_hist": list(self.accepted_hist),
+            "mean_accepted_length": self.mean_accepted_length,
+            "target_forwards": self.target_forwards,
+            "drafter_forwards": self.drafter_forwards,
+            "latency_s": self.latency_s,
+            "prefill_s": self.prefill_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "accept_s": self.accept_s,
+            "observe_s": self.observe_s,
+            "tv_per_step": self.tv_per_step,
+        }
+
+
+@dataclass
+class StatsRecorder:
+    """Mutable accumulator the loop fills; ``freeze`` turns it into a ``DecodeStats``."""
+
+    max_accept: int
+    hist: list[int] = field(default_factory=list)
+    iterations: int = 0
+    target_forwards: int = 0
+    drafter_forwards: int = 0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    accept_s: float = 0.0
+    observe_s: float = 0.0
+    tv_sum: float = 0.0
+    tv_steps: int = 0
+
+    def __post_init__(self) -> None:
+        self.hist = [0] * (self.max_accept + 1)
+
+    def iteration(self, committed: int, verdict: Verdict) -> None:
+        self.iterations += 1
+        self.target_forwards += 1
+        self.hist[committed - 1] += 1
+        self.tv_sum += verdict.tv
+        self.tv_steps += verdict.tv_steps
+
+    def freeze(self, num_tokens: int, latency_s: float) -> DecodeStats:
+        return DecodeStats(
+            num_tokens=num_tokens,
+            iterations=self.iterations,
+            accepted_hist=tuple(self.hist),
+            target_forwards=self.target_forwards,
+            drafter_forwards=self.drafter_forwards,
+            latency_s=latency_s,
+            prefill_s=self.prefill_s,
+            draft_s=self.draft_s,
+            verify_s=self.verify_s,
+            accept_s=self.accept_s,
+            observe_s=self.observe_s,
+            tv_sum=self.tv_sum,
+            tv_steps=self.tv_steps,
+        )

@@ -1,0 +1,1 @@
+"""Evaluation: prompt sets, run records, the generation runner, reports and loggers."""

@@ -1,0 +1,117 @@
+"""Run records: atomic file writes, resumable per-image JSONL logs, the environment block of ``run.json``.
+
+Outputs are written to a temporary file in the same folder and renamed into place, so a crash never leaves
+a half-written image or record. Per-image records are appended one JSON line at a time and flushed; on
+restart an unterminated last line (a crash mid-write) is ignored and the image is generated again.
+
+Example: every ``python run.py`` writes ``run.json`` and ``records/<decoder>.jsonl`` in its output folder.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())
+
+
+def save_png(path: str | os.PathLike, image: torch.Tensor) -> None:
+    """Save a uint8 image (3, H, W) or (1, H, W) as PNG, atomically."""
+    import io
+
+    from PIL import Image
+
+    arr = image.detach().cpu()
+    if arr.dtype != torch.uint8:
+        raise TypeError(f"expected a uint8 image, got {arr.dtype}")
+    arr = arr.permute(1, 2, 0).numpy()
+    pil = Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr)
+    buf = io.BytesIO()
+    pil.save(buf, format="PNG")
+    atomic_write_bytes(path, buf.getvalue())
+
+
+class JsonlLog:
+    """Append-only JSON-lines file of finished items; ``done`` maps a key to its record."""
+
+    def __init__(self, path: str | os.PathLike, key: str) -> None:
+        self.path = Path(path)
+        self.key = key
+        self.done: dict[Any, dict] = {}
+        if self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        raw = self.path.read_bytes()
+        complete = raw[: raw.rfind(b"\n") + 1]  # drop an unterminated tail left by a crash
+        if len(complete) != len(raw):
+            atomic_write_bytes(self.path, complete)
+        for line in complete.decode().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                self.done[rec[self.key]] = rec
+
+    def append(self, record: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.done[record[self.key]] = record
+
+    def records(self) -> Iterable[dict]:
+        return self.done.values()
+
+
+def git_commit(cwd: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The checkout's commit and whether it has uncommitted changes (None outside a git checkout)."""
+    cwd = cwd or Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                                check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True,
+                               check=True, timeout=10).stdout.strip() != ""
+        return {"commit": commit, "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def environment() -> dict[str, Any]:
+    """Hardware and software facts that a timing is only meaningful with."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["cuda_version"] = torch.version.cuda
+    return env

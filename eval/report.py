@@ -1,0 +1,38 @@
+"""Human-readable views of a run: the markdown table of every compared decoder and a one-line summary.
+
+Example: ``python run.py`` prints both at the end and writes the table to ``table.md``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+COLUMNS = (
+    ("decoder", "decoder", "{}"),
+    ("mean_accepted_length", "accepted length", "{:.2f}"),
+    ("latency_s", "latency (s/img)", "{:.3f}"),
+    ("speedup", "speedup vs AR", "{:.2f}x"),
+    ("target_forwards_per_image", "target fwd/img", "{:.1f}"),
+    ("drafter_forwards_per_image", "drafter fwd/img", "{:.1f}"),
+    ("tv_per_step", "TV/step", "{:.4f}"),
+)
+
+
+def markdown_table(per_decoder: dict[str, dict[str, Any]]) -> str:
+    """One row per decoder; columns that no decoder reports are left out."""
+    cols = [c for c in COLUMNS if c[0] == "decoder" or any(c[0] in m for m in per_decoder.values())]
+    lines = ["| " + " | ".join(title for _, title, _ in cols) + " |",
+             "|" + "|".join("---" for _ in cols) + "|"]
+    for name, metrics in per_decoder.items():
+        row = {"decoder": name, **metrics}
+        cells = [fmt.format(row[key]) if row.get(key) is not None else "–" for key, _, fmt in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def one_line_summary(record: dict[str, Any]) -> str:
+    m = record["metrics"]
+    ar = record["per_decoder"]["ar"]
+    return (f"{record['decoder']} on {record.get('model') or 'model'}: accepted length "
+            f"{m['mean_accepted_length']:.2f}, {m['latency_s']:.3f} s/img vs AR {ar['latency_s']:.3f} s/img "
+            f"= {m.get('speedup', float('nan')):.2f}x, TV/step {m['tv_per_step']:.4f}, "
+            f"{record['num_prompts']} prompts -> {record['output_dir']}/run.json")

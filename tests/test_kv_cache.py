@@ -1,0 +1,73 @@
+"""Static KV cache: cached incremental forwards equal the uncached forward; rollback and compaction."""
+from __future__ import annotations
+
+import torch
+
+from coolsd.kv_cache import StaticKVCache
+
+TOKENS = torch.tensor([5, 17, 200, 3, 99, 42, 7, 255, 0, 11, 64, 128])
+
+
+def uncached(model, tokens):
+    """Teacher-forced pass (no cache) over [condition, tokens]: logits (S, len, V) for positions 0..len."""
+    label = torch.tensor([model.class_index("three"), model.cfg.num_classes])
+    ext = torch.cat([tokens, tokens[:1]])  # forward_train drops the last input; pad so every output exists
+    logits, hidden = model.gpt.forward_train(ext.expand(2, -1), label)
+    return logits, hidden
+
+
+def test_cached_incremental_equals_uncached(tiny_model):
+    full_logits, full_hidden = uncached(tiny_model, TOKENS)
+    cache, out = tiny_model.prefill("three")
+    outs = [out.logits]
+    pos = 0
+    for size in (1, 3, 1, 4, 2):  # blocks of different sizes, as speculative verification produces
+        block = TOKENS[pos : pos + size]
+        outs.append(tiny_model.forward_block(cache, block, torch.arange(pos, pos + size)).logits)
+        cache.keep(size)
+        pos += size
+    cached = torch.cat(outs, dim=1)  # (S, 1 + pos, V)
+    torch.testing.assert_close(cached, full_logits[:, : pos + 1], rtol=1e-9, atol=1e-9)
+
+
+def test_rollback_then_reforward_equals_original(tiny_model):
+    cache, _ = tiny_model.prefill("three")
+    first = tiny_model.forward_block(cache, TOKENS[:5], torch.arange(5))
+    cache.keep(2)  # reject three of the five: the next forward must not see them
+    branch = torch.tensor([77, 78, 79])
+    after = tiny_model.forward_block(cache, branch, torch.arange(2, 5))
+    expected, _ = uncached(tiny_model, torch.cat([TOKENS[:2], branch]))
+    torch.testing.assert_close(after.logits, expected[:, 3:6], rtol=1e-9, atol=1e-9)
+    cache.rollback(cache.prefix_len)  # back to just after the prefill, then redo the first block
+    again = tiny_model.forward_block(cache, TOKENS[:5], torch.arange(5))
+    torch.testing.assert_close(again.logits, first.logits, rtol=0, atol=0)
+
+
+def test_keep_indices_compacts_block():
+    cache = StaticKVCache(num_layers=1, batch=1, num_heads=1, max_len=10, head_dim=2,
+                          dtype=torch.float32, device="cpu")
+    cache.begin_block(2)
+    cache.write(0, torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
+    cache.keep(2)
+    cache.begin_block(4)
+    vals = torch.arange(4.0).view(1, 1, 4, 1).expand(1, 1, 4, 2)
+    cache.write(0, vals, vals + 10)
+    cache.keep(torch.tensor([1, 3]))
+    assert cache.length == 4
+    assert cache.k[0, 0, 0, 2:4, 0].tolist() == [1.0, 3.0]
+    assert cache.v[0, 0, 0, 2:4, 0].tolist() == [11.0, 13.0]
+
+
+def test_mask_is_causal_within_block_and_respects_padding():
+    cache = StaticKVCache(num_layers=1, batch=1, num_heads=1, max_len=8, head_dim=2,
+                          dtype=torch.float32, device="cpu")
+    cache.set_padding(torch.tensor([[False, True]]))
+    mask = cache.begin_block(2)
+    assert mask[0, 0].tolist() == [[True, False], [False, True]]  # padded slot 0 sees itself only
+    cache.keep(2)
+    mask = cache.begin_block(2)
+    assert mask[0, 0].tolist() == [[False, True, True, False], [False, True, True, True]]
+    cache.keep(0)
+    tree = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])
+    mask = cache.begin_block(3, tree)
+    assert mask[0, 0, :, 2:].tolist() == tree.tolist()

@@ -65,7 +65,6 @@ def verify_chain(
     p: torch.Tensor,
     draft: Draft,
     generator: torch.Generator | None,
-    track_tv: bool = True,
 ) -> Verdict:
     """Accept a prefix of a drafted chain and draw the next token.
 
@@ -86,9 +85,65 @@ def verify_chain(
         dist = rule.residual(p[n], draft.q[n], int(draft.tokens[n]), n + 1)
     else:
         dist = p[L]
-    next_token = int(sample(dist, generator))
-    tested = min(n + 1, L)
-    tv = 0.0
-    if track_tv and not rule.lossless:
-        tv = sum(rule.one_step_tv(p[i], draft.q[i], i + 1) for i in range(tested))
-    return Verdict(num_accepted=n, next_token=next_token, tv=tv, tv_steps=tested)
+    return Verdict(num_accepted=n, next_token=int(sample(dist, generator)), tv_steps=min(n + 1, L),
+                   path=tuple(range(1, n + 1)))
+
+
+def chain_tv(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, verdict: Verdict) -> float:
+    """Summed exact one-step TV of the positions the chain tested (1 .. min(n + 1, L)); a diagnostic."""
+    if rule.lossless:
+        return 0.0
+    return sum(rule.one_step_tv(p[i], draft.q[i], i + 1) for i in range(verdict.tv_steps))
+
+
+def verify_tree(
+    rule: AcceptanceRule,
+    p: torch.Tensor,
+    draft: Draft,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """The multi-draft acceptance walk over a draft tree, for every rule (EAGLE-1 recursive rejection).
+
+    ``p`` (M + 1, V): the target's distributions at the root (row 0, the last committed token) and at every
+    node (row j + 1). From the root, the children of the current node are tried in order: child ``x`` with
+    its conditional draft distribution ``q'`` (``draft.q``) is accepted iff ``U < f(x)`` under the current
+    residual ``p'``; after a rejection ``p' ← rule.residual(p', q', x, depth)``. An accepted child becomes the
+    current node (depth + 1); when every child fails, the next token is drawn from the final ``p'``; at a
+    fully accepted leaf it is the bonus token from that leaf's ``p``. One uniform per node is drawn up front,
+    so a chain-shaped tree consumes the random stream exactly like ``verify_chain``.
+    """
+    m = draft.draft_len
+    u = torch.rand(m, generator=generator, device=p.device).tolist()
+    parents = draft.parents.tolist() if draft.parents is not None else list(range(-1, m - 1))
+    kids: list[list[int]] = [[] for _ in range(m + 1)]
+    for j, par in enumerate(parents):
+        kids[par + 1].append(j)
+    path: list[int] = []
+    tests: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+    current, depth = 0, 1  # row of p of the current node (0 = root)
+    while True:
+        residual = p[current]
+        accepted = None
+        for j in kids[current]:
+            x = draft.tokens[j : j + 1]
+            q = draft.q[j]
+            f = rule.accept_prob(residual[None], q[None], x, torch.tensor([depth], device=p.device))
+            tests.append((residual, q, depth))
+            if u[j] < float(f[0]):
+                accepted = j
+                break
+            residual = rule.residual(residual, q, int(x), depth)
+        if accepted is None:
+            next_token = int(sample(residual, generator))
+            break
+        path.append(accepted + 1)
+        current, depth = accepted + 1, depth + 1
+    return Verdict(num_accepted=len(path), next_token=next_token, tv_steps=len(tests), path=tuple(path),
+                   tests=tuple(tests))
+
+
+def tree_tv(rule: AcceptanceRule, verdict: Verdict) -> float:
+    """Summed exact one-step TV of every test the tree walk made; a diagnostic."""
+    if rule.lossless:
+        return 0.0
+    return sum(rule.one_step_tv(residual, q, depth) for residual, q, depth in verdict.tests)

@@ -23,10 +23,11 @@ from typing import Callable
 
 import torch
 
-from coolsd.acceptance import AcceptanceRule, verify_chain
+from coolsd.acceptance import AcceptanceRule, chain_tv, tree_tv, verify_chain, verify_tree
 from coolsd.drafters.base import Drafter, NullDrafter
 from coolsd.models.base import ImageARModel
 from coolsd.sampling import sample
+from coolsd.trees import DynamicTree, TreeShape, ancestor_mask, depths_of, resolve_tree
 from coolsd.types import DecodeStats, StatsRecorder
 
 
@@ -48,6 +49,8 @@ class Decoder:
         rule: AcceptanceRule,
         draft_len: int = 0,
         drafter: Callable[..., Drafter] | Drafter | None = None,
+        tree: str | None = None,
+        dynamic_tree: dict | None = None,
         track_tv: bool = True,
         sync_phases: bool = False,
     ) -> None:
@@ -62,8 +65,23 @@ class Decoder:
         if drafter is None:
             drafter = NullDrafter()
         self.drafter = drafter if isinstance(drafter, Drafter) else drafter(target=model)
+        self.tree: TreeShape | DynamicTree | None = resolve_tree(tree, dynamic_tree)
+        if self.tree is not None and isinstance(self.drafter, NullDrafter):
+            raise ValueError(f"decoder {name!r} has decoder.tree={tree} but no drafter")
+        if isinstance(self.tree, TreeShape):
+            self.max_depth, self.max_nodes = self.tree.depth, len(self.tree.paths)
+        elif isinstance(self.tree, DynamicTree):
+            self.max_depth, self.max_nodes = self.tree.depth + 1, self.tree.total_tokens
+        else:
+            self.max_depth = self.max_nodes = draft_len
         self.track_tv = track_tv
         self.sync_phases = sync_phases and model.device.type == "cuda"
+
+    def _plan(self, depth: int) -> TreeShape | DynamicTree | None:
+        """The tree to draft when at most ``depth`` more tokens fit (None: a chain of ``depth`` tokens)."""
+        if isinstance(self.tree, TreeShape):
+            return self.tree.truncated(depth)
+        return self.tree
 
     def _clock(self) -> float:
         if self.sync_phases:
@@ -77,12 +95,12 @@ class Decoder:
         n_tokens = model.num_image_tokens
         device = model.device
         gen = torch.Generator(device=device).manual_seed(seed)
-        rec = StatsRecorder(max_accept=self.draft_len + 1)
+        rec = StatsRecorder(max_accept=self.max_depth + 1)
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
 
-        cache, out = model.prefill(prompt, extra_slots=self.draft_len + 1)
+        cache, out = model.prefill(prompt, extra_slots=self.max_nodes + 1)
         tokens = torch.empty(n_tokens, dtype=torch.long, device=device)
         tokens[0] = sample(model.probs(out)[-1], gen)
         rec.target_forwards += 1
@@ -92,37 +110,55 @@ class Decoder:
         rec.prefill_s = now - start
 
         while t < n_tokens:
-            draft_len = min(self.draft_len, n_tokens - t - 1)
+            depth = min(self.max_depth, n_tokens - t - 1)  # drafts that still fit in the image
             # 1. draft
-            draft = self.drafter.propose(tokens[t - 1], t - 1, draft_len, gen)
+            draft = self.drafter.propose(tokens[t - 1], t - 1, depth, gen, tree=self._plan(depth) if depth else None)
             t1 = self._clock()
-            # 2. verify: the last committed token and the drafts, at image positions t-1 .. t-1+L
+            # 2. verify: the last committed token and the drafts; a tree uses per-node positions and its
+            #    ancestor mask (node at depth d sits at image position t - 1 + d)
             inputs = torch.cat([tokens[t - 1 : t], draft.tokens])
-            out = model.forward_block(cache, inputs, torch.arange(t - 1, t + draft_len, device=device))
-            p = model.probs(out)  # (L+1, V)
+            if draft.is_chain:
+                positions, tree_mask = torch.arange(t - 1, t + draft.draft_len, device=device), None
+            else:
+                parents = draft.parents.tolist()
+                positions = torch.tensor([t - 1] + [t - 1 + d for d in depths_of(parents)], device=device)
+                tree_mask = ancestor_mask(parents)
+            out = model.forward_block(cache, inputs, positions, tree_mask)
+            p = model.probs(out)  # (M+1, V)
             t2 = self._clock()
             # 3. accept / resample
-            verdict = verify_chain(rule, p, draft, gen, self.track_tv)
+            verdict = verify_chain(rule, p, draft, gen) if draft.is_chain else verify_tree(rule, p, draft, gen)
             n = verdict.num_accepted
             t3 = self._clock()
-            # 4. commit
-            tokens[t : t + n] = draft.tokens[:n]
+            # 4. commit: the accepted path and the next token; keep (and compact) the path's KV entries
+            if draft.is_chain:
+                tokens[t : t + n] = draft.tokens[:n]
+                cache.keep(n + 1)
+            else:
+                path = torch.tensor((0,) + verdict.path, device=device)
+                tokens[t : t + n] = inputs[path[1:]]
+                cache.keep(path)
             tokens[t + n] = verdict.next_token
-            cache.keep(n + 1)
             t += n + 1
             # 5. observe
             self.drafter.observe(out, p, draft, verdict)
             t4 = self._clock()
-            rec.iteration(n + 1, verdict)
+            # diagnostics (not part of the method's latency): the exact one-step TV of the tests made
+            tv = 0.0
+            if self.track_tv:
+                tv = chain_tv(rule, p, draft, verdict) if draft.is_chain else tree_tv(rule, verdict)
+            t5 = self._clock()
+            rec.diagnostics_s += t5 - t4
+            rec.iteration(n + 1, verdict, tv)
             rec.drafter_forwards += draft.forwards
             rec.draft_s += t1 - now
             rec.verify_s += t2 - t1
             rec.accept_s += t3 - t2
             rec.observe_s += t4 - t3
-            now = t4
+            now = t5
 
         if device.type == "cuda":
             torch.cuda.synchronize()
-        latency = time.perf_counter() - start
+        latency = time.perf_counter() - start - rec.diagnostics_s
         return Generation(tokens=tokens, stats=rec.freeze(n_tokens, latency))
 

@@ -42,8 +42,9 @@ class StaticKVCache:
     def begin_block(self, num_tokens: int, tree_mask: torch.Tensor | None = None) -> torch.Tensor | None:
         """Reserve slots for ``num_tokens`` new tokens; return the attention mask (B, 1, T, end) or None.
 
-        ``tree_mask`` (T, T) bool, ``tree_mask[i, j]`` = node i may attend to node j (must include i = j).
-        ``None`` means causal inside the block. The returned mask is ``None`` when plain attention to every
+        ``tree_mask`` (T, K) bool with K >= T covers the last K slots (earlier speculative blocks, then this
+        block): ``tree_mask[i, j]`` = new token i may attend to slot ``end − K + j`` (it must include i itself).
+        Older slots are committed and always visible. ``None`` means causal inside the block. The returned mask is ``None`` when plain attention to every
         cached slot is correct (a single new token and no padded prefix), which lets SDPA take its fast path.
         """
         start, end = self.length, self.length + num_tokens
@@ -58,7 +59,7 @@ class StaticKVCache:
             block = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device).tril()
         else:
             block = tree_mask.to(device=device, dtype=torch.bool)
-        mask[..., start:end] &= block
+        mask[..., end - block.shape[-1] : end] &= block
         # a padded query still attends to itself, so its row is never empty (LlamaGen forces the diagonal)
         idx = torch.arange(num_tokens, device=device)
         mask[:, :, idx, start + idx] = True
@@ -72,6 +73,7 @@ class StaticKVCache:
         return self.k[layer, :, :, :e], self.v[layer, :, :, :e]
 
     # -- after verification -----------------------------------------------------------------------------
+    @torch.inference_mode()
     def keep(self, kept: int | torch.Tensor) -> None:
         """Keep part of the latest block: its first ``kept`` tokens (int) or the listed block indices.
 

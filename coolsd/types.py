@@ -29,20 +29,30 @@ class TargetOutput:
 
 @dataclass(frozen=True)
 class Draft:
-    """A chain of ``L`` proposed tokens with the distributions they were drawn from.
+    """Proposed tokens with the distributions they were drawn from: a chain, or a tree.
 
-    ``q[i]`` is the full draft distribution at draft position ``i + 1`` (after the sampling pipeline) and
-    ``tokens[i]`` was drawn from it (or chosen deterministically; then ``q[i]`` is one-hot).
-    ``forwards`` counts the drafter network forwards spent producing it.
+    ``q[i]`` is the full draft distribution node ``i`` was drawn from (after the sampling pipeline; for a
+    sibling drawn without replacement, with the earlier siblings removed and renormalised; one-hot for a
+    deterministic draft). ``parents`` (M,) gives each node's parent node (−1 = the last committed token);
+    ``None`` means a chain (node i's parent is node i − 1). ``forwards`` counts drafter network forwards.
     """
 
-    tokens: torch.Tensor  # (L,) int64 codebook ids
-    q: torch.Tensor  # (L, V) float32
+    tokens: torch.Tensor  # (M,) int64 codebook ids
+    q: torch.Tensor  # (M, V) float32
     forwards: int = 0
+    parents: torch.Tensor | None = None  # (M,) int64, None for a chain
 
     @property
     def draft_len(self) -> int:
+        """Number of drafted nodes (the chain length for a chain)."""
         return int(self.tokens.shape[0])
+
+    @property
+    def is_chain(self) -> bool:
+        if self.parents is None:
+            return True
+        expected = torch.arange(-1, self.draft_len - 1, device=self.parents.device)
+        return bool(torch.equal(self.parents, expected))
 
 
 @dataclass(frozen=True)
@@ -51,14 +61,15 @@ class Verdict:
 
     ``num_accepted`` = n drafts accepted (a prefix of the chain); ``next_token`` is the token sampled from
     the rule's resampling distribution after a rejection, or the bonus token from ``p_{L+1}`` when every
-    draft was accepted. ``tv`` is the exact one-step total-variation distance of the rule(s) applied in this
-    iteration, summed over the positions that were tested (``nan`` when the rule cannot compute it).
+    draft was accepted. ``tv_steps`` counts the acceptance tests made (positions 1 .. min(n + 1, L)); the
+    loop computes their exact one-step TV as a diagnostic, outside the timed latency.
     """
 
     num_accepted: int
     next_token: int
-    tv: float = 0.0
     tv_steps: int = 0
+    path: tuple[int, ...] = ()  # tree drafts: accepted node indices, root to leaf
+    tests: tuple = ()  # tree drafts: (p', q', depth) of every acceptance test, for the TV diagnostic
 
 
 @dataclass(frozen=True)
@@ -67,7 +78,9 @@ class DecodeStats:
 
     ``accepted_hist[k]`` counts the iterations that committed ``k + 1`` tokens. The token that the prefill
     forward produces is not counted, so plain AR has ``mean_accepted_length == 1`` exactly. Times are wall
-    seconds; ``latency_s`` runs from the start of prefill to the commit of the last image token.
+    seconds; ``latency_s`` runs from the start of prefill to the commit of the last image token, minus the
+    time spent on diagnostics (``diagnostics_s``: the exact TV computation, which a deployed decoder would
+    not run).
     """
 
     num_tokens: int
@@ -81,6 +94,7 @@ class DecodeStats:
     verify_s: float
     accept_s: float
     observe_s: float
+    diagnostics_s: float
     tv_sum: float
     tv_steps: int
 
@@ -109,6 +123,7 @@ class DecodeStats:
             "verify_s": self.verify_s,
             "accept_s": self.accept_s,
             "observe_s": self.observe_s,
+            "diagnostics_s": self.diagnostics_s,
             "tv_per_step": self.tv_per_step,
         }
 
@@ -127,17 +142,18 @@ class StatsRecorder:
     verify_s: float = 0.0
     accept_s: float = 0.0
     observe_s: float = 0.0
+    diagnostics_s: float = 0.0
     tv_sum: float = 0.0
     tv_steps: int = 0
 
     def __post_init__(self) -> None:
         self.hist = [0] * (self.max_accept + 1)
 
-    def iteration(self, committed: int, verdict: Verdict) -> None:
+    def iteration(self, committed: int, verdict: Verdict, tv: float) -> None:
         self.iterations += 1
         self.target_forwards += 1
         self.hist[committed - 1] += 1
-        self.tv_sum += verdict.tv
+        self.tv_sum += tv
         self.tv_steps += verdict.tv_steps
 
     def freeze(self, num_tokens: int, latency_s: float) -> DecodeStats:
@@ -153,6 +169,7 @@ class StatsRecorder:
             verify_s=self.verify_s,
             accept_s=self.accept_s,
             observe_s=self.observe_s,
+            diagnostics_s=self.diagnostics_s,
             tv_sum=self.tv_sum,
             tv_steps=self.tv_steps,
         )

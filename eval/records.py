@@ -12,27 +12,12 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
 import torch
 
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from coolsd.io import atomic_write_bytes
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -99,7 +99,7 @@ def summarize(records: list[dict], ar_latency: float | None) -> dict[str, float]
         "drafter_forwards_per_image": sum(s["drafter_forwards"] for s in stats) / n,
         "tv_per_step": sum(s["tv_per_step"] for s in stats) / n,
     }
-    for phase in ("prefill_s", "draft_s", "verify_s", "accept_s", "observe_s"):
+    for phase in ("prefill_s", "draft_s", "verify_s", "accept_s", "observe_s", "diagnostics_s"):
         out[phase] = sum(s[phase] for s in stats) / n
     if ar_latency is not None:
         out["speedup"] = ar_latency / latency

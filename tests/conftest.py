@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("COOLSD_CACHE", tempfile.mkdtemp(prefix="coolsd-test-cache-"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

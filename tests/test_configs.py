@@ -11,8 +11,23 @@ from coolsd.models.base import ImageARModel
 from tests.helpers import CONFIGS
 
 GROUPS = ("model", "drafter", "decoder", "eval", "data", "logger")
-# Extra overrides a group option needs before it can be built on this machine (mandatory values).
-NEEDS = {("data", "file"): [f"data.path={CONFIGS.parent / 'pyproject.toml'}"]}
+# Extra overrides a group option needs before it can be built on this machine (mandatory values);
+# ``{name}`` fields are filled from the ``made_files`` fixture (files the tests create).
+NEEDS = {
+    ("data", "file"): [f"data.path={CONFIGS.parent / 'pyproject.toml'}"],
+    ("drafter", "eagle"): ["drafter.checkpoint={eagle_checkpoint}"],
+}
+
+
+@pytest.fixture(scope="module")
+def made_files(tmp_path_factory) -> dict[str, str]:
+    """An untrained EAGLE drafter checkpoint for the tiny model (what ``drafter=eagle`` loads)."""
+    from coolsd.drafters.eagle import EagleHead, save_eagle
+    from tests.helpers import tiny_llamagen
+
+    path = tmp_path_factory.mktemp("eagle_tiny")
+    save_eagle(EagleHead(tiny_llamagen()), path)
+    return {"eagle_checkpoint": str(path)}
 
 
 def options(group: str) -> list[str]:
@@ -28,8 +43,8 @@ CASES = [(g, o) for g in GROUPS for o in options(g)]
 
 
 @pytest.mark.parametrize("group,option", CASES, ids=[f"{g}/{o}" for g, o in CASES])
-def test_every_group_option_instantiates(group, option):
-    overrides = [f"{group}={option}", *NEEDS.get((group, option), [])]
+def test_every_group_option_instantiates(group, option, made_files):
+    overrides = [f"{group}={option}", *(o.format(**made_files) for o in NEEDS.get((group, option), []))]
     if group == "drafter":  # a drafter is built for the model of the same name (the tiny one otherwise)
         overrides.append(f"model={option if option in options('model') else 'tiny'}")
     cfg = compose_with(overrides)

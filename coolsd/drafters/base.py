@@ -12,11 +12,12 @@ import abc
 
 import torch
 
+from coolsd.trees import DynamicTree, TreeShape
 from coolsd.types import Draft, TargetOutput, Verdict
 
 
 class Drafter(abc.ABC):
-    """Proposes draft chains for one prompt at a time (``begin`` starts a new prompt)."""
+    """Proposes draft chains or trees for one prompt at a time (``begin`` starts a new prompt)."""
 
     @abc.abstractmethod
     def begin(self, prompt: str, prefill: TargetOutput, first_token: torch.Tensor) -> None:
@@ -24,8 +25,13 @@ class Drafter(abc.ABC):
 
     @abc.abstractmethod
     def propose(self, last_token: torch.Tensor, position: int, draft_len: int,
-                generator: torch.Generator | None) -> Draft:
-        """Draft ``draft_len`` tokens following ``last_token``, the committed token at image index ``position``."""
+                generator: torch.Generator | None, tree: TreeShape | DynamicTree | None = None) -> Draft:
+        """Draft after ``last_token``, the committed token at image index ``position``.
+
+        ``tree`` None: a chain of ``draft_len`` tokens. Otherwise a static shape (already cut to
+        ``draft_len`` levels) or a dynamic-tree spec whose levels must not exceed ``draft_len``; use
+        ``coolsd.trees.draft_static_tree`` / ``draft_dynamic_tree`` with the drafter's own ``expand``.
+        """
 
     @abc.abstractmethod
     def observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict) -> None:
@@ -45,8 +51,8 @@ class NullDrafter(Drafter):
             self.empty = Draft(tokens=torch.empty(0, dtype=torch.long, device=device),
                                q=torch.empty(0, v, device=device))
 
-    def propose(self, last_token, position, draft_len, generator) -> Draft:
-        if draft_len:
+    def propose(self, last_token, position, draft_len, generator, tree=None) -> Draft:
+        if draft_len or tree is not None:
             raise ValueError("NullDrafter cannot draft tokens; set decoder.draft_len=0 or choose a drafter")
         return self.empty
 

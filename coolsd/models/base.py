@@ -41,6 +41,11 @@ class ImageARModel(nn.Module, abc.ABC):
     grid: tuple[int, int]
     hidden_size: int
     sampling: SamplingConfig
+    #: How speculative Jacobi decoding initialises fresh window tokens on this model when
+    #: ``decoder.drafter.init=auto`` (``baselines.sjd.JacobiDrafter``): ``"random"`` (uniform over image
+    #: codes) or ``"repeat_horizon"`` (copy the token one column to the left). Adapters declare the
+    #: reference setting of their model family; the default is ``"random"``.
+    sjd_init: str = "random"
 
     @property
     def num_image_tokens(self) -> int:
@@ -100,3 +105,35 @@ class ImageARModel(nn.Module, abc.ABC):
     def probs(self, out: TargetOutput) -> torch.Tensor:
         """Guided next-token distributions (T, V) of a forward's output, through the shared pipeline."""
         return stream_probs(out.logits, self.sampling)
+
+    def make_draft_layer(self, norm_eps: float | None = None) -> nn.Module:
+        """One fresh decoder layer of this target's own kind: the body of an EAGLE drafter.
+
+        Used by ``coolsd.drafters.eagle.EagleHead`` (the drafter is ``fc(concat[e(x_{t+1}), f_t])`` -> this
+        layer -> the target's frozen ``head``). The layer is randomly initialised, as wide as the target
+        (``hidden_size``), has no dropout and no final norm, and owns the target's position encoding.
+        ``norm_eps`` overrides the epsilon of its norms (``None``: the target's own).
+
+        The returned module must provide:
+
+        * ``forward(h, positions, cache, mask) -> (B, T, H)``: ``h`` (B, T, H) are the fused inputs,
+          B = the CFG streams (``num_streams``) at decode time or any batch of sequences in training;
+          ``positions`` (T,) long are *pair positions*: the pair ``(f_t, x_{t+1})`` sits at position
+          ``t``, the image index of the target input that produced ``f_t`` (``t = -1`` for the prefill's
+          last hidden state, which is paired with ``x_0``). How a pair position maps onto the target's
+          own encoding is the adapter's choice and must be documented there (LlamaGen: the 2-D RoPE of
+          grid cell ``t + 1``). ``cache`` is a ``coolsd.kv_cache.StaticKVCache`` with one layer whose
+          block the caller has opened with ``begin_block`` (the layer writes its K/V into layer 0), or
+          ``None`` for a teacher-forced causal pass over whole sequences; ``mask`` is what ``begin_block``
+          returned (``None`` = attend to every cached slot, or causal when ``cache`` is ``None``).
+        * attributes ``hidden_size``, ``num_heads``, ``num_kv_heads``, ``head_dim``,
+          ``intermediate_size`` (ints; the drafter sizes its cache and checkpoint config from them).
+        * optionally ``from_eagle_keys(state) -> dict``: converts the parameters of a released EAGLE /
+          LANTERN drafter's layer (HF-Llama names without the ``layers.0.`` prefix, e.g.
+          ``self_attn.q_proj.weight``) into this module's ``state_dict`` keys; without it such checkpoints
+          cannot be loaded for this adapter.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no EAGLE draft layer (make_draft_layer); use a drafter that needs "
+            "none, e.g. drafter=<model>'s layer-skip or model drafter, or implement make_draft_layer"
+        )

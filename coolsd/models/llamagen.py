@@ -14,6 +14,7 @@ Example: ``python run.py model=tiny`` (a random-weight class-conditional instanc
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
@@ -179,6 +180,73 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+class DraftBlock(nn.Module):
+    """The EAGLE draft layer of a LlamaGen target: one LlamaGen block without its input norm.
+
+    After jadohu/LANTERN ``models/drafters/cnets_llamagen.py`` (``LlamaDecoderLayer`` with index 0): the
+    first (here the only) layer of an EAGLE drafter skips ``input_layernorm``, because its input is the
+    ``fc``-fused ``concat[e(x_{t+1}), f_t]``. Attention, SwiGLU feed-forward and the post-attention norm
+    are LlamaGen's (fused ``wqkv``, no biases, no dropout).
+
+    Positions: the pair ``(f_t, x_{t+1})`` at pair position ``t`` is rotated with the 2-D RoPE of the grid
+    cell of ``x_{t+1}``, i.e. cell ``t + 1`` (the prefill pair, ``t = -1``, gets cell 0). This is the
+    reference drafter's ``cls_token_num = 119`` table for a 120-slot prefix: a one-position shift against
+    the target, which rotates input ``x_t`` with cell ``t``. Pairs past the last cell (tree drafting near
+    the end of the image) get the reference's all-zero padding rows.
+
+    Example: ``LlamaGen.make_draft_layer()``; ``python scripts/train_drafter.py model=tiny`` trains one.
+    """
+
+    def __init__(self, cfg: GPTConfig, norm_eps: float) -> None:
+        super().__init__()
+        self.attention = Attention(cfg)
+        self.feed_forward = FeedForward(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, norm_eps)
+        self.hidden_size = cfg.dim
+        self.num_heads = cfg.n_head
+        self.num_kv_heads = cfg.n_kv_head or cfg.n_head
+        self.head_dim = cfg.dim // cfg.n_head
+        self.intermediate_size = self.feed_forward.w1.out_features
+        grid = math.isqrt(cfg.block_size)
+        table = rope_2d_table(grid, self.head_dim, cfg.rope_base, prefix=0)  # (grid², head_dim/2, 2)
+        table = torch.cat([table, torch.zeros(1, self.head_dim // 2, 2)])  # one zero row: past the grid
+        self.register_buffer("freqs_cis", table, persistent=False)
+        self.num_cells = grid * grid
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        positions: torch.Tensor,
+        cache: StaticKVCache | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        cells = (positions.to(self.freqs_cis.device) + 1).clamp(max=self.num_cells)  # (T,)
+        rope = self.freqs_cis[cells]
+        h = h + self.attention(h, rope, cache, 0, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def from_eagle_keys(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """HF-Llama names of a released EAGLE/LANTERN layer (``self_attn.q_proj.weight`` ...) -> ours."""
+        if "input_layernorm.weight" in state:
+            raise ValueError("the checkpoint's draft layer has an input_layernorm; LlamaGen EAGLE drafters "
+                             "(LANTERN cnets_llamagen.py) skip it, so this checkpoint is of another kind")
+        rename = {
+            "self_attn.o_proj.weight": "attention.wo.weight",
+            "mlp.gate_proj.weight": "feed_forward.w1.weight",
+            "mlp.up_proj.weight": "feed_forward.w3.weight",
+            "mlp.down_proj.weight": "feed_forward.w2.weight",
+            "post_attention_layernorm.weight": "ffn_norm.weight",
+        }
+        qkv = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+        expected = set(rename) | set(qkv)
+        if set(state) != expected:
+            raise ValueError(f"EAGLE layer keys differ from a LLaMA layer's: missing "
+                             f"{sorted(expected - set(state))}, unexpected {sorted(set(state) - expected)}")
+        out = {ours: state[theirs] for theirs, ours in rename.items()}
+        out["attention.wqkv.weight"] = torch.cat([state[k] for k in qkv], dim=0)  # (q + 2 kv, dim)
+        return out
+
+
 class LabelEmbedder(nn.Module):
     """Class embedding with an extra null class (index ``num_classes``) for CFG."""
 
@@ -295,6 +363,8 @@ class LlamaGen(ImageARModel):
     Text-to-image (``t2i``, flan-t5-xl captions) shares this transformer; its adapter adds the text encoder.
     """
 
+    sjd_init = "repeat_horizon"  # the SJD reference's LlamaGen demo setting (test_llamagen.py)
+
     def __init__(
         self,
         gpt: dict | GPTConfig,
@@ -410,6 +480,12 @@ class LlamaGen(ImageARModel):
     @torch.inference_mode()
     def decode_image(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.vq.decode_to_uint8(tokens.reshape(1, -1).to(self.device), self.grid)[0]
+
+    def make_draft_layer(self, norm_eps: float | None = None) -> DraftBlock:
+        """A fresh ``DraftBlock`` of this GPT's width and heads (see ``ImageARModel.make_draft_layer``)."""
+        cfg = dataclasses.replace(self.cfg, token_dropout_p=0.0, resid_dropout_p=0.0, ffn_dropout_p=0.0)
+        layer = DraftBlock(cfg, self.cfg.norm_eps if norm_eps is None else norm_eps)
+        return layer.to(device=self.device, dtype=self.gpt.tok_embeddings.weight.dtype)
 
 
 def load_gpt_checkpoint(gpt: Transformer, path: str) -> None:

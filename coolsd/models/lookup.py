@@ -53,6 +53,8 @@ class TokenCache:
 class LookupModel(ImageARModel):
     """``p(x_i | x_<i)`` read from a random table indexed by the whole prefix (V, N small)."""
 
+    sjd_init = "random"
+
     def __init__(
         self,
         vocab: int = 3,
@@ -100,15 +102,17 @@ class LookupModel(ImageARModel):
         if start + t > cache.max_len:
             raise RuntimeError(f"cache overflow: need {start + t} slots, cache holds {cache.max_len}")
         new = [int(x) for x in tokens]
-        committed = cache.tokens[:start]
+        window = t if tree_mask is None else int(tree_mask.shape[-1])  # the last `window` slots are masked
+        slots = cache.tokens[:start] + new
+        visible = slots[: start + t - window]  # committed slots: always visible
         prefixes = []
         for i in range(t):
             if tree_mask is None:
                 path = new[: i + 1]
             else:
-                path = [new[j] for j in range(t) if bool(tree_mask[i, j])]
-            prefixes.append(committed + path)
-        cache.tokens = committed + new
+                path = [slots[start + t - window + j] for j in range(window) if bool(tree_mask[i, j])]
+            prefixes.append(visible + path)
+        cache.tokens = slots
         cache.block_start, cache.block_len, cache.length = start, t, start + t
         return self._rows(prefixes)
 
@@ -119,7 +123,9 @@ class LookupModel(ImageARModel):
         return hidden
 
     def codebook(self) -> torch.Tensor:
-        return torch.eye(self.codebook_size, dtype=torch.float32)
+        """A fixed random (V, 4) codebook, so latent-neighbour tables have a non-trivial order."""
+        g = torch.Generator().manual_seed(12345)
+        return torch.randn(self.codebook_size, 4, generator=g)
 
     def decode_image(self, tokens: torch.Tensor) -> torch.Tensor:
         levels = (tokens.float() * 255.0 / max(self.codebook_size - 1, 1)).round().to(torch.uint8)

@@ -1,0 +1,171 @@
+"""LANTERN (arXiv 2410.03355) and LANTERN++ (arXiv 2502.06352): latent-neighbour relaxed acceptance.
+
+For a draft ``x`` with latent neighbours ``n_1, n_2, ...`` (``coolsd.neighbours``), ``S_m = Σ_{j≤m} p(n_j)``,
+``m*`` = the largest ``m ≤ k`` with ``S_m ≤ τ(x)``, and the relaxed target probability
+``p̃(x) = p(x) + S_{m*}``; accept with ``min(1, p̃(x)/q(x))``.
+LANTERN: additive budget ``τ = δ`` (δ ∈ [0, 1]); LANTERN++: multiplicative ``τ = (λ − 1)·p(x)`` (λ ≥ 1).
+
+Resampling after rejecting ``x`` (``resample``):
+
+* ``reference`` — the published LANTERN behaviour (jadohu/LANTERN ``ea_model_llamagen.py:
+  evaluate_posterior``): when ``m* ≥ 1`` the ``k + 1`` nearest neighbours of ``x`` are zeroed in ``p``, then
+  ``norm([p − q]_+)`` (with deterministic drafts, q one-hot on x, this is exactly the published "zero p(x)
+  and the neighbours, renormalise"); uniform if nothing is left, as in the reference.
+* ``reference_q`` — the published LlamaGen static-tree path (``evaluate_posterior_v1``): the neighbours are
+  zeroed in ``q`` instead (not renormalised), then ``norm([p − q]_+)``.
+* ``optimal`` — COOL-SD's ``G* = norm([p − q·f]_+)``, an ablation of the COOL-SD paper. Because
+  ``p̃ ≥ p``, ``G*`` here equals the vanilla residual ``norm([p − q]_+)``.
+
+The one-step TV of the reference residuals, which depend on the rejected token, is computed exactly by
+summing the per-token residuals with scatter-adds over the neighbour table (O(V·k)).
+
+Example: ``python run.py decoder=lantern decoder.k=1000 decoder.delta=0.1``;
+``python run.py decoder=lantern_pp decoder.k=10 decoder.lam=5``.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+
+from baselines.exact import ratio_acceptance
+from coolsd.acceptance import AcceptanceRule
+from coolsd.decoding import Decoder
+from coolsd.drafters.base import Drafter
+from coolsd.models.base import ImageARModel
+from coolsd.neighbours import latent_neighbours
+from coolsd.sampling import normalize
+
+RESAMPLE = ("reference", "reference_q", "optimal")
+MODES = ("additive", "multiplicative")
+
+
+class LanternRule(AcceptanceRule):
+    """Relaxed acceptance over latent neighbourhoods; ``neighbours`` is (V, ≥ k+1) sorted by distance."""
+
+    def __init__(self, neighbours: torch.Tensor, k: int, mode: str, budget: float,
+                 resample: str = "reference") -> None:
+        if mode not in MODES:
+            raise ValueError(f"LANTERN mode must be one of {MODES}, got {mode!r}")
+        if resample not in RESAMPLE:
+            raise ValueError(f"decoder.resample must be one of {RESAMPLE}, got {resample!r}")
+        if mode == "additive" and not 0.0 <= budget <= 1.0:
+            raise ValueError(f"decoder.delta must be in [0, 1], got {budget}")
+        if mode == "multiplicative" and budget < 1.0:
+            raise ValueError(f"decoder.lam must be >= 1, got {budget}")
+        if neighbours.shape[1] < k + 1:
+            raise ValueError(f"the neighbour table has {neighbours.shape[1]} columns; k = {k} needs k + 1")
+        self.neighbours = neighbours.long()
+        self.k, self.mode, self.budget, self.resample = k, mode, budget, resample
+        self.lossless = budget == (0.0 if mode == "additive" else 1.0) and resample == "optimal"
+
+    def relaxed(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(p̃(x), m*(x))`` for drafts ``x`` (...,) under rows ``p`` (..., V)."""
+        nb = self.table(p.device)[x, : self.k]  # (..., k)
+        if p.dim() == 1:  # one distribution, any number of candidate tokens
+            mass, px = p[nb], p[x]
+        else:  # row i of p belongs to draft x[i]
+            mass, px = p.gather(-1, nb), p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+        prefix = mass.cumsum(-1)  # S_1..S_k, non-decreasing
+        tau = torch.full_like(px, self.budget) if self.mode == "additive" else (self.budget - 1.0) * px
+        m_star = (prefix <= tau.unsqueeze(-1)).sum(-1)  # feasible prefixes form a prefix
+        moved = prefix.gather(-1, (m_star - 1).clamp_min(0).unsqueeze(-1)).squeeze(-1) * (m_star > 0)
+        return px + moved, m_star
+
+    def table(self, device: torch.device) -> torch.Tensor:
+        """The neighbour table on ``device`` (moved once)."""
+        if self.neighbours.device != device:
+            self.neighbours = self.neighbours.to(device)
+        return self.neighbours
+
+    def acceptance(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        if p.dim() > 1:  # one row at a time: the all-token neighbour gather is (V, k) per row
+            return torch.stack([self.acceptance(pi, qi, depth) for pi, qi in zip(p, q)])
+        tokens = torch.arange(p.shape[-1], device=p.device)
+        p_tilde, _ = self.relaxed(p, tokens)  # (V,)
+        return ratio_acceptance(p_tilde, q)
+
+    def accept_prob(self, p, q, x, depth) -> torch.Tensor:
+        p_tilde, _ = self.relaxed(p, x)  # (L,)
+        return ratio_acceptance(p_tilde, q.gather(-1, x[:, None]).squeeze(-1))
+
+    def residual(self, p: torch.Tensor, q: torch.Tensor, x: int | None, depth: int) -> torch.Tensor:
+        if self.resample == "optimal" or x is None:
+            return normalize((p - q).clamp_min(0.0), fallback=p)
+        _, m_star = self.relaxed(p, torch.tensor(x, device=p.device))
+        if int(m_star) >= 1:
+            z = self.table(p.device)[x, : self.k + 1]
+            if self.resample == "reference":
+                p = p.clone().index_fill_(0, z, 0.0)
+            else:
+                q = q.clone().index_fill_(0, z, 0.0)
+        return normalize((p - q).clamp_min(0.0), fallback=torch.full_like(p, 1.0 / p.shape[-1]))
+
+    def one_step_tv(self, p: torch.Tensor, q: torch.Tensor, depth: int) -> float:
+        """Exact TV of ``q f + Σ_x q(x)(1 − f(x)) G_x`` to ``p``, with the token-dependent ``G_x``."""
+        v = p.shape[-1]
+        tokens = torch.arange(v, device=p.device)
+        p_tilde, m_star = self.relaxed(p, tokens)
+        f = ratio_acceptance(p_tilde, q)
+        out = q * f
+        reject = q * (1.0 - f)  # (V,) probability of drafting x and rejecting it
+        r = (p - q).clamp_min(0.0)
+        if self.resample == "optimal":
+            out = out + reject.sum() * normalize(r, fallback=p)
+            return 0.5 * float((out - p).abs().sum())
+        zeroing = m_star >= 1  # (V,) which rejected tokens zero their neighbourhood
+        z = self.table(p.device)[:, : self.k + 1]  # (V, k+1)
+        if self.resample == "reference":
+            # residual mass left after zeroing p on Z(x): R − Σ_{y∈Z(x)} r(y)
+            change = -r  # per-token change of the residual numerator when y is zeroed
+        else:
+            change = p - r  # zeroing q(y) turns r(y) into p(y)
+        mass = r.sum() + zeroing * change[z].sum(-1)  # (V,) normaliser of each G_x
+        ok = mass > 1e-12
+        c = torch.where(ok, reject / mass.clamp_min(1e-12), torch.zeros_like(mass))
+        hits = torch.zeros(v, dtype=p.dtype, device=p.device).index_add_(
+            0, z[zeroing].flatten(), c[zeroing].repeat_interleave(z.shape[1]))
+        out = out + c.sum() * r + hits * change
+        out = out + reject[~ok].sum() / v  # empty residual: uniform, as in the reference
+        return 0.5 * float((out - p).abs().sum())
+
+
+def lantern_rule(model: ImageARModel, k: int, mode: str, budget: float, resample: str,
+                 neighbour_metric: str, neighbour_cache: str | None) -> LanternRule:
+    """Build the rule with the model's neighbour table (k + 1 columns for the reference zeroing)."""
+    v = model.codebook_size
+    if k > v - 2:
+        warnings.warn(f"decoder.k={k} exceeds the {v - 2} neighbours a {v}-code codebook allows with the "
+                      f"reference zeroing set; using k={v - 2}", stacklevel=3)
+        k = v - 2
+    if k < 1:
+        raise ValueError(f"decoder.k must be >= 1, got {k}")
+    table = latent_neighbours(model.codebook(), k + 1, neighbour_metric, neighbour_cache)
+    return LanternRule(table, k=k, mode=mode, budget=budget, resample=resample)
+
+
+class Lantern(Decoder):
+    """LANTERN: additive budget δ over the k nearest latent neighbours."""
+
+    def __init__(self, name: str, model: ImageARModel, draft_len: int, drafter: Callable[..., Drafter],
+                 k: int = 1000, delta: float = 0.1, resample: str = "reference",
+                 neighbour_metric: str = "l2_raw", neighbour_cache: str | None = None,
+                 tree: str | None = None, dynamic_tree: dict | None = None,
+                 track_tv: bool = True, sync_phases: bool = False) -> None:
+        rule = lantern_rule(model, k, "additive", delta, resample, neighbour_metric, neighbour_cache)
+        super().__init__(name=name, model=model, rule=rule, draft_len=draft_len, drafter=drafter, tree=tree,
+                         dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases)
+
+
+class LanternPP(Decoder):
+    """LANTERN++: multiplicative budget p̃(x) ≤ λ·p(x) over the k nearest latent neighbours."""
+
+    def __init__(self, name: str, model: ImageARModel, draft_len: int, drafter: Callable[..., Drafter],
+                 k: int = 10, lam: float = 5.0, resample: str = "reference",
+                 neighbour_metric: str = "l2_raw", neighbour_cache: str | None = None,
+                 tree: str | None = None, dynamic_tree: dict | None = None,
+                 track_tv: bool = True, sync_phases: bool = False) -> None:
+        rule = lantern_rule(model, k, "multiplicative", lam, resample, neighbour_metric, neighbour_cache)
+        super().__init__(name=name, model=model, rule=rule, draft_len=draft_len, drafter=drafter, tree=tree,
+                         dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases)

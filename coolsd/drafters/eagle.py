@@ -1,0 +1,390 @@
+"""EAGLE-style feature drafter: the draft model of vanilla SD, LANTERN, LANTERN++ and COOL-SD.
+
+The drafter predicts the target's next last-layer feature from the current one (EAGLE-1, Li et al. 2024,
+arXiv 2401.15077; the LlamaGen variant of jadohu/LANTERN ``models/drafters/cnets_llamagen.py`` and
+``models/ea_model_llamagen.py``, studied and rewritten here)::
+
+    f̂_{t+1} = layer(fc(concat[e(x_{t+1}), f_t]))        q_{t+2} = pipeline(head(f̂_{t+1}))
+
+``e`` and ``head`` are the target's frozen input embedding and output head (read from the target at call
+time, not copied), ``fc`` is ``Linear(2H -> H)`` with a bias and ``layer`` is one decoder layer of the
+target's own kind with the target's position encoding (``ImageARModel.make_draft_layer``). The pair
+``(f_t, x_{t+1})`` sits at *pair position* ``t`` (the image index of the target input that produced
+``f_t``; ``t = -1`` for the prefill's last hidden state, paired with ``x_0``).
+
+With classifier-free guidance the drafter runs the conditional and unconditional streams as a batch of 2
+(each fed the target's hidden states of that stream and the same token ids) and its two logit rows go
+through the shared pipeline ``stream_probs``, so ``q`` is guided exactly like ``p``.
+
+Checkpoints: a directory with ``config.json`` + ``model.safetensors`` (this project's format, written by
+``save_eagle`` / ``scripts/train_drafter.py``), or a released EAGLE / LANTERN drafter (``config.json`` +
+``pytorch_model.bin`` with HF-Llama key names), or ``hub:<owner>/<repo>`` (e.g. ``hub:jadohu/llamagen_drafter``).
+
+Example: ``python run.py drafter=eagle drafter.checkpoint=checkpoints/drafter_tiny``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from coolsd.drafters.base import Drafter
+from coolsd.io import atomic_write_bytes
+from coolsd.kv_cache import StaticKVCache
+from coolsd.models.base import ImageARModel
+from coolsd.models.checkpoints import MissingWeightsError, hub_file, load_state_dict
+from coolsd.sampling import sample, stream_probs
+from coolsd.trees import Expansion, TreeShape, draft_dynamic_tree, draft_static_tree
+from coolsd.types import Draft, TargetOutput, Verdict
+
+FORMAT = "coolsd-eagle"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+EAGLE_WEIGHTS = ("pytorch_model.bin", "model.safetensors")  # what released EAGLE/LANTERN drafters ship
+HUB_PREFIX = "hub:"
+TRAIN_HINT = ("train one with `python scripts/train_drafter.py model=<model> out_dir=<dir>`, or use a "
+              "released LANTERN drafter (LlamaGen-T2I): drafter.checkpoint=hub:jadohu/llamagen_drafter "
+              "(stage I) or hub:jadohu/llamagen2_drafter (stage II)")
+
+
+class EagleHead(nn.Module):
+    """``fc`` + one target-kind decoder layer; uses the target's embedding and head at call time.
+
+    ``own_embedding=True`` reserves a frozen embedding table of its own (released LANTERN LlamaGen
+    drafters carry ``embed_tokens.weight``, initialised from the target's ``lm_head``, and were trained
+    with it); otherwise ``e`` is ``target.embed``. Neither the target nor its embedding/head enter this
+    module's ``state_dict``.
+    """
+
+    def __init__(
+        self,
+        target: ImageARModel,
+        bias: bool = True,
+        norm_eps: float | None = None,
+        own_embedding: bool = False,
+        init_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self._target = (target,)  # a tuple, so the target is not registered as a submodule
+        h = target.hidden_size
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(init_seed)
+            self.fc = nn.Linear(2 * h, h, bias=bias)
+            self.layer = target.make_draft_layer(norm_eps=norm_eps)
+        self.bias = bias
+        self.norm_eps = norm_eps
+        self.register_buffer("embedding", None)
+        probe = target.embed(torch.zeros(1, dtype=torch.long, device=target.device))
+        self.target_dtype = probe.dtype
+        if own_embedding:
+            self.embedding = torch.zeros(target.codebook_size, h, dtype=probe.dtype, device=probe.device)
+        self.to(device=probe.device, dtype=probe.dtype)
+
+    @property
+    def target(self) -> ImageARModel:
+        return self._target[0]
+
+    def arch(self) -> dict[str, Any]:
+        """The architecture fields of ``config.json`` (what a checkpoint must match to load)."""
+        layer = self.layer
+        return {
+            "target": f"{type(self.target).__module__}.{type(self.target).__qualname__}",
+            "hidden_size": int(layer.hidden_size),
+            "num_heads": int(layer.num_heads),
+            "num_kv_heads": int(layer.num_kv_heads),
+            "head_dim": int(layer.head_dim),
+            "intermediate_size": int(layer.intermediate_size),
+            "vocab_size": int(self.target.codebook_size),
+            "norm_eps": self.norm_eps,
+            "bias": self.bias,
+            "own_embedding": self.embedding is not None,
+        }
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Frozen token embeddings (..., H) of image codes (...)."""
+        with torch.no_grad():
+            if self.embedding is not None:
+                return F.embedding(tokens, self.embedding)
+            return self.target.embed(tokens)
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: StaticKVCache | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Pairs ``(f_t, x_{t+1})`` -> predicted next features ``f̂_{t+1}`` (B, T, H).
+
+        ``features`` (B, T, H) are ``f_t``; ``tokens`` are ``x_{t+1}``, (T,) shared by every row (the CFG
+        streams) or (B, T); ``positions`` (T,) are the pair positions ``t``. ``cache``/``mask`` as in
+        ``ImageARModel.make_draft_layer`` (``None``: teacher-forced causal pass).
+        """
+        e = self.embed(tokens).to(self.fc.weight.dtype)  # (T, H) or (B, T, H)
+        if e.dim() == 2:
+            e = e.unsqueeze(0).expand(features.shape[0], -1, -1)
+        h = self.fc(torch.cat([e, features.to(self.fc.weight.dtype)], dim=-1))  # (B, T, H)
+        return self.layer(h, positions, cache, mask)
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's frozen output head on predicted features (..., H) -> float logits (..., V)."""
+        return self.target.head(features.to(self.target_dtype))
+
+
+# -- checkpoints ------------------------------------------------------------------------------------------
+def save_eagle(head: EagleHead, directory: str | os.PathLike, training: dict[str, Any] | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` into ``directory`` (each file atomically)."""
+    from safetensors.torch import save
+
+    directory = Path(directory)
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    atomic_write_bytes(directory / WEIGHTS_FILE, save(state, metadata={"format": FORMAT}))
+    config = {"format": FORMAT, "version": 1, **head.arch(), "training": training or {}}
+    atomic_write_bytes(directory / CONFIG_FILE, (json.dumps(config, indent=2, default=str) + "\n").encode())
+    return directory
+
+
+def resolve_checkpoint(spec: str) -> tuple[Path, Path]:
+    """``(config.json, weights file)`` of a checkpoint directory or a ``hub:<owner>/<repo>`` spec."""
+    if spec.startswith(HUB_PREFIX):
+        repo = spec[len(HUB_PREFIX):]
+        config = Path(hub_file(repo, CONFIG_FILE))
+        errors = []
+        for name in EAGLE_WEIGHTS:
+            try:
+                return config, Path(hub_file(repo, name))
+            except MissingWeightsError as err:
+                errors.append(str(err))
+        raise MissingWeightsError(f"EAGLE drafter weights of {repo} are not available: " + " | ".join(errors))
+    directory = Path(spec).expanduser()
+    config = directory / CONFIG_FILE
+    if not config.is_file():
+        raise MissingWeightsError(f"EAGLE drafter checkpoint not found: {config} (looked in "
+                                  f"{directory.resolve()}); {TRAIN_HINT}")
+    for name in (WEIGHTS_FILE, *EAGLE_WEIGHTS):
+        if (directory / name).is_file():
+            return config, directory / name
+    raise MissingWeightsError(f"EAGLE drafter weights not found: neither {directory / WEIGHTS_FILE} nor "
+                              f"{directory / EAGLE_WEIGHTS[0]} exists; {TRAIN_HINT}")
+
+
+def _eagle_to_ours(head: EagleHead, config: dict[str, Any], state: dict[str, torch.Tensor]) -> dict:
+    """Map a released EAGLE / LANTERN drafter (HF-Llama key names) onto ``head``'s parameters."""
+    layer = head.layer
+    if not hasattr(layer, "from_eagle_keys"):
+        raise ValueError(f"{type(layer).__name__} (draft layer of {type(head.target).__name__}) cannot read "
+                         "EAGLE/LANTERN checkpoints (no from_eagle_keys); " + TRAIN_HINT)
+    theirs = {
+        "hidden_size": config.get("hidden_size"),
+        "num_heads": config.get("num_attention_heads"),
+        "num_kv_heads": config.get("num_key_value_heads") or config.get("num_attention_heads"),
+        "intermediate_size": config.get("intermediate_size"),
+        "vocab_size": config.get("vocab_size"),
+    }
+    ours = head.arch()
+    diff = {k: (v, ours[k]) for k, v in theirs.items() if v != ours[k]}
+    if config.get("num_hidden_layers", 1) != 1:
+        diff["num_hidden_layers"] = (config["num_hidden_layers"], 1)
+    if diff:
+        raise ValueError("the EAGLE checkpoint's architecture does not match this target's draft layer "
+                         f"(field: checkpoint vs target) {diff}; " + TRAIN_HINT)
+    prefix = "layers.0."
+    layer_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    out = {f"layer.{k}": v for k, v in layer.from_eagle_keys(layer_state).items()}
+    for key in ("fc.weight", "fc.bias"):
+        if key in state:
+            out[key] = state[key]
+    if "embed_tokens.weight" in state:
+        out["embedding"] = state["embed_tokens.weight"]
+    known = {"fc.weight", "fc.bias", "embed_tokens.weight"}
+    stray = [k for k in state if not k.startswith(prefix) and k not in known]
+    if stray:
+        raise ValueError(f"unexpected keys in the EAGLE checkpoint: {stray[:8]}")
+    return out
+
+
+def load_eagle(target: ImageARModel, checkpoint: str) -> EagleHead:
+    """Build an ``EagleHead`` for ``target`` from a checkpoint directory or ``hub:`` spec (see module doc)."""
+    config_path, weights_path = resolve_checkpoint(checkpoint)
+    config = json.loads(config_path.read_text())
+    state = load_state_dict(weights_path, nested_keys=("model", "state_dict"))
+    if config.get("format") == FORMAT:
+        head = EagleHead(target, bias=config["bias"], norm_eps=config["norm_eps"],
+                         own_embedding=config["own_embedding"])
+        mismatch = {k: (config.get(k), v) for k, v in head.arch().items()
+                    if k not in ("target", "norm_eps") and config.get(k) != v}
+        if mismatch:
+            raise ValueError(f"drafter checkpoint {checkpoint} was trained for another architecture "
+                             f"(field: checkpoint vs target) {mismatch}; " + TRAIN_HINT)
+    else:
+        head = EagleHead(target, bias="fc.bias" in state, norm_eps=config.get("rms_norm_eps"),
+                         own_embedding="embed_tokens.weight" in state)
+        state = _eagle_to_ours(head, config, state)
+    expected = {k: v.shape for k, v in head.state_dict().items()}
+    problems = [f"{k}: missing" for k in expected if k not in state]
+    problems += [f"{k}: unexpected" for k in state if k not in expected]
+    problems += [f"{k}: shape {tuple(state[k].shape)} != {tuple(s)}" for k, s in expected.items()
+                 if k in state and state[k].shape != s]
+    if problems:
+        raise ValueError(f"drafter checkpoint {checkpoint} does not fit {type(target).__name__}'s draft "
+                         f"head: {problems[:8]}; " + TRAIN_HINT)
+    head.load_state_dict(state, strict=True)
+    return head
+
+
+# -- the drafter ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DraftStep:
+    """One drafter forward: predicted features (S, T, H) per stream and guided draft distributions (T, V)."""
+
+    features: torch.Tensor
+    q: torch.Tensor
+
+
+class EagleDrafter(Drafter):
+    """Chain drafting with an ``EagleHead`` and its own one-layer KV cache (batch = the CFG streams).
+
+    State between iterations: the *pending* pairs, i.e. the target's hidden states of committed tokens
+    that the drafter cache has not consumed yet, paired with the next committed token ids. ``propose``
+    feeds them (plus, from the second step on, the drafter's own predicted features: EAGLE chain
+    drafting); ``observe`` rolls back the speculative entries and queues the verify block's hidden states
+    of the committed tokens (``out.hidden[:, :n+1]`` paired with ``d_1..d_n, next_token``).
+    """
+
+    def __init__(
+        self,
+        target: ImageARModel,
+        checkpoint: str | None = None,
+        head: EagleHead | None = None,
+        extra_slots: int = 64,
+    ) -> None:
+        if (checkpoint is None) == (head is None):
+            raise ValueError("EagleDrafter needs exactly one of drafter.checkpoint (a directory written by "
+                             "scripts/train_drafter.py, or hub:<owner>/<repo>) and head; " + TRAIN_HINT)
+        if extra_slots < 1:
+            raise ValueError(f"drafter.extra_slots must be >= 1 (the longest draft), got {extra_slots}")
+        self.target = target
+        self.head = load_eagle(target, checkpoint) if head is None else head
+        self.extra_slots = extra_slots
+        self.cache: StaticKVCache | None = None
+        self.pending_features: torch.Tensor | None = None  # (S, k, H)
+        self.pending_tokens: torch.Tensor | None = None  # (k,)
+        self.pending_start = -1  # pair position of the first pending pair
+        self.fed = 0  # pending pairs consumed by the latest propose (0: it ran no forward)
+        self.block_start = 0
+        self.node_features: dict[int, torch.Tensor] = {}  # tree drafting: predicted feature per node
+
+    def new_cache(self) -> StaticKVCache:
+        layer, weight = self.head.layer, self.head.fc.weight
+        return StaticKVCache(
+            num_layers=1,
+            batch=self.target.num_streams,
+            num_heads=layer.num_kv_heads,
+            max_len=self.target.num_image_tokens + 1 + self.extra_slots,
+            head_dim=layer.head_dim,
+            dtype=weight.dtype,
+            device=weight.device,
+        )
+
+    @torch.inference_mode()
+    def begin(self, prompt: str, prefill: TargetOutput, first_token: torch.Tensor) -> None:
+        self.cache = self.new_cache()
+        self.pending_features = prefill.hidden[:, -1:]  # (S, 1, H): f_{-1}
+        self.pending_tokens = first_token.reshape(1)
+        self.pending_start = -1
+        self.fed = 0
+
+    @torch.inference_mode()
+    def step(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor | None = None,
+    ) -> DraftStep:
+        """One head forward over pairs appended to the cache as a new block (reusable by tree drafting).
+
+        ``features`` (S, T, H), ``tokens`` (T,), ``positions`` (T,) pair positions, ``tree_mask`` (T, T)
+        inside the block (``None``: causal). The block stays in the cache until the caller rolls it back.
+        """
+        mask = self.cache.begin_block(tokens.shape[0], tree_mask)
+        f_hat = self.head(features, tokens, positions, self.cache, mask)  # (S, T, H)
+        q = stream_probs(self.head.logits(f_hat), self.target.sampling)  # (T, V)
+        return DraftStep(features=f_hat, q=q)
+
+    @torch.inference_mode()
+    def propose(self, last_token, position, draft_len, generator, tree=None) -> Draft:
+        k = self.pending_tokens.shape[0]
+        if self.pending_start + k != position:
+            raise RuntimeError(f"EagleDrafter out of step: pending pairs end at {self.pending_start + k - 1}, "
+                               f"the loop drafts after image index {position}")
+        self.fed = 0
+        if tree is not None:
+            self.block_start = self.cache.length
+            self.node_features = {}
+            if isinstance(tree, TreeShape):
+                return draft_static_tree(tree, last_token, position, self._expand, generator)
+            return draft_dynamic_tree(tree, draft_len, last_token, position, self._expand)
+        if draft_len == 0:
+            return Draft(tokens=last_token.new_empty(0),
+                         q=torch.empty(0, self.target.codebook_size, device=last_token.device))
+        self.block_start = self.cache.length
+        out = self._feed_pending()
+        drafted, qs = [], []
+        for i in range(draft_len):
+            if i:
+                out = self.step(out.features[:, -1:], drafted[-1], torch.tensor([position + i - 1],
+                                                                                  device=drafted[-1].device))
+            q = out.q[-1]  # (V,)
+            drafted.append(sample(q, generator).reshape(1))
+            qs.append(q)
+        return Draft(tokens=torch.cat(drafted), q=torch.stack(qs), forwards=draft_len)
+
+    def _feed_pending(self) -> DraftStep:
+        """Run the pending pairs (the last one holds the last committed token) as one block."""
+        k = self.pending_tokens.shape[0]
+        positions = torch.arange(self.pending_start, self.pending_start + k, device=self.pending_tokens.device)
+        self.fed = k
+        return self.step(self.pending_features, self.pending_tokens, positions)
+
+    def _expand(self, request: Expansion) -> torch.Tensor:
+        """Tree drafting (``coolsd.trees``): draft distributions (F, V) of the requested nodes' children.
+
+        A node's pair is (its parent's predicted feature, its token) at pair position = its image position
+        − 1; the root request feeds the pending pairs instead (the root is the last committed token).
+        """
+        if int(request.nodes[0]) == -1:
+            out = self._feed_pending()
+            self.node_features = {-1: out.features[:, -1]}  # (S, H)
+            return out.q[-1:]
+        features = torch.stack([self.node_features[int(par)] for par in request.parents.tolist()], dim=1)
+        out = self.step(features, request.tokens, request.positions - 1, tree_mask=request.mask)
+        for j, node in enumerate(request.nodes.tolist()):
+            self.node_features[node] = out.features[:, j]
+        return out.q
+
+    @torch.inference_mode()
+    def observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict) -> None:
+        n = verdict.num_accepted
+        device = self.pending_tokens.device
+        path = verdict.path if verdict.path else tuple(range(1, n + 1))  # verify-block rows of accepted nodes
+        rows = torch.tensor((0, *path), device=out.hidden.device)
+        committed = torch.cat([draft.tokens[rows[1:].to(draft.tokens.device) - 1].to(device),
+                               torch.tensor([verdict.next_token], device=device)])  # (n+1,)
+        features = out.hidden[:, rows]  # (S, n+1, H): f of [last_token, accepted nodes]
+        if self.fed:  # the pending pairs are in the cache now; drop the drafter's speculative entries
+            self.cache.rollback(self.block_start + self.fed)
+            self.pending_start += self.fed
+            self.pending_features, self.pending_tokens = features, committed
+        else:
+            self.pending_features = torch.cat([self.pending_features, features], dim=1)
+            self.pending_tokens = torch.cat([self.pending_tokens, committed])
+        self.fed = 0
+        self.node_features = {}

@@ -1,0 +1,174 @@
+"""Draft trees: exactness of the multi-draft walk (static and dynamic trees), chain equivalence, tree
+attention against per-path forwards, KV compaction, tree shapes as data.
+
+Statistical tests: lookup model (3 codes, 2x2 grid: 81 sequences, known exactly), ``N_SAMPLES`` sequences
+with seeds 0..N−1, Pearson chi-square with cells of expected count < 5 pooled; the test fails when the
+p-value is below ALPHA = 1e-3 (the false-alarm probability for a random seed choice). A deliberately broken
+tree drafter (siblings keep the unconditional q instead of q with the earlier siblings removed) must fail.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from baselines.exact import ExactRule
+from baselines.lantern import LanternRule
+from coolsd.acceptance import verify_chain, verify_tree
+from coolsd.cool import CoolSDRule
+from coolsd.decoding import Decoder
+from coolsd.drafters.model_drafter import ModelDrafter
+from coolsd.models.llamagen import layer_skip_copy
+from coolsd.models.lookup import LookupModel, perturbed_copy
+from coolsd.neighbours import compute_neighbours
+from coolsd.trees import TREE_DIR, TreeShape, ancestor_mask, depths_of
+from coolsd.types import Draft
+from tests.helpers import chi_square_pvalue, tiny_llamagen
+
+ALPHA = 1e-3
+N_SAMPLES = 3000
+SMALL_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+DYNAMIC = dict(top_k=2, depth=2, total_tokens=5)
+
+
+class UnconditionalSiblings(ModelDrafter):
+    """Broken: every sibling is tested against the parent's full q (sampling without replacement ignored)."""
+
+    def propose(self, last_token, position, draft_len, generator, tree=None):
+        draft = super().propose(last_token, position, draft_len, generator, tree)
+        if draft.parents is None:
+            return draft
+        q = draft.q.clone()
+        first: dict[int, int] = {}
+        for j, par in enumerate(draft.parents.tolist()):
+            first.setdefault(par, j)
+            q[j] = draft.q[first[par]]
+        return Draft(tokens=draft.tokens, q=q, forwards=draft.forwards, parents=draft.parents)
+
+
+def lookup_pair():
+    target = LookupModel(vocab=3, grid=(2, 2), seed=5, scale=1.0, sampling=dict(cfg_scale=2.0))
+    return target, perturbed_copy(target, noise=1.5, seed=2)
+
+
+def empirical(decoder, target, samples: int = N_SAMPLES) -> torch.Tensor:
+    counts = torch.zeros(81)
+    for seed in range(samples):
+        counts[target.sequence_index(decoder.generate("p", seed).tokens)] += 1
+    return counts
+
+
+def write_small_tree(tmp_path) -> str:
+    path = tmp_path / "small.json"
+    path.write_text('{"name": "small", "paths": ' + str(SMALL_TREE) + "}")
+    return str(path)
+
+
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_exact_rule_on_trees_is_lossless(tree, tmp_path):
+    target, draft = lookup_pair()
+    spec = write_small_tree(tmp_path) if tree == "static" else "dynamic"
+    decoder = Decoder("sd", target, ExactRule(), draft_len=3, drafter=ModelDrafter(target, draft), tree=spec,
+                      dynamic_tree=DYNAMIC)
+    assert chi_square_pvalue(empirical(decoder, target), target.exact_sequence_probs()) > ALPHA
+
+
+def test_unconditional_sibling_q_fails_the_same_test(tmp_path):
+    target, draft = lookup_pair()
+    decoder = Decoder("broken", target, ExactRule(), draft_len=3, drafter=UnconditionalSiblings(target, draft),
+                      tree=write_small_tree(tmp_path))
+    assert chi_square_pvalue(empirical(decoder, target, 2 * N_SAMPLES), target.exact_sequence_probs()) < ALPHA
+
+
+@pytest.mark.parametrize("rule_name", ["exact", "coolsd", "lantern"])
+def test_chain_tree_walk_equals_chain_verification(rule_name):
+    """Same random stream: the tree walk on a chain makes the chain's decisions and draws its tokens."""
+    v = 12
+    rule = {"exact": ExactRule(), "coolsd": CoolSDRule(delta=2.0, draft_len=5),
+            "lantern": LanternRule(compute_neighbours(torch.randn(v, 3, generator=torch.Generator().manual_seed(0)),
+                                                      v - 1), k=4, mode="additive", budget=0.2)}[rule_name]
+    g = torch.Generator().manual_seed(1)
+    for trial in range(200):
+        length = 1 + trial % 5
+        p = torch.softmax(2 * torch.randn(length + 1, v, generator=g), -1)
+        q = torch.softmax(2 * torch.randn(length, v, generator=g), -1)
+        tokens = torch.multinomial(q, 1, generator=g).squeeze(-1)
+        chain = Draft(tokens=tokens, q=q)
+        tree = Draft(tokens=tokens, q=q, parents=torch.arange(-1, length - 1))
+        a = verify_chain(rule, p, chain, torch.Generator().manual_seed(trial))
+        b = verify_tree(rule, p, tree, torch.Generator().manual_seed(trial))
+        assert (a.num_accepted, a.next_token, a.path) == (b.num_accepted, b.next_token, b.path)
+
+
+def test_tree_attention_matches_per_path_forwards():
+    model = tiny_llamagen(dtype="float64")
+    shape = TreeShape.load("mc_sim_7b_63")
+    parents = shape.parents()
+    mask = ancestor_mask(parents)
+    for j, path in enumerate(shape.paths):  # row j+1 sees the root and exactly the prefixes of its path
+        ancestors = {shape.paths.index(path[:i]) + 1 for i in range(1, len(path) + 1)}
+        assert set(mask[j + 1].nonzero().flatten().tolist()) == {0} | ancestors
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(1024, (5,), generator=g)
+    nodes = torch.randint(1024, (len(parents),), generator=g)
+    depths = depths_of(parents)
+    cache, _ = model.prefill("two")
+    model.forward_block(cache, prefix, torch.arange(5))
+    cache.keep(5)
+    root = torch.tensor([7])
+    positions = torch.tensor([5] + [5 + d for d in depths])
+    tree_out = model.forward_block(cache, torch.cat([root, nodes]), positions, mask)
+    for j in range(len(parents)):
+        path, node = [], j
+        while node >= 0:
+            path.insert(0, node)
+            node = parents[node]
+        ref_cache, _ = model.prefill("two")
+        seq = torch.cat([prefix, root, nodes[path]])
+        ref = model.forward_block(ref_cache, seq, torch.arange(len(seq)))
+        torch.testing.assert_close(tree_out.logits[:, j + 1], ref.logits[:, -1], rtol=1e-9, atol=1e-9)
+
+
+def test_kv_compaction_then_forward_equals_uncached():
+    model = tiny_llamagen(dtype="float64")
+    shape = TreeShape.load("mc_sim_7b_63")
+    parents = shape.parents()
+    g = torch.Generator().manual_seed(3)
+    nodes = torch.randint(1024, (len(parents),), generator=g)
+    cache, _ = model.prefill("six")
+    root = torch.tensor([11])
+    model.forward_block(cache, torch.cat([root, nodes]), torch.tensor([0] + [d for d in depths_of(parents)]),
+                        ancestor_mask(parents))
+    path = [1, 5, 13, 21]  # nodes [0], [0,0], [0,0,0], [0,0,0,0] (block indices)
+    assert [shape.paths[i - 1] for i in path] == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
+    cache.keep(torch.tensor([0] + path))
+    nxt = torch.tensor([42, 43])
+    after = model.forward_block(cache, nxt, torch.arange(5, 7))
+    committed = torch.cat([root, nodes[[i - 1 for i in path]], nxt])
+    ref_cache, _ = model.prefill("six")
+    ref = model.forward_block(ref_cache, committed, torch.arange(len(committed)))
+    torch.testing.assert_close(after.logits, ref.logits[:, -2:], rtol=1e-9, atol=1e-9)
+
+
+def test_shapes_load_by_name_and_validate():
+    counts = {"naive_extend_57": (57, [5, 13, 16, 14, 9]), "mc_sim_7b_63": (25, [4, 8, 8, 3, 2]),
+              "chain": (5, [1, 1, 1, 1, 1])}
+    for name, (nodes, per_depth) in counts.items():
+        shape = TreeShape.load(name)
+        depths = depths_of(shape.parents())
+        assert len(shape.paths) == nodes and [depths.count(d) for d in range(1, 6)] == per_depth
+    assert {p.stem for p in TREE_DIR.glob("*.json")} >= set(counts)
+    with pytest.raises(ValueError, match="decoder.tree"):
+        TreeShape.load("no_such_tree")
+    with pytest.raises(ValueError, match="no parent"):
+        TreeShape.from_paths("bad", [[0], [1, 0, 0]])
+    assert len(TreeShape.load("naive_extend_57").truncated(2).paths) == 18
+
+
+@pytest.mark.parametrize("tree", ["mc_sim_7b_63", "dynamic"])
+def test_greedy_tree_sd_equals_greedy_ar(tree):
+    model = tiny_llamagen(dtype="float64", temperature=0.0)
+    ar = Decoder("ar", model, ExactRule())
+    sd = Decoder("sd", model, ExactRule(), draft_len=4, drafter=ModelDrafter(model, layer_skip_copy(model, 2)),
+                 tree=tree)
+    for prompt in ("zero", "eight"):
+        assert torch.equal(ar.generate(prompt, 0).tokens, sd.generate(prompt, 3).tokens)

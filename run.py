@@ -34,7 +34,7 @@ def main(cfg: DictConfig) -> float:
         decoder_overridden=decoder_chosen(list(hc.overrides.task)),
         choices=dict(hc.runtime.choices),
     )
-    return float(record["metrics"].get("speedup", 0.0))
+    return float(record.get("metrics", {}).get("speedup", 0.0))  # {} on ranks > 0 of a torchrun job
 
 
 if __name__ == "__main__":

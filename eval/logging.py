@@ -13,6 +13,19 @@ from typing import Any, Sequence
 MODES = ("online", "offline", "disabled")
 
 
+def sample_rows(record: dict[str, Any], out_dir: Path, per_decoder: int = 8) -> list[tuple]:
+    """(decoder, index, prompt, image path) of the first images of every decoder, from the records."""
+    from eval.records import load_records
+
+    rows = []
+    for name in record["per_decoder"]:
+        recs = load_records(out_dir / "records", name)
+        for r in [recs[i] for i in sorted(recs)][:per_decoder]:
+            if r.get("image"):
+                rows.append((name, r["index"], r["prompt"], out_dir / r["image"]))
+    return rows
+
+
 class NullLogger:
     """Logs nothing."""
 
@@ -41,6 +54,12 @@ class WandbLogger:
             columns = ["decoder", *sorted({k for m in record["per_decoder"].values() for k in m})]
             rows = [[name, *[m.get(c) for c in columns[1:]]] for name, m in record["per_decoder"].items()]
             run.log({"per_decoder": wandb.Table(columns=columns, data=rows)})
+            samples = sample_rows(record, Path(out_dir))
+            if samples:
+                table = wandb.Table(columns=["decoder", "index", "prompt", "image"])
+                for name, index, prompt, path in samples:
+                    table.add_data(name, index, prompt, wandb.Image(str(path)))
+                run.log({"samples": table})
             grids = sorted(Path(out_dir).glob("grid_*.png"))
             if grids:
                 run.log({f"images/{g.stem}": wandb.Image(str(g)) for g in grids})

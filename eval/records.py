@@ -100,3 +100,11 @@ def environment() -> dict[str, Any]:
         env["gpu"] = torch.cuda.get_device_name(0)
         env["cuda_version"] = torch.version.cuda
     return env
+
+
+def load_records(records_dir: Path, name: str) -> dict[int, dict]:
+    """Every finished record of a decoder, from the single-process file and all rank files."""
+    done: dict[int, dict] = {}
+    for path in sorted(records_dir.glob(f"{name}.jsonl")) + sorted(records_dir.glob(f"{name}.rank*.jsonl")):
+        done.update(JsonlLog(path, key="index").done)
+    return done

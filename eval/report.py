@@ -14,6 +14,11 @@ COLUMNS = (
     ("target_forwards_per_image", "target fwd/img", "{:.1f}"),
     ("drafter_forwards_per_image", "drafter fwd/img", "{:.1f}"),
     ("tv_per_step", "TV/step", "{:.4f}"),
+    ("fid", "FID", "{:.2f}"),
+    ("kid", "KID", "{:.4f}"),
+    ("clip_score", "CLIP score", "{:.4f}"),
+    ("fid_random_conv", "FID (random-conv features, not FID)", "{:.3f}"),
+    ("class_accuracy", "class accuracy", "{:.3f}"),
 )
 
 

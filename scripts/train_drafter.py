@@ -32,13 +32,15 @@ Examples::
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import hydra
 import torch
@@ -241,7 +243,7 @@ def data_fingerprint(model: ImageARModel, data: DataConfig, model_config: dict |
     """What the stored samples depend on; a resumed run must match it."""
     return {
         "target": f"{type(model).__module__}.{type(model).__qualname__}",
-        "model_config": model_config,
+        "model_config": {k: v for k, v in (model_config or {}).items() if k != "device"},
         "num_streams": model.num_streams,
         "num_image_tokens": model.num_image_tokens,
         "hidden_size": model.hidden_size,
@@ -570,8 +572,6 @@ def save_checkpoint(out_dir: Path, step: int, head: EagleHead, optimizer, schedu
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
-    import io
-
     buf = io.BytesIO()
     torch.save(state, buf)
     atomic_write_bytes(tmp / TRAINER_FILE, buf.getvalue())
@@ -627,7 +627,7 @@ def init_distributed() -> DistInfo:
     """Join the ``torchrun`` process group when its variables are set (nccl on GPU, gloo on CPU)."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return DistInfo()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
@@ -644,7 +644,7 @@ class WandbRun:
             import wandb
 
             self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.name, tags=list(cfg.tags),
-                                  mode=cfg.mode, dir=str(out_dir), config=config,
+                                  mode=cfg.mode, dir=str(out_dir.resolve()), config=config,
                                   settings=wandb.Settings(silent=True, console="off"))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -717,23 +717,28 @@ def train(cfg: DictConfig, model: ImageARModel, data: DataConfig, train_cfg: Tra
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, warmup_cosine(train_cfg.warmup_steps, train_cfg.steps, train_cfg.min_lr_ratio))
     start, cursor = 0, 0
-    if cfg.resume:
-        latest = latest_checkpoint(out_dir)
-        if latest is not None:
-            start, cursor = load_checkpoint(latest, head, optimizer, scheduler)
+    latest = latest_checkpoint(out_dir)
+    if latest is not None and not cfg.resume:
+        raise FileExistsError(f"{out_dir} holds checkpoints of an earlier run ({latest.name}); pass resume=true "
+                              "to continue it, or choose another out_dir")
+    if latest is not None:
+        start, cursor = load_checkpoint(latest, head, optimizer, scheduler)
     train_names, val_names = split_shards(manifest, data.val_shards)
     sizes = [manifest["shards"][n]["stop"] - manifest["shards"][n]["start"] for n in train_names]
     stream = ShardStream(data_dir, train_names, sizes, train_cfg.batch_size, cfg.seed, train_cfg.uncond_prob,
                          rank=info.rank, world=info.world, device=device, cursor=cursor)
     autocast = train_cfg.bf16 and device.type == "cuda"
-    val_prompts = list(val.prompts) if val.prompts else prompt_list(model, DataConfig(), val.num_images)
-    val_prompts = [val_prompts[i % len(val_prompts)] for i in range(val.num_images)]
+    if val.prompts:
+        val_prompts = [val.prompts[i % len(val.prompts)] for i in range(val.num_images)]
+    else:  # the training prompt source; held out by the seeds (val.seed + i)
+        val_prompts = prompt_list(model, DataConfig(prompts=data.prompts, prompt_file=data.prompt_file),
+                                  val.num_images)
     training_info = {"data_dir": str(data_dir), "source": data.source, "num_samples": data.num_samples,
                      "total_steps": train_cfg.steps, "train": asdict(train_cfg)}
     result = TrainResult(out_dir=out_dir, steps=train_cfg.steps)
-    logger = WandbRun(wandb_cfg, info.main, out_dir, OmegaConf.to_container(cfg, resolve=True))
     if info.main:
         out_dir.mkdir(parents=True, exist_ok=True)
+    logger = WandbRun(wandb_cfg, info.main, out_dir, OmegaConf.to_container(cfg, resolve=True))
 
     def evaluate(step: int) -> dict[str, float]:
         metrics: dict[str, float] = {}
@@ -784,7 +789,7 @@ def default_dirs(cfg: DictConfig) -> None:
     if cfg.out_dir is None:
         cfg.out_dir = f"checkpoints/drafter_{name}"
     if cfg.data.dir is None:
-        cfg.data.dir = f"data/drafter/{name}"
+        cfg.data.dir = f"outputs/drafter_data/{name}"
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train_drafter")
@@ -792,7 +797,7 @@ def main(cfg: DictConfig) -> None:
     default_dirs(cfg)
     start = time.perf_counter()
     result = run(cfg)
-    if result is not None and int(os.environ.get("RANK", 0)) == 0:
+    if result is not None and int(os.environ.get("RANK", "0")) == 0:
         before = result.before.get("val/accepted_length", float("nan"))
         after = result.after.get("val/accepted_length", float("nan"))
         print(f"drafter written to {result.out_dir} after {result.steps} steps in "

@@ -63,7 +63,7 @@ def test_guided_q_is_the_guidance_formula_applied_to_its_two_streams():
     model = tiny_llamagen("float64", temperature=0.8, top_k=50)  # CFG scale 2
     head = EagleHead(model, init_seed=1)
     drafter = EagleDrafter(model, head=head)
-    cache, out = model.prefill("three")
+    _, out = model.prefill("three")
     drafter.begin("three", out, torch.tensor(5))
     gen = torch.Generator().manual_seed(0)
     features = torch.randn(2, 3, model.hidden_size, generator=gen, dtype=torch.float64)  # (S, T, H)
@@ -172,7 +172,7 @@ def test_a_lantern_named_checkpoint_loads_and_computes_the_reference_layer(tiny_
     config = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": h,
               "intermediate_size": inter, "num_attention_heads": tiny_model.cfg.n_head,
               "num_key_value_heads": tiny_model.cfg.n_head, "num_hidden_layers": 1, "rms_norm_eps": 1e-6,
-              "vocab_size": v, "model_type": "llama", "input_type": "c2i"}
+              "vocab_size": v, "model_type": "llama"}
     folder = tmp_path / "lantern"
     folder.mkdir()
     torch.save(weights, folder / "pytorch_model.bin")
@@ -189,6 +189,9 @@ def test_a_lantern_named_checkpoint_loads_and_computes_the_reference_layer(tiny_
     # an architecture mismatch is refused with the differing field named
     (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": inter + 32}))
     with pytest.raises(ValueError, match="intermediate_size"):
+        load_eagle(tiny_model, str(folder))
+    (folder / "config.json").write_text(json.dumps({**config, "input_type": "t2i"}))  # a 16x16-grid drafter
+    with pytest.raises(ValueError, match="input_type"):
         load_eagle(tiny_model, str(folder))
 
 
@@ -314,31 +317,43 @@ def test_training_resumes_exactly_after_an_interruption(tiny_model, tmp_path, mo
     assert straight.steps == 12 and (tmp_path / "a" / "steps" / "step_0000012" / "trainer.pt").is_file()
 
 
-def test_training_raises_the_accepted_length(tmp_path):
-    """A few hundred CPU steps lift the real SD accepted length well above the untrained head (same init
-    seed, same held-out prompts and seeds).
-
-    The tiny architecture with ``init_std=0.1``: at the default 0.2 the random target's next-token
-    distribution is a chaotic function of the context that no drafter beats the marginal on (a trained
-    head stays within ~0.1 of the untrained one). Measured here: 2.02 -> 2.72 (draft_len 4, 8 images).
-    """
+def train_tiny(tmp_path: Path, init_std: float) -> td.TrainResult:
+    """300 CPU steps on 256 random-code sequences teacher-forced through the tiny model (float32)."""
     model = tiny_llamagen("float32")
     codes = random_codes(tmp_path / "codes.safetensors", 256, model, seed=1)
     cfg = compose_train(
-        "model.init_std=0.1", "data.source=images", f"data.images_path={codes}", f"data.dir={tmp_path / 'data'}",
-        f"out_dir={tmp_path / 'drafter'}", "data.num_samples=256", "data.shard_size=64",
-        "data.storage_dtype=float32", "train.steps=300", "train.batch_size=8", "train.lr=3e-3",
-        "train.warmup_steps=20", "train.noise_std=0", "train.uncond_prob=0.5", "train.checkpoint_every=300",
-        "train.val_every=1000", "val.num_images=8")
+        f"model.init_std={init_std}", "data.source=images", f"data.images_path={codes}",
+        f"data.dir={tmp_path / 'data'}", f"out_dir={tmp_path / 'drafter'}", "data.num_samples=256",
+        "data.shard_size=64", "data.storage_dtype=float32", "train.steps=300", "train.batch_size=8",
+        "train.lr=3e-3", "train.warmup_steps=20", "train.noise_std=0", "train.uncond_prob=0.5",
+        "train.checkpoint_every=300", "train.val_every=1000", "val.num_images=8")
     result = td.run(cfg)
-    before, after = result.before["val/accepted_length"], result.after["val/accepted_length"]
-    assert after - before > 0.35, (before, after)
-    assert result.after["val/agreement"] > result.before["val/agreement"] + 0.05
     config = json.loads((tmp_path / "drafter" / "config.json").read_text())
-    assert config["training"]["after"]["val/accepted_length"] == after
+    assert config["training"]["after"] == result.after
     trained = instantiate(OmegaConf.create({"_target_": "coolsd.drafters.eagle.EagleDrafter", "_partial_": True,
                                             "checkpoint": str(tmp_path / "drafter")}))
     assert isinstance(trained(target=instantiate(cfg.model)), EagleDrafter)
+    return result
+
+
+def test_training_raises_the_accepted_length(tmp_path):
+    """A few hundred CPU steps lift the real SD accepted length (draft_len 4, 8 held-out prompt/seed pairs)
+    above the untrained head with the same init seed. Measured on the random-weight tiny model:
+    1.428 -> 1.631 (agreement 1 − TV 0.330 -> 0.372). Its next-token distribution is a near-chaotic
+    function of the context (init_std 0.2), so even a well-trained head gains little beyond the marginal;
+    the smoother variant below shows the larger effect."""
+    result = train_tiny(tmp_path, init_std=0.2)
+    before, after = result.before["val/accepted_length"], result.after["val/accepted_length"]
+    assert after - before > 0.12, (before, after)
+    assert result.after["val/agreement"] > result.before["val/agreement"] + 0.02
+
+
+@pytest.mark.slow
+def test_training_raises_the_accepted_length_of_a_smoother_target(tmp_path):
+    """The tiny architecture with init_std 0.1 (learnable structure): measured 2.016 -> 2.625."""
+    result = train_tiny(tmp_path, init_std=0.1)
+    before, after = result.before["val/accepted_length"], result.after["val/accepted_length"]
+    assert after - before > 0.4, (before, after)
 
 
 @pytest.mark.slow
@@ -354,7 +369,7 @@ def test_torchrun_ddp_on_cpu(tmp_path):
     script = str(ROOT / "scripts" / "train_drafter.py")
     subprocess.run([sys.executable, script, "stage=data", *common], cwd=ROOT, env=env, check=True, timeout=300)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-                           script, "stage=train", *common], cwd=ROOT, env=env, capture_output=True, text=True,
+                           script, "stage=train", *common], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "accepted length" in proc.stdout

@@ -48,6 +48,8 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 EAGLE_WEIGHTS = ("pytorch_model.bin", "model.safetensors")  # what released EAGLE/LANTERN drafters ship
 HUB_PREFIX = "hub:"
+# LANTERN cnets_llamagen.py: the image-token grid each drafter ``input_type`` hard-codes for its 2-D RoPE
+LANTERN_GRID_CELLS = {"c2i": 576, "t2i": 256, "t2i2": 1024}
 TRAIN_HINT = ("train one with `python scripts/train_drafter.py model=<model> out_dir=<dir>`, or use a "
               "released LANTERN drafter (LlamaGen-T2I): drafter.checkpoint=hub:jadohu/llamagen_drafter "
               "(stage I) or hub:jadohu/llamagen2_drafter (stage II)")
@@ -192,6 +194,9 @@ def _eagle_to_ours(head: EagleHead, config: dict[str, Any], state: dict[str, tor
     diff = {k: (v, ours[k]) for k, v in theirs.items() if v != ours[k]}
     if config.get("num_hidden_layers", 1) != 1:
         diff["num_hidden_layers"] = (config["num_hidden_layers"], 1)
+    cells = LANTERN_GRID_CELLS.get(config.get("input_type"))  # the RoPE grid the drafter was trained with
+    if cells is not None and cells != head.target.num_image_tokens:
+        diff["input_type"] = (f"{config['input_type']} ({cells} image tokens)", head.target.num_image_tokens)
     if diff:
         raise ValueError("the EAGLE checkpoint's architecture does not match this target's draft layer "
                          f"(field: checkpoint vs target) {diff}; " + TRAIN_HINT)
@@ -249,13 +254,15 @@ class DraftStep:
 
 
 class EagleDrafter(Drafter):
-    """Chain drafting with an ``EagleHead`` and its own one-layer KV cache (batch = the CFG streams).
+    """Chain or tree drafting with an ``EagleHead`` and its own one-layer KV cache (batch = the CFG streams).
 
     State between iterations: the *pending* pairs, i.e. the target's hidden states of committed tokens
     that the drafter cache has not consumed yet, paired with the next committed token ids. ``propose``
-    feeds them (plus, from the second step on, the drafter's own predicted features: EAGLE chain
-    drafting); ``observe`` rolls back the speculative entries and queues the verify block's hidden states
-    of the committed tokens (``out.hidden[:, :n+1]`` paired with ``d_1..d_n, next_token``).
+    feeds them; later steps feed the drafter's own predicted features (EAGLE), one step per chain token
+    or one ``expand`` per tree level (``coolsd.trees``). ``observe`` rolls back every speculative entry
+    and queues the verify block's hidden states of the committed tokens (``out.hidden`` of the last
+    committed token and the accepted nodes, paired with the accepted tokens and ``next_token``), as
+    LANTERN's ``stable_kv`` does. ``Draft.forwards`` counts ``EagleHead`` forwards.
     """
 
     def __init__(
@@ -311,8 +318,9 @@ class EagleDrafter(Drafter):
     ) -> DraftStep:
         """One head forward over pairs appended to the cache as a new block (reusable by tree drafting).
 
-        ``features`` (S, T, H), ``tokens`` (T,), ``positions`` (T,) pair positions, ``tree_mask`` (T, T)
-        inside the block (``None``: causal). The block stays in the cache until the caller rolls it back.
+        ``features`` (S, T, H), ``tokens`` (T,), ``positions`` (T,) pair positions, ``tree_mask`` (T, K)
+        over the last K cache slots as in ``StaticKVCache.begin_block`` (``None``: causal). The block stays
+        in the cache until ``observe`` rolls it back.
         """
         mask = self.cache.begin_block(tokens.shape[0], tree_mask)
         f_hat = self.head(features, tokens, positions, self.cache, mask)  # (S, T, H)

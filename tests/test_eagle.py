@@ -85,7 +85,7 @@ def test_chain_drafts_match_the_teacher_forced_drafter_and_trees_reuse_the_step(
     drafter = RecordingDrafter(tiny_model, head=head)
     gen = Decoder("sd", tiny_model, ExactRule(), draft_len=3, drafter=drafter).generate("two", seed=5)
     assert gen.stats.mean_accepted_length >= 1.0 and gen.stats.drafter_forwards > 0
-    hidden = td.teacher_force(tiny_model, "two", gen.tokens)  # (S, N+1, H)
+    hidden = tiny_model.teacher_force(["two"], gen.tokens[None])[0]  # (S, N+1, H)
     with torch.no_grad():
         f_hat = head(hidden[:, :-1], gen.tokens, td.pair_positions(gen.tokens.shape[0], "cpu"))
         q_tf = td.stream_probs(head.logits(f_hat), tiny_model.sampling)  # pair j -> token j + 1
@@ -198,7 +198,7 @@ def test_a_lantern_named_checkpoint_loads_and_computes_the_reference_layer(tiny_
 def test_a_missing_drafter_names_the_file_and_the_command(tiny_model, tmp_path):
     with pytest.raises(MissingWeightsError, match=r"config\.json.*scripts/train_drafter\.py.*jadohu/llamagen_drafter"):
         EagleDrafter(tiny_model, checkpoint=str(tmp_path / "nowhere"))
-    with pytest.raises(MissingWeightsError, match="huggingface-cli download jadohu/llamagen_drafter"):
+    with pytest.raises(MissingWeightsError, match="hf download jadohu/llamagen_drafter"):
         resolve_checkpoint("hub:jadohu/llamagen_drafter")  # tests run with HF_HUB_OFFLINE=1
 
 
@@ -217,8 +217,9 @@ def test_decoders_load_the_eagle_drafter_by_config(tiny_model, tmp_path):
 
 # -- training data ---------------------------------------------------------------------------------------
 def test_data_generation_resumes_without_duplicating_or_losing_shards(tiny_model, tmp_path, monkeypatch):
-    data = td.DataConfig(num_samples=5, shard_size=2, storage_dtype="float32")  # 3 shards, self-distilled
-    reference = td.generate_data(tiny_model, data, tmp_path / "ref", progress=False)
+    data = td.DistillConfig(num_samples=5, shard_size=2, storage_dtype="float32")  # 3 shards, self-distilled
+    prompts = tiny_model.class_names
+    reference = td.generate_data(tiny_model, data, tmp_path / "ref", prompts, progress=False)
     real_make_shard, calls = td.make_shard, []
 
     def crash_on_third(*args, **kwargs):
@@ -229,7 +230,7 @@ def test_data_generation_resumes_without_duplicating_or_losing_shards(tiny_model
 
     monkeypatch.setattr(td, "make_shard", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
-        td.generate_data(tiny_model, data, tmp_path / "run", progress=False)
+        td.generate_data(tiny_model, data, tmp_path / "run", prompts, progress=False)
     run = tmp_path / "run"
     manifest = td.read_manifest(run)
     assert sorted(manifest["shards"]) == ["shard_00000.safetensors", "shard_00001.safetensors"]
@@ -239,7 +240,7 @@ def test_data_generation_resumes_without_duplicating_or_losing_shards(tiny_model
     (run / ".shard_00002.safetensors.x1y2.tmp").write_bytes(b"torn")
     calls.clear()
     monkeypatch.setattr(td, "make_shard", lambda *a, **k: (calls.append(a[2].index), real_make_shard(*a, **k))[1])
-    manifest = td.generate_data(tiny_model, data, run, progress=False)
+    manifest = td.generate_data(tiny_model, data, run, prompts, progress=False)
     assert calls == [1, 2]  # shard 0 was skipped
     assert manifest["shards"] == reference["shards"] and not list(run.glob("*.tmp"))
     indices = torch.cat([load_file(str(run / n))["sample_index"] for n in sorted(manifest["shards"])])
@@ -248,20 +249,21 @@ def test_data_generation_resumes_without_duplicating_or_losing_shards(tiny_model
         ours, ref = load_file(str(run / name)), load_file(str(tmp_path / "ref" / name))
         assert all(torch.equal(ours[k], ref[k]) for k in ref)
     with pytest.raises(ValueError, match="other settings"):
-        td.generate_data(tiny_model, td.DataConfig(num_samples=6, shard_size=2, storage_dtype="float32"), run)
+        td.generate_data(tiny_model, td.DistillConfig(num_samples=6, shard_size=2, storage_dtype="float32"), run,
+                         prompts)
 
 
 def test_image_source_encodes_images_through_the_vq_and_teacher_forces(tiny_model, tmp_path):
     side = tiny_model.grid[0] * tiny_model.vq.downsample_factor
     images = torch.randint(0, 256, (3, 3, side, side), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
     save_file({"images": images, "labels": torch.tensor([4, 1, 7])}, str(tmp_path / "images.safetensors"))
-    data = td.DataConfig(source="images", images_path=str(tmp_path / "images.safetensors"), num_samples=3,
+    data = td.DistillConfig(source="images", images_path=str(tmp_path / "images.safetensors"), num_samples=3,
                          shard_size=4, storage_dtype="float32")
-    manifest = td.generate_data(tiny_model, data, tmp_path / "data", progress=False)
+    manifest = td.generate_data(tiny_model, data, tmp_path / "data", [], progress=False)
     shard = load_file(str(tmp_path / "data" / next(iter(manifest["shards"]))))
     codes = tiny_model.vq.encode_to_indices(images.float() / 127.5 - 1.0)
     assert torch.equal(shard["tokens"], codes)
-    expected = td.teacher_force(tiny_model, "1", codes[1]).float()  # label 1 -> prompt "1"
+    expected = tiny_model.teacher_force(["1"], codes[1][None])[0].float()  # label 1 -> prompt "1"
     assert torch.equal(shard["hidden"][1], expected)
     assert shard["hidden"].shape == (3, 2, tiny_model.num_image_tokens + 1, tiny_model.hidden_size)
 
@@ -292,8 +294,8 @@ def test_gradient_accumulation_equals_one_big_batch(tiny_model):
 
 def test_training_resumes_exactly_after_an_interruption(tiny_model, tmp_path, monkeypatch):
     codes = random_codes(tmp_path / "codes.safetensors", 8, tiny_model)
-    common = ["data.source=images", f"data.images_path={codes}", f"data.dir={tmp_path / 'data'}",
-              "data.num_samples=8", "data.shard_size=4", "data.storage_dtype=float32", "train.steps=12",
+    common = ["distill.source=images", f"distill.images_path={codes}", f"distill.dir={tmp_path / 'data'}",
+              "distill.num_samples=8", "distill.shard_size=4", "distill.storage_dtype=float32", "train.steps=12",
               "train.batch_size=2", "train.checkpoint_every=6", "train.val_every=1000", "train.lr=1e-3",
               "train.warmup_steps=3", "val.at_start=false", "val.num_images=1"]
     straight = td.run(compose_train(*common, f"out_dir={tmp_path / 'a'}"), model=tiny_model)
@@ -322,9 +324,9 @@ def train_tiny(tmp_path: Path, init_std: float) -> td.TrainResult:
     model = tiny_llamagen("float32")
     codes = random_codes(tmp_path / "codes.safetensors", 256, model, seed=1)
     cfg = compose_train(
-        f"model.init_std={init_std}", "data.source=images", f"data.images_path={codes}",
-        f"data.dir={tmp_path / 'data'}", f"out_dir={tmp_path / 'drafter'}", "data.num_samples=256",
-        "data.shard_size=64", "data.storage_dtype=float32", "train.steps=300", "train.batch_size=8",
+        f"model.init_std={init_std}", "distill.source=images", f"distill.images_path={codes}",
+        f"distill.dir={tmp_path / 'data'}", f"out_dir={tmp_path / 'drafter'}", "distill.num_samples=256",
+        "distill.shard_size=64", "distill.storage_dtype=float32", "train.steps=300", "train.batch_size=8",
         "train.lr=3e-3", "train.warmup_steps=20", "train.noise_std=0", "train.uncond_prob=0.5",
         "train.checkpoint_every=300", "train.val_every=1000", "val.num_images=8")
     result = td.run(cfg)
@@ -360,9 +362,9 @@ def test_training_raises_the_accepted_length_of_a_smoother_target(tmp_path):
 def test_torchrun_ddp_on_cpu(tmp_path):
     model = tiny_llamagen("float32")
     codes = random_codes(tmp_path / "codes.safetensors", 16, model)
-    common = ["model.device=cpu", "wandb.mode=offline", "train.progress=false", "data.source=images",
-              f"data.images_path={codes}", f"data.dir={tmp_path / 'data'}", "data.num_samples=16",
-              "data.shard_size=4", "data.storage_dtype=float32", f"out_dir={tmp_path / 'out'}",
+    common = ["model.device=cpu", "wandb.mode=offline", "train.progress=false", "distill.source=images",
+              f"distill.images_path={codes}", f"distill.dir={tmp_path / 'data'}", "distill.num_samples=16",
+              "distill.shard_size=4", "distill.storage_dtype=float32", f"out_dir={tmp_path / 'out'}",
               "train.steps=6", "train.batch_size=2", "train.checkpoint_every=3", "val.num_images=1",
               f"hydra.run.dir={tmp_path / 'hydra'}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true"}

@@ -2,8 +2,9 @@
 own image-generation loop, cached == uncached, draft trees, KV compaction, the VQ decode, the EAGLE draft
 layer and its training, missing weights, and every decoder through ``run.py``.
 
-All comparisons are exact identities (float64 models, tolerances of rounding error only). Runs in about
-60 s on one CPU core, most of it the ``run.py`` and drafter-training subprocess-free end-to-end runs.
+All comparisons are exact identities (float64 models, tolerances of rounding error only). About 60 s of
+CPU time on one core: the ``run.py`` subprocess (every decoder, one prompt) ~25 s, importing ``transformers``
+~10 s, drafter training ~7 s, the rest a few seconds each.
 """
 from __future__ import annotations
 
@@ -29,11 +30,12 @@ from tests.helpers import CONFIGS
 
 ROOT = CONFIGS.parent
 PROMPT = "a red cube on a table"
-EXACT = dict(rtol=1e-9, atol=1e-9)
+EXACT = {"rtol": 1e-9, "atol": 1e-9}
 
 
 def tiny_janus(dtype: str = "float64", **sampling) -> JanusPro:
-    return JanusPro(sampling={"cfg_scale": 5.0, **sampling}, pretrained=False, arch={}, device="cpu", dtype=dtype)
+    return JanusPro(sampling={"cfg_scale": 5.0, **sampling}, pretrained=False, arch={}, device="cpu",
+                    dtype=dtype)
 
 
 @pytest.fixture(scope="module")
@@ -107,19 +109,22 @@ def test_guided_logits_equal_transformers_image_generation(janus, seed):
     guided = cfg(torch.zeros(1, 1), theirs[:, 0])  # (1, V); input_ids only fix the batch size
     _, first = janus.prefill(PROMPT)
     # the shared pipeline works in float32
-    torch.testing.assert_close(janus.probs(first)[0], torch.softmax(guided[0].float(), -1), rtol=1e-5, atol=1e-7)
+    expected = torch.softmax(guided[0].float(), -1)
+    torch.testing.assert_close(janus.probs(first)[0], expected, rtol=1e-5, atol=1e-7)
     # a broken variant (the streams swapped, uncond read as cond) is far from it
     swapped = torch.softmax(cfg(torch.zeros(1, 1), theirs[[1, 0], 0])[0], -1)
     assert (swapped - janus.probs(first)[0]).abs().max() > 1e-3
 
 
 def test_cached_incremental_decoding_equals_an_uncached_full_forward(janus):
-    tokens = torch.randint(janus.codebook_size, (janus.num_image_tokens,), generator=torch.Generator().manual_seed(2))
+    tokens = torch.randint(janus.codebook_size, (janus.num_image_tokens,),
+                           generator=torch.Generator().manual_seed(2))
     reference = hf_uncached_logits(janus, PROMPT, tokens)  # (S, N, V)
     cache, first = janus.prefill(PROMPT)
     logits, start = [first.logits], 0
     for size in (1, 1, 3, 2, 5, 1, 8):  # uneven blocks, then one token at a time
-        logits.append(janus.forward_block(cache, tokens[start : start + size], torch.arange(start, start + size)).logits)
+        block = tokens[start : start + size]
+        logits.append(janus.forward_block(cache, block, torch.arange(start, start + size)).logits)
         start += size
     while start < tokens.shape[0] - 1:
         logits.append(janus.forward_block(cache, tokens[start : start + 1], torch.tensor([start])).logits)
@@ -170,7 +175,8 @@ def test_kv_compaction_then_forward_equals_uncached(janus):
 
 
 def test_decode_image_gives_the_vq_image_in_0_1_and_uint8(janus):
-    tokens = torch.randint(janus.codebook_size, (janus.num_image_tokens,), generator=torch.Generator().manual_seed(4))
+    tokens = torch.randint(janus.codebook_size, (janus.num_image_tokens,),
+                           generator=torch.Generator().manual_seed(4))
     side = janus.grid[0] * 16
     image = janus.decode_float(tokens)
     assert image.shape == (3, side, side) and image.dtype == torch.float32
@@ -188,15 +194,30 @@ def test_bad_settings_name_the_key_and_missing_weights_name_the_command(monkeypa
     with pytest.raises(ValueError, match="model.arch"):
         JanusPro(sampling={}, pretrained=False, device="cpu")
     with pytest.raises(ValueError, match="model.arch=null"):
-        JanusPro(sampling={}, pretrained=True, repo_id="deepseek-community/Janus-Pro-1B", arch={}, device="cpu")
+        JanusPro(sampling={}, pretrained=True, repo_id="deepseek-community/Janus-Pro-1B", arch={},
+                 device="cpu")
     with pytest.raises(ValueError, match="model.arch.patch_size"):
         JanusArch(patch_size=8)
     import huggingface_hub.constants as hub
 
     monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(MissingWeightsError, match="huggingface-cli download deepseek-community/Janus-Pro-1B"):
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path))  # an empty cache
+    with pytest.raises(MissingWeightsError, match="hf download deepseek-community/Janus-Pro-1B"):
         JanusPro(sampling={}, repo_id="deepseek-community/Janus-Pro-1B", device="cpu")
+
+
+def test_pretrained_loading_reads_a_saved_checkpoint(monkeypatch, tmp_path):
+    """``pretrained=true`` on a hub snapshot (here a saved tiny model): same weights, tokenizer, logits."""
+    import huggingface_hub
+
+    source = tiny_janus("float32")
+    source.janus.save_pretrained(tmp_path)
+    source.tokenizer.save_pretrained(tmp_path)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **kwargs: str(tmp_path))
+    loaded = JanusPro(sampling={"cfg_scale": 5.0}, repo_id="deepseek-community/Janus-Pro-1B", device="cpu",
+                      dtype="float32")
+    assert torch.equal(loaded.prompt_ids(PROMPT), source.prompt_ids(PROMPT))
+    assert torch.equal(loaded.prefill(PROMPT)[1].logits, source.prefill(PROMPT)[1].logits)
 
 
 # -- drafters --------------------------------------------------------------------------------------------
@@ -229,6 +250,7 @@ def test_draft_layer_is_a_llama_layer_without_input_norm_at_pair_position_plus_o
             mask = cache.begin_block(hi - lo)
             parts.append(layer(h[:, lo:hi], positions[lo:hi], cache, mask))
         torch.testing.assert_close(torch.cat(parts, dim=1), ours, **EXACT)
+    assert layer.to(torch.bfloat16).rotary.inner.inv_freq.dtype == torch.float32  # RoPE frequencies stay fp32
     state = layer.state_dict()
     assert set(layer.from_eagle_keys(state)) == set(state) and "self_attn.q_proj.weight" in state
     with pytest.raises(ValueError, match="input_layernorm"):
@@ -255,7 +277,8 @@ def test_drafter_training_runs_on_janus(tmp_path):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="train_drafter", overrides=[
             "model=janus_tiny", "model.device=cpu", "wandb.mode=disabled", "train.progress=false",
-            "data.prompts=[a cat,a red cube]", f"data.dir={tmp_path / 'data'}", f"out_dir={tmp_path / 'drafter'}",
+            "data.prompts=[a cat,a red cube]", f"data.dir={tmp_path / 'data'}",
+            f"out_dir={tmp_path / 'drafter'}",
             "data.num_samples=4", "data.shard_size=2", "data.storage_dtype=float32", "train.steps=4",
             "train.batch_size=2", "train.warmup_steps=1", "train.checkpoint_every=4", "train.val_every=100",
             "val.num_images=1", "val.max_samples=2", "val.prompts=[a dog]"])
@@ -265,16 +288,17 @@ def test_drafter_training_runs_on_janus(tmp_path):
     assert config["target"].endswith("JanusPro") and config["hidden_size"] == 64
     model = tiny_janus("float32")
     drafter = EagleDrafter(model, checkpoint=str(tmp_path / "drafter"))
-    assert Decoder("sd", model, ExactRule(), draft_len=3, drafter=drafter).generate("a cat", seed=0).tokens.shape == (64,)
+    generated = Decoder("sd", model, ExactRule(), draft_len=3, drafter=drafter).generate("a cat", seed=0)
+    assert generated.tokens.shape == (model.num_image_tokens,)
 
 
 # -- end to end ------------------------------------------------------------------------------------------
 def test_every_decoder_runs_end_to_end_on_the_tiny_janus(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
-    args = ["model=janus_tiny", "data=fixed", "logger=none", "compare=all", "eval.num_prompts=1", "eval.warmup=0",
-            f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    args = ["model=janus_tiny", "data=fixed", "logger=none", "compare=all", "eval.num_prompts=1",
+            "eval.warmup=0", f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "run.json").read_text())
     assert set(record["per_decoder"]) == {p.stem for p in (CONFIGS / "decoder").glob("*.yaml")}

@@ -71,3 +71,14 @@ def test_mask_is_causal_within_block_and_respects_padding():
     tree = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])
     mask = cache.begin_block(3, tree)
     assert mask[0, 0, :, 2:].tolist() == tree.tolist()
+
+
+def test_batched_teacher_force_equals_the_per_sample_default(tiny_model):
+    from coolsd.models.base import ImageARModel
+
+    tokens = torch.stack([TOKENS, TOKENS.flip(0), TOKENS.roll(3)])  # (3, 12)
+    prompts = ["one", "two", "nine"]
+    batched = tiny_model.teacher_force(prompts, tokens)
+    reference = ImageARModel.teacher_force(tiny_model, prompts, tokens)
+    assert batched.shape == (3, 2, 13, tiny_model.hidden_size)
+    torch.testing.assert_close(batched, reference, rtol=1e-9, atol=1e-9)

@@ -7,7 +7,8 @@ tensor code; KV-cached prefill + incremental decode == one block == the full re-
 caption prefix; VQ encode/decode; official checkpoint key names loading strictly from a weights folder;
 missing-file errors; caption cleaning; ``run.py`` through every decoder on ``model=llamagen_t2i_tiny``.
 
-Everything is exact (float64, tolerances 1e-9) except run.py, which only has to finish and report.
+Everything is exact (float64 models; 1e-9, or float32 rounding where the head's float32 logits meet the
+float64 re-statement) except run.py, which only has to finish and report.
 No network, no checkpoints. Runtime about 60 s on 2 CPU cores, of which ~40 s is the run.py subprocess.
 """
 from __future__ import annotations
@@ -18,7 +19,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -33,8 +33,8 @@ from coolsd.trees import TreeShape, ancestor_mask, depths_of
 from tests.helpers import CONFIGS
 
 ROOT = CONFIGS.parent
-WORDS = ("a blue car parked in front of yellow brick wall photo the cat on red sofa dog with hat "
-         "astronaut riding horse forest river").split()
+WORDS = ["a", "blue", "car", "parked", "in", "front", "of", "yellow", "brick", "wall", "photo", "the", "cat",
+         "on", "red", "sofa", "dog", "with", "hat", "astronaut", "riding", "horse", "forest", "river"]
 SHORT = "A blue car parked in front of a yellow brick wall"  # 11 words + </s>: 4 padded slots of 16
 LONG = " ".join(WORDS * 2)  # longer than the 16 caption slots: truncated, no padding
 
@@ -65,6 +65,7 @@ def tiny_t2i(**overrides) -> LlamaGenT2I:
     """``configs/model/llamagen_t2i_tiny.yaml`` in float64 on the CPU, with overrides."""
     cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / "llamagen_t2i_tiny.yaml"))
     cfg.pop("_target_")
+    cfg.pop("defaults", None)  # Hydra's defaults list (the model's default eval), not an argument
     cfg.update(dtype="float64", device="cpu")
     cfg.update(overrides)
     return LlamaGenT2I(**cfg)
@@ -105,16 +106,21 @@ def rotate(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
 
 
 def reference_guided_logits(model: LlamaGenT2I, t5, tokenizer, prompt: str, tokens: torch.Tensor,
-                            cfg_scale: float) -> torch.Tensor:
-    """Guided logits (len(tokens) + 1, V): predictions of image tokens 0..len(tokens), no KV cache."""
+                            cfg_scale: float, left_pad: bool = True, mask_uncond: bool = True) -> torch.Tensor:
+    """Guided logits (len(tokens) + 1, V): predictions of image tokens 0..len(tokens), no KV cache.
+
+    ``left_pad=False`` / ``mask_uncond=False`` are deliberately wrong variants (right padding; an unmasked
+    unconditional half) that the adapter must *not* match."""
     sd, cfg = model.gpt.state_dict(), model.cfg
     t = cfg.cls_token_num
     batch = tokenizer([prompt.lower().strip()], max_length=t, padding="max_length", truncation=True,
                       return_attention_mask=True, add_special_tokens=True, return_tensors="pt")
     emb = t5(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])["last_hidden_state"]
     valid_num = int(batch["attention_mask"][0].sum())
-    emb = torch.cat([emb[0, valid_num:], emb[0, :valid_num]])[None]  # sample_t2i.py left padding
-    emb_masks = torch.flip(batch["attention_mask"], dims=[-1])
+    emb_masks = batch["attention_mask"]
+    if left_pad:
+        emb = torch.cat([emb[0, valid_num:], emb[0, :valid_num]])[None]  # sample_t2i.py left padding
+        emb_masks = torch.flip(emb_masks, dims=[-1])
     c = emb * emb_masks[:, :, None]
     cond_null = torch.zeros_like(c) + sd["cls_embedding.uncond_embedding"]
     cond = torch.cat([c, cond_null]).to(torch.float64)  # generate.py: [cond; uncond] halves
@@ -123,7 +129,8 @@ def reference_guided_logits(model: LlamaGenT2I, t5, tokenizer, prompt: str, toke
     x = torch.cat([x, F.embedding(tokens, sd["tok_embeddings.weight"])[None].expand(2, -1, -1)], dim=1)
     n = x.shape[1]
     allowed = torch.tril(torch.ones(n, n, dtype=torch.long))[None].repeat(2, 1, 1)
-    allowed[:, :, :t] = allowed[:, :, :t] * torch.cat([emb_masks, emb_masks]).unsqueeze(1)
+    uncond_masks = emb_masks if mask_uncond else torch.ones_like(emb_masks)
+    allowed[:, :, :t] = allowed[:, :, :t] * torch.cat([emb_masks, uncond_masks]).unsqueeze(1)
     eye = torch.eye(n, dtype=torch.long)
     allowed = (allowed * (1 - eye) + eye).bool()  # (2, n, n)
     heads, dim = cfg.n_head, cfg.dim
@@ -156,8 +163,12 @@ def test_first_token_and_teacher_forced_steps_match_the_reference(injected, prom
     assert cache.has_padding == (prompt == SHORT)
     steps = model.forward_block(cache, tokens, torch.arange(6))
     ours = guide(torch.cat([first.logits, steps.logits], dim=1), model.sampling.cfg_scale)  # (7, V)
-    torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(ours, ref.float(), rtol=1e-6, atol=1e-5)  # the head returns float32 logits
     assert model.text(prompt).num_tokens == (12 if prompt == SHORT else 16)
+    if prompt == SHORT:  # the comparison sees both quirks
+        for broken in ({"left_pad": False}, {"mask_uncond": False}):
+            wrong = reference_guided_logits(model, t5, tok, prompt, tokens, model.sampling.cfg_scale, **broken)
+            assert (ours - wrong.float()).abs().max() > 1e-3, broken
 
 
 def test_prefill_then_incremental_decode_equals_one_block(injected):
@@ -171,7 +182,8 @@ def test_prefill_then_incremental_decode_equals_one_block(injected):
     torch.testing.assert_close(torch.cat([o.logits for o in singles], 1), block.logits, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(torch.cat([o.hidden for o in singles], 1), block.hidden, rtol=1e-9, atol=1e-9)
     assert block.hidden.shape == (2, 9, model.hidden_size)
-    torch.testing.assert_close(model.head(block.hidden), block.logits)
+    with torch.inference_mode():
+        torch.testing.assert_close(model.head(block.hidden), block.logits)
 
 
 def test_cfg_halves(injected):
@@ -249,14 +261,14 @@ def test_kv_compaction_then_forward_equals_uncached(model):
 
 
 def test_vq_encode_decode_shapes_and_range(model):
-    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1  # [-1, 1]
     codes = model.vq.encode_to_indices(images)
     assert codes.shape == (2, model.num_image_tokens) and codes.dtype == torch.long
     assert int(codes.min()) >= 0 and int(codes.max()) < model.codebook_size
-    pixels = model.vq.decode_to_uint8(model.vq.encode_to_indices(model.vq.decode_to_uint8(codes).float()
-                                                                / 127.5 - 1))
-    assert pixels.shape == (2, 3, 32, 32) and pixels.dtype == torch.uint8
-    assert model.decode_image(codes[0]).shape == (3, 32, 32)
+    pixels = model.vq.decode_to_uint8(codes, model.grid)  # decode(encode(x))
+    assert pixels.shape == images.shape and pixels.dtype == torch.uint8
+    single = model.decode_image(codes[0])  # batch of one: conv rounding may move a pixel by one level
+    assert single.shape == pixels[0].shape and int((single.int() - pixels[0].int()).abs().max()) <= 1
     assert model.codebook().shape == (model.codebook_size, 8)
 
 
@@ -322,10 +334,11 @@ def test_caption_cleaning_follows_the_training_pipeline():
 
 
 def test_tiny_random_text_encoder_is_deterministic(model):
-    tok = HashWordTokenizer(512)
-    ids = tok(["a cat, a cat"], max_length=8)
-    assert ids["input_ids"][0].tolist()[:5] == ids["input_ids"][0].tolist()[:5]
-    assert ids["attention_mask"][0].tolist() == [1] * 6 + [0] * 2 and ids["input_ids"][0, 5] == 1
+    ids = HashWordTokenizer(512)(["a cat, a cat"], max_length=8)
+    row = ids["input_ids"][0].tolist()  # a cat , a cat </s> <pad> <pad>
+    assert row[0] == row[3] and row[1] == row[4] and row[0] != row[1] and row[5:] == [1, 0, 0]
+    assert ids["attention_mask"][0].tolist() == [1] * 6 + [0] * 2
+    assert HashWordTokenizer(512)(["w"] * 1, max_length=3)["input_ids"].shape == (1, 3)
     again = tiny_t2i()
     _, a = model.prefill("a photo of a cat")
     _, b = again.prefill("a photo of a cat")
@@ -336,7 +349,7 @@ def test_eagle_draft_layer_for_t2i(model):
     from coolsd.drafters.eagle import EagleDrafter, EagleHead
 
     drafter = EagleDrafter(model, head=EagleHead(model))
-    cache, first = model.prefill(SHORT)
+    _, first = model.prefill(SHORT)
     drafter.begin(SHORT, first, torch.tensor(3))
     draft = drafter.propose(torch.tensor(3), 0, 3, torch.Generator().manual_seed(0))
     assert draft.tokens.shape == (3,) and draft.q.shape == (3, model.codebook_size)
@@ -347,8 +360,8 @@ def test_run_py_every_decoder_on_the_tiny_t2i_model(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     args = ["model=llamagen_t2i_tiny", "drafter=llamagen_t2i_tiny", "data=fixed", "logger=none", "compare=all",
             "decoder=coolsd", "eval.num_prompts=1", "eval.warmup=0", "eval.threads=1", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "run.py", *args], check=False, cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "run.json").read_text())
     suite = {p.stem for p in (ROOT / "configs" / "decoder").glob("*.yaml")}
@@ -367,4 +380,6 @@ def test_real_size_xl_on_gpu():
     from gpu_check_llamagen import run_check
 
     report = run_check(block_size=1024)
-    assert report["argmax_agreement"] > 0.9 and report["rel_max_abs_diff"] < 0.1
+    # bounds estimated from GPT-B on a CPU (1.4 % mean relative logit error, 94 % arg-max agreement)
+    assert report["rel_mean_abs_diff"] < 0.05 and report["argmax_agreement"] >= 0.8
+    assert report["guided_tv_mean"] < 0.1

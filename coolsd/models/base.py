@@ -102,6 +102,21 @@ class ImageARModel(nn.Module, abc.ABC):
     def decode_image(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image tokens (N,) in raster order -> uint8 image (3, H, W)."""
 
+    @torch.inference_mode()
+    def teacher_force(self, prompts: list[str], tokens: torch.Tensor) -> torch.Tensor:
+        """Hidden states ``f_{-1} .. f_{N-1}`` (B, S, N+1, H) of whole token sequences (B, N) under ``prompts``.
+
+        ``f_{-1}`` is the prefill's last hidden state. Used to make drafter training data; adapters may
+        override this per-sample default with a batched pass.
+        """
+        out = []
+        n = tokens.shape[1]
+        for prompt, seq in zip(prompts, tokens):
+            cache, first = self.prefill(prompt, extra_slots=0)
+            block = self.forward_block(cache, seq.to(self.device), torch.arange(n, device=self.device))
+            out.append(torch.cat([first.hidden, block.hidden], dim=1))
+        return torch.stack(out)
+
     def probs(self, out: TargetOutput) -> torch.Tensor:
         """Guided next-token distributions (T, V) of a forward's output, through the shared pipeline."""
         return stream_probs(out.logits, self.sampling)

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import pickle
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,8 @@ from coolsd.models.vq import GROUPNORM_GROUPS, AttnBlock, ResnetBlock, Upsample
 # Keys of Meta's ``ddconfig`` that only the encoder, the losses or training read; the decoder ignores them.
 ENCODER_ONLY_KEYS = frozenset({"double_z", "in_channels", "use_linear_attn"})
 # Keys of ``model.params`` besides the architecture (training and checkpoint bookkeeping).
-PARAMS_IGNORED = frozenset({"lossconfig", "ckpt_path", "ignore_keys", "image_key", "colorize_nlabels", "monitor",
-                            "scheduler_config", "lr_g_factor", "sane_index_shape", "remap"})
+PARAMS_IGNORED = frozenset({"lossconfig", "ckpt_path", "ignore_keys", "image_key", "colorize_nlabels",
+                            "monitor", "scheduler_config", "lr_g_factor", "sane_index_shape", "remap"})
 # Prefixes of checkpoint entries outside the decoding half (encoder, pre-quantization conv, GAN losses).
 UNUSED_PREFIXES = ("encoder.", "quant_conv.", "loss.")
 DECODING_PREFIXES = ("decoder.", "quantize.", "post_quant_conv.")
@@ -71,7 +72,8 @@ class ChameleonVQGANConfig:
         if not self.ch_mult or min(self.ch_mult) <= 0:
             raise ValueError(f"vqgan.ch_mult must be a non-empty list of positive ints, got {self.ch_mult}")
         if self.ch % GROUPNORM_GROUPS:
-            raise ValueError(f"vqgan.ch must be a multiple of {GROUPNORM_GROUPS} (GroupNorm groups), got {self.ch}")
+            raise ValueError(f"vqgan.ch must be a multiple of {GROUPNORM_GROUPS} (GroupNorm groups), "
+                             f"got {self.ch}")
         if self.attn_type not in ("vanilla", "none"):
             raise ValueError(f"vqgan.attn_type must be 'vanilla' or 'none', got {self.attn_type!r}")
 
@@ -81,24 +83,24 @@ class ChameleonVQGANConfig:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ChameleonVQGANConfig:
-        """From the ``model.params`` mapping of Meta's vqgan.yaml (``n_embed``, ``embed_dim``, ``ddconfig``)."""
+        """From the ``model.params`` of Meta's vqgan.yaml (``n_embed``, ``embed_dim``, ``ddconfig``)."""
         params = dict(params)
         if params.get("remap") is not None:
             raise ValueError("vqgan.yaml sets model.params.remap; remapped codebooks are not supported "
                              "(Chameleon's tokenizer has none)")
         dd = dict(params.pop("ddconfig", {}))
         if dd.get("use_linear_attn"):
-            raise ValueError("vqgan.yaml sets ddconfig.use_linear_attn; the Chameleon decoder has vanilla attention")
-        if dd.get("give_pre_end"):
+            raise ValueError("vqgan.yaml sets ddconfig.use_linear_attn; the Chameleon decoder has vanilla "
+                             "attention")
+        if dd.pop("give_pre_end", False):
             raise ValueError("vqgan.yaml sets ddconfig.give_pre_end; the decoder must produce pixels")
-        dd.pop("give_pre_end", None)
         known = {f.name for f in fields(cls)}
         arch = {k: v for k, v in dd.items() if k not in ENCODER_ONLY_KEYS}
         arch.update({k: params.pop(k) for k in ("n_embed", "embed_dim") if k in params})
         unknown = sorted(set(arch) - known) + sorted(set(params) - PARAMS_IGNORED)
         if unknown:
-            raise ValueError(f"vqgan.yaml has keys this decoder does not know: {unknown}; expected ddconfig keys "
-                             f"{sorted(known | ENCODER_ONLY_KEYS)}")
+            raise ValueError(f"vqgan.yaml has keys this decoder does not know: {unknown}; expected ddconfig "
+                             f"keys {sorted(known | ENCODER_ONLY_KEYS)}")
         return cls(**arch)
 
     @classmethod
@@ -259,7 +261,7 @@ LIGHTNING_GLOBALS = (
 
 
 def read_vqgan_state(path: str | Path) -> dict[str, torch.Tensor]:
-    """The weights of ``vqgan.ckpt`` (a Lightning checkpoint: weights under ``state_dict``) or a safetensors file.
+    """The weights of ``vqgan.ckpt`` (a Lightning checkpoint, weights under ``state_dict``) or safetensors.
 
     Read with ``torch.load(weights_only=True)``; the only non-tensor globals allowed are the Lightning
     callback classes of ``LIGHTNING_GLOBALS``, which become inert placeholders.
@@ -275,17 +277,22 @@ def read_vqgan_state(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         with torch.serialization.safe_globals(allowed):
             obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:  # names the global that weights_only refused
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        refused = found.group(1) if found else "(see the cause below)"
+        target = path.with_suffix(".safetensors")
+        command = ("python -c \"import torch, safetensors.torch as s; s.save_file(torch.load("
+                   f"'{path}', weights_only=False)['state_dict'], '{target}')\"")
         raise ValueError(
-            f"{path} cannot be read safely (torch.load weights_only=True): {err}. Convert it once, on a machine "
-            "where you trust the file, to safetensors: python -c \"import torch, safetensors.torch as s; "
-            f"s.save_file(torch.load('{path}', weights_only=False)['state_dict'], '{path.with_suffix('.safetensors')}')\""
-            " and point the model at the .safetensors file"
+            f"{path} cannot be read safely: torch.load(weights_only=True) refuses the pickled object "
+            f"{refused}. Convert the file once, on a machine where you trust it, to safetensors: {command} "
+            "(a vqgan.safetensors beside vqgan.yaml is used when vqgan.ckpt is absent)"
         ) from err
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ValueError(f"{path} holds no VQGAN state dict (expected a dict of tensors, or one under 'state_dict')")
+        raise ValueError(f"{path} holds no VQGAN state dict (expected a dict of tensors, or one under "
+                         "'state_dict')")
     return obj
 
 
@@ -304,6 +311,7 @@ def load_vqgan(config: str | Path | ChameleonVQGANConfig, weights: str | Path) -
     state = decoding_state(read_vqgan_state(weights), str(weights))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{weights} does not match the decoder built from its config: missing {missing[:8]}, "
-                         f"unexpected {unexpected[:8]}; are vqgan.yaml and vqgan.ckpt from the same download?")
+        raise ValueError(f"{weights} does not match the decoder built from its config: missing "
+                         f"{missing[:8]}, unexpected {unexpected[:8]}; are vqgan.yaml and vqgan.ckpt from "
+                         "the same download?")
     return model.eval()

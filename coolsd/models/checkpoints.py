@@ -68,6 +68,6 @@ def hub_file(repo_id: str, filename: str, local_dir: str | None = None, revision
         where = f"{local_dir}/{filename}" if local_dir else f"the Hugging Face cache ({repo_id})"
         raise MissingWeightsError(
             f"{filename} from {repo_id} is not available (looked in {where}). On a machine with network "
-            f"access run: huggingface-cli download {repo_id} {filename}"
+            f"access run: hf download {repo_id} {filename}"
             + (f" --local-dir {local_dir}" if local_dir else "")
         ) from err

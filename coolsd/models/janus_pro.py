@@ -28,8 +28,9 @@ Example: ``python run.py model=janus_pro_1b decoder=coolsd data=file data.path=p
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +50,8 @@ BOI_TOKEN = "<begin_of_image>"
 PAD_TOKEN = "<｜▁pad▁｜>"
 # What ``pretrained=true`` downloads: configs, weights, tokenizer files (no demo images or PDFs).
 HUB_PATTERNS = ("*.json", "*.safetensors", "*.jinja", "*.model", "*.txt")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
 
 # Special tokens of the character tokenizer of random-weight instances (DeepSeek's spellings).
 TINY_SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", PAD_TOKEN, "<unk>", BOI_TOKEN,
@@ -135,7 +137,8 @@ def janus_config(arch: JanusArch, tokenizer) -> Any:
         hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size,
         num_hidden_layers=arch.num_layers, num_attention_heads=arch.num_heads,
         num_key_value_heads=arch.num_kv_heads or arch.num_heads, vocab_size=arch.vocab_size,
-        rms_norm_eps=arch.rms_norm_eps, rope_parameters={"rope_type": "default", "rope_theta": arch.rope_theta},
+        rms_norm_eps=arch.rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": arch.rope_theta},
         max_position_embeddings=arch.max_position_embeddings, initializer_range=arch.init_std,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -179,7 +182,7 @@ def load_pretrained(repo_id: str, revision: str | None, dtype: torch.dtype) -> t
     except (LocalEntryNotFoundError, OSError) as err:
         raise MissingWeightsError(
             f"Janus-Pro weights {repo_id} are not available (looked in the Hugging Face cache, "
-            f"$HF_HOME/hub). On a machine with network access run: huggingface-cli download {repo_id}"
+            f"$HF_HOME/hub). On a machine with network access run: hf download {repo_id}"
             + (f" --revision {revision}" if revision else "")
             + " ; or set model.pretrained=false for a random-weight model"
         ) from err
@@ -265,9 +268,9 @@ class JanusDraftLayer(nn.Module):
     """The EAGLE draft layer of a Janus target: one Llama decoder layer of the language model's size.
 
     Built from ``transformers``' ``LlamaDecoderLayer`` (a copy of the text config with one layer), keeping its
-    ``self_attn``, ``mlp`` and ``post_attention_layernorm`` under their HF-Llama names; like the first layer of
-    EAGLE's drafter (``cnets.py``, ``index == 0``) it has no ``input_layernorm``, because its input is the
-    ``fc``-fused ``concat[e(x_{t+1}), f_t]``.
+    ``self_attn``, ``mlp`` and ``post_attention_layernorm`` under their HF-Llama names; like the first layer
+    of EAGLE's drafter (``cnets.py``, ``index == 0``) it has no ``input_layernorm``, because its input is
+    the ``fc``-fused ``concat[e(x_{t+1}), f_t]``.
 
     Positions: the pair ``(f_t, x_{t+1})`` at pair position ``t`` is rotated with RoPE position ``t + 1``,
     the image index of ``x_{t+1}`` (LANTERN's one-position shift: the token's position, not the position of
@@ -312,12 +315,12 @@ class JanusDraftLayer(nn.Module):
     def from_eagle_keys(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A released EAGLE layer's HF-Llama names are this module's names (checked, passed through)."""
         if "input_layernorm.weight" in state:
-            raise ValueError("the checkpoint's draft layer has an input_layernorm; EAGLE-1/2 drafters skip it "
-                             "in their first layer, so this checkpoint is of another kind")
+            raise ValueError("the checkpoint's draft layer has an input_layernorm; EAGLE-1/2 drafters skip "
+                             "it in their first layer, so this checkpoint is of another kind")
         expected = {k for k in self.state_dict()}
         if set(state) != expected:
-            raise ValueError(f"EAGLE layer keys differ from a Llama layer's: missing {sorted(expected - set(state))}, "
-                             f"unexpected {sorted(set(state) - expected)}")
+            raise ValueError(f"EAGLE layer keys differ from a Llama layer's: missing "
+                             f"{sorted(expected - set(state))}, unexpected {sorted(set(state) - expected)}")
         return dict(state)
 
 
@@ -335,7 +338,7 @@ class JanusPro(ImageARModel):
 
     Exactly one source of weights: ``pretrained=true`` (``repo_id`` from the hub), ``pretrained=false``
     with ``arch`` (random weights and the character tokenizer), or prebuilt ``model`` + ``tokenizer``
-    objects (tests).
+    objects (tests; used in their own dtype, moved to ``device``).
     """
 
     sjd_init = "random"  # no SJD reference setting for Janus; uniform initialisation (the Lumina default)
@@ -499,7 +502,7 @@ class JanusPro(ImageARModel):
         return (self.decode_float(tokens) * 255.0).round().to(torch.uint8)
 
     def make_draft_layer(self, norm_eps: float | None = None) -> JanusDraftLayer:
-        """A fresh ``JanusDraftLayer`` of the language model's size (see ``ImageARModel.make_draft_layer``)."""
+        """A fresh ``JanusDraftLayer`` as wide as the language model (``ImageARModel.make_draft_layer``)."""
         text = self.janus.config.text_config
         layer = JanusDraftLayer(text, text.rms_norm_eps if norm_eps is None else norm_eps)
         return layer.to(device=self.device, dtype=self.lm.embed_tokens.weight.dtype)

@@ -544,6 +544,20 @@ class LlamaGen(LlamaGenAdapter):
             label = torch.cat([label, torch.full_like(label, self.cfg.num_classes)])  # [cond; uncond]
         return self._prefill_condition(self.gpt.condition(label), None, extra_slots)
 
+    @torch.inference_mode()
+    def teacher_force(self, prompts: list[str], tokens: torch.Tensor) -> torch.Tensor:
+        """Batched: every stream of every sequence in one causal pass (no cache) -> (B, S, N+1, H)."""
+        b = tokens.shape[0]
+        labels = torch.tensor([self.class_index(p) for p in prompts], device=self.device)
+        if self.num_streams == 2:
+            labels = torch.cat([labels, torch.full_like(labels, self.cfg.num_classes)])  # [cond; uncond]
+        seq = tokens.to(self.device).repeat(self.num_streams, 1)  # (S*B, N)
+        h = torch.cat([self.gpt.condition(labels), self.gpt.tok_embeddings(seq)], dim=1)  # (S*B, C+N, dim)
+        hidden = self.gpt.forward_hidden(h, torch.arange(h.shape[1], device=self.device), None, None,
+                                         self.active_layers)
+        hidden = hidden[:, self.cfg.cls_token_num - 1 :]  # (S*B, N+1, dim): f_{-1} .. f_{N-1}
+        return hidden.view(self.num_streams, b, *hidden.shape[1:]).transpose(0, 1)
+
 
 def load_gpt_checkpoint(gpt: Transformer, path: str, strict: bool = False) -> None:
     """Load a LlamaGen GPT checkpoint (``torch.save`` dict with key ``model``, or safetensors).

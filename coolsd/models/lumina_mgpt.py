@@ -1,4 +1,4 @@
-"""Lumina-mGPT (Liu et al., 2024, arXiv 2408.02657): a Chameleon-7B fine-tune for text-to-image, as an adapter.
+"""Lumina-mGPT (Liu et al., 2024, arXiv 2408.02657), a Chameleon-7B text-to-image fine-tune, as an adapter.
 
 The target is ``transformers``' Chameleon decoder (``ChameleonDecoderLayer``: qk-LayerNorm per head, 1-D RoPE,
 SwiGLU; parameter names equal Lumina-mGPT's released safetensors: ``model.embed_tokens``,
@@ -48,9 +48,10 @@ from __future__ import annotations
 import copy
 import json
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -83,8 +84,8 @@ PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the follow
 TOKENIZER_FILES = ("text_tokenizer.json", "vqgan.yaml", "vqgan.ckpt")
 CHAMELEON_DOWNLOAD = ("Meta's Chameleon download (licence form at "
                       "https://ai.meta.com/resources/models-and-libraries/chameleon-downloads/; the emailed "
-                      "link's download script fetches a `tokenizer` folder holding text_tokenizer.json, vqgan.yaml "
-                      "and vqgan.ckpt)")
+                      "link's download script fetches a `tokenizer` folder holding text_tokenizer.json, "
+                      "vqgan.yaml and vqgan.ckpt)")
 
 
 def size_token(units: int) -> str:
@@ -107,23 +108,29 @@ def parse_image_token(name: str) -> int | None:
     return int("".join(str(ord(c) - ord("A")) for c in letters))
 
 
+def image_code_ids(vocab: Mapping[str, int]) -> torch.Tensor:
+    """BPE id of every VQ code (V,), read from the image-token names of a Chameleon vocabulary."""
+    codes = {}
+    for name, bpe in vocab.items():
+        code = parse_image_token(name)
+        if code is not None:
+            codes[code] = int(bpe)
+    if not codes:
+        raise ValueError("the vocabulary has no image tokens (names IMGIMG<A-J>Z); is it Chameleon's "
+                         "text_tokenizer.json?")
+    if sorted(codes) != list(range(len(codes))):
+        raise ValueError(f"image-token codes are not 0..{len(codes) - 1}; the vocabulary is not "
+                         "Chameleon's")
+    return torch.tensor([codes[c] for c in range(len(codes))], dtype=torch.long)
+
+
 class ChameleonVocabulary:
     """Image-code <-> BPE-id map and the structural token ids of a Chameleon vocabulary (name -> id)."""
 
     def __init__(self, vocab: Mapping[str, int]) -> None:
         self.vocab = dict(vocab)
-        codes = {}
-        for name, bpe in self.vocab.items():
-            code = parse_image_token(name)
-            if code is not None:
-                codes[code] = int(bpe)
-        if not codes:
-            raise ValueError("the vocabulary has no image tokens (names IMGIMG<A-J>Z); is it Chameleon's "
-                             "text_tokenizer.json?")
-        if sorted(codes) != list(range(len(codes))):
-            raise ValueError(f"image-token codes are not 0..{len(codes) - 1}; the vocabulary is not Chameleon's")
-        self.codebook_size = len(codes)
-        self.code_to_bpe = torch.tensor([codes[c] for c in range(len(codes))], dtype=torch.long)  # (V,)
+        self.code_to_bpe = image_code_ids(self.vocab)  # (V,)
+        self.codebook_size = int(self.code_to_bpe.numel())
         self.bos = self.token_id(BOS)
         self.image_start = self.token_id(IMAGE_START)
         self.image_end = self.token_id(IMAGE_END)
@@ -139,14 +146,15 @@ class ChameleonVocabulary:
         """BPE ids of image tokens -> VQ codes (raises on a non-image id)."""
         inverse = {int(b): c for c, b in enumerate(self.code_to_bpe.tolist())}
         try:
-            return torch.tensor([inverse[int(b)] for b in bpe.flatten().tolist()], device=bpe.device).view(bpe.shape)
+            codes = [inverse[int(b)] for b in bpe.flatten().tolist()]
         except KeyError as err:
             raise ValueError(f"bpe_to_code got id {err.args[0]}, which is not an image token") from err
+        return torch.tensor(codes, device=bpe.device).view(bpe.shape)
 
 
 # -- tiny vocabulary and tokenizer for random-weight models --------------------------------------------------
-TINY_WORDS = ("Generate", "an", "image", "of", "according", "to", "the", "following", "prompt", ":", "a", "photo",
-              "cat", "dog", "red", "blue", "sky", "tree")
+TINY_WORDS = ("Generate", "an", "image", "of", "according", "to", "the", "following", "prompt", ":", "a",
+              "photo", "cat", "dog", "red", "blue", "sky", "tree")
 
 
 def tiny_vocabulary(num_codes: int, size_units: Sequence[int], seed: int = 0, shuffle: bool = True,
@@ -163,7 +171,7 @@ def tiny_vocabulary(num_codes: int, size_units: Sequence[int], seed: int = 0, sh
         random.Random(seed).shuffle(order)
     names += [image_token_name(c) for c in order]
     names += [IMAGE_END, IMAGE_START, END_OF_TURN, END_OF_ROW]
-    units = sorted(set(int(u) for u in size_units))
+    units = sorted({int(u) for u in size_units})
     names += [size_token(u) for u in units]
     names += [f"{a * PIXELS_PER_SIZE_UNIT}x{b * PIXELS_PER_SIZE_UNIT}" for a in units for b in units]
     names += [w for w in words if w not in names]
@@ -179,7 +187,7 @@ def word_level_tokenizer(vocab: Mapping[str, int]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token=BOS)
 
 
-# -- the Chameleon decoder stack ---------------------------------------------------------------------------------
+# -- the Chameleon decoder stack ------------------------------------------------------------------------
 class ChameleonStack(nn.Module):
     """Embedding, decoder layers and final norm under ``transformers``' ``ChameleonModel`` attribute names."""
 
@@ -213,13 +221,15 @@ def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch
 def rope_inv_freq(config: ChameleonConfig, head_dim: int) -> torch.Tensor:
     rope = dict(getattr(config, "rope_parameters", None) or {})
     if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"Chameleon config has RoPE type {rope['rope_type']!r}; only the default RoPE is supported")
+        raise ValueError(f"Chameleon config has RoPE type {rope['rope_type']!r}; only the default RoPE is "
+                         "supported")
     base = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
     return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
 
 
 def chameleon_block(layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    cache: StaticKVCache | None, index: int, mask: torch.Tensor | None, swin: bool) -> torch.Tensor:
+                    cache: StaticKVCache | None, index: int, mask: torch.Tensor | None,
+                    swin: bool) -> torch.Tensor:
     """One Chameleon decoder layer over ``h`` (B, T, H) with the static cache (layer ``index``) and ``mask``.
 
     Same arithmetic as ``ChameleonDecoderLayer`` / ``ChameleonSwinDecoderLayer`` (norms, qk-norm, RoPE, MLP
@@ -248,7 +258,8 @@ def chameleon_block(layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: t
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
-def expand_qk_norm(state: dict[str, torch.Tensor], num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor]:
+def expand_qk_norm(state: dict[str, torch.Tensor], num_heads: int,
+                   num_kv_heads: int) -> dict[str, torch.Tensor]:
     """Lumina stores qk-norm parameters per model-parallel shard, (mp, head_dim); expand them per head.
 
     Lumina's ``ChameleonLayerNorm.repeat_param`` repeats each shard's row for the shard's heads
@@ -265,7 +276,7 @@ def expand_qk_norm(state: dict[str, torch.Tensor], num_heads: int, num_kv_heads:
     return out
 
 
-# -- image-unit cache ---------------------------------------------------------------------------------------------
+# -- image-unit cache -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ModelBlock:
     """One forward block in model slots: image nodes plus the end-of-row slots inserted after row ends.
@@ -337,8 +348,8 @@ class LuminaCache:
         t, k = tree_mask.shape
         earlier = k - t  # image slots of earlier speculative blocks the mask covers
         if earlier < 0 or earlier > self.length:
-            raise ValueError(f"tree mask of shape {tuple(tree_mask.shape)} does not fit a block of {t} tokens "
-                             f"after {self.length} cached image tokens")
+            raise ValueError(f"tree mask of shape {tuple(tree_mask.shape)} does not fit a block of {t} "
+                             f"tokens after {self.length} cached image tokens")
         first = self.slot[self.length - earlier] if earlier else self.kv.length
         known = self.kv.length - first  # model columns of the earlier blocks
         pairs = []  # (image column, model column): each image slot stands for its token and its end of row
@@ -356,7 +367,7 @@ class LuminaCache:
         expand[index[:, 0], index[:, 1]] = 1.0
         visible = (tree_mask.to(device=device, dtype=expand.dtype) @ expand) > 0  # (T, Km)
         owner = [a for a, end in enumerate(row_end) for _ in range(1 + int(end))]
-        mask = visible[torch.tensor(owner, device=device)]  # (Tm, Km): an end-of-row row sees what its node sees
+        mask = visible[torch.tensor(owner, device=device)]  # (Tm, Km): an end of row sees what its node sees
         for a, (r, end) in enumerate(zip(node_rows, row_end)):
             if end:
                 mask[r, known + r + 1] = False  # a node does not see its own end-of-row token ...
@@ -364,7 +375,7 @@ class LuminaCache:
         return mask
 
     def keep(self, kept: int | torch.Tensor) -> None:
-        """Keep the first ``kept`` image tokens of the latest block, or the listed block indices (compaction)."""
+        """Keep the first ``kept`` image tokens of the latest block, or the listed block indices."""
         if self.block is None:
             raise RuntimeError("keep() before any forward block")
         image_start, model_start, block = self.block
@@ -396,7 +407,7 @@ class LuminaCache:
         del self.slot[length:], self.newline[length:]
 
 
-# -- the adapter --------------------------------------------------------------------------------------------------
+# -- the adapter ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RandomInit:
     """Sizes of a random-weight Lumina-mGPT (``pretrained=false``); ``vqgan`` holds the decoder's sizes."""
@@ -411,25 +422,28 @@ class RandomInit:
     init_std: float = 0.2
     seed: int = 0
     shuffle_codes: bool = True
-    vqgan: Mapping[str, Any] = field(default_factory=lambda: dict(
-        embed_dim=8, z_channels=32, ch=32, ch_mult=[1, 2], num_res_blocks=1, attn_resolutions=[], resolution=8))
+    vqgan: Mapping[str, Any] = field(default_factory=lambda: {
+        "embed_dim": 8, "z_channels": 32, "ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1,
+        "attn_resolutions": [], "resolution": 8})
 
 
 def resolve_model_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``auto``: bf16 on CUDA, float32 elsewhere; otherwise a torch dtype name."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+             "float64": torch.float64}
     if dtype not in table:
         raise ValueError(f"model.dtype must be auto or one of {sorted(table)}, got {dtype!r}")
     return table[dtype]
 
 
 def chameleon_tokenizer_files(tokenizer_dir: str | None) -> dict[str, Path]:
-    """Paths of Meta's ``text_tokenizer.json``, ``vqgan.yaml`` and ``vqgan.ckpt`` (or ``vqgan.safetensors``)."""
+    """Paths of Meta's ``text_tokenizer.json``, ``vqgan.yaml``, ``vqgan.ckpt`` (or ``vqgan.safetensors``)."""
     if not tokenizer_dir:
-        raise MissingWeightsError("model.tokenizer_dir is not set: point it at the folder with Meta's Chameleon "
-                                  f"tokenizer files ({', '.join(TOKENIZER_FILES)}) from {CHAMELEON_DOWNLOAD}")
+        raise MissingWeightsError("model.tokenizer_dir is not set: point it at the folder with Meta's "
+                                  f"Chameleon tokenizer files ({', '.join(TOKENIZER_FILES)}) from "
+                                  f"{CHAMELEON_DOWNLOAD}")
     base = Path(tokenizer_dir).expanduser()
     files = {name: base / name for name in TOKENIZER_FILES}
     if not files["vqgan.ckpt"].is_file() and (base / "vqgan.safetensors").is_file():
@@ -437,9 +451,9 @@ def chameleon_tokenizer_files(tokenizer_dir: str | None) -> dict[str, Path]:
     missing = [str(path) for path in files.values() if not path.is_file()]
     if missing:
         raise MissingWeightsError(
-            f"Chameleon tokenizer files missing: {', '.join(missing)} (looked in {base.resolve()}). They are not on "
-            f"the Hugging Face hub; get them from {CHAMELEON_DOWNLOAD}, then set model.tokenizer_dir=<that "
-            "tokenizer folder> or export CHAMELEON_TOKENIZER_DIR=<folder>")
+            f"Chameleon tokenizer files missing: {', '.join(missing)} (looked in {base.resolve()}). They are "
+            f"not on the Hugging Face hub; get them from {CHAMELEON_DOWNLOAD}, then set "
+            "model.tokenizer_dir=<that tokenizer folder> or export CHAMELEON_TOKENIZER_DIR=<folder>")
     return files
 
 
@@ -464,11 +478,11 @@ class LuminaMGPT(ImageARModel):
         super().__init__()
         for name, value in (("width", width), ("height", height)):
             if not isinstance(value, int) or value <= 0 or value % PIXELS_PER_SIZE_UNIT:
-                raise ValueError(f"model.{name} must be a positive multiple of {PIXELS_PER_SIZE_UNIT} pixels, "
-                                 f"got {value!r}")
+                raise ValueError(f"model.{name} must be a positive multiple of {PIXELS_PER_SIZE_UNIT} "
+                                 f"pixels, got {value!r}")
         self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
         self.width, self.height = width, height
-        self.size_units = (height // PIXELS_PER_SIZE_UNIT, width // PIXELS_PER_SIZE_UNIT)  # (h, w) size tokens
+        self.size_units = (height // PIXELS_PER_SIZE_UNIT, width // PIXELS_PER_SIZE_UNIT)  # (h, w) tokens
         self.grid = (self.size_units[0] * CODES_PER_SIZE_UNIT, self.size_units[1] * CODES_PER_SIZE_UNIT)
         target_device = resolve_device(device)
         target_dtype = resolve_model_dtype(dtype, target_device)
@@ -478,8 +492,9 @@ class LuminaMGPT(ImageARModel):
             self.lm = load_lumina_lm(hub_repo, revision, target_dtype, target_device)
             vqgan = load_vqgan(files["vqgan.yaml"], files["vqgan.ckpt"])
         else:
-            init = random_init if isinstance(random_init, RandomInit) else RandomInit(**dict(random_init or {}))
-            vocab = tiny_vocabulary(init.num_codes, self.size_units, seed=init.seed, shuffle=init.shuffle_codes)
+            init = random_init if isinstance(random_init, RandomInit) else RandomInit(**(random_init or {}))
+            vocab = tiny_vocabulary(init.num_codes, self.size_units, seed=init.seed,
+                                    shuffle=init.shuffle_codes)
             tokenizer = word_level_tokenizer(vocab)
             self.lm, vqgan = random_lumina(init, vocab)
         self.tokenizer = tokenizer
@@ -498,8 +513,8 @@ class LuminaMGPT(ImageARModel):
         self.register_buffer("code_to_bpe", self.vocabulary.code_to_bpe.clone(), persistent=False)
         self.register_buffer("inv_freq", rope_inv_freq(self.lm.config, self.head_dim), persistent=False)
         self.first_code_bpe = int(self.vocabulary.code_to_bpe[0])
-        self.contiguous_codes = bool(torch.equal(
-            self.vocabulary.code_to_bpe, torch.arange(self.first_code_bpe, self.first_code_bpe + self.codebook_size)))
+        contiguous = torch.arange(self.first_code_bpe, self.first_code_bpe + self.codebook_size)
+        self.contiguous_codes = bool(torch.equal(self.vocabulary.code_to_bpe, contiguous))
         self.eval()
         self.to(device=target_device)
         self.lm.to(dtype=target_dtype)
@@ -513,11 +528,11 @@ class LuminaMGPT(ImageARModel):
         return [self.vocabulary.bos, *body, self.vocabulary.end_of_turn, *self.image_header()]
 
     def image_header(self) -> list[int]:
-        """``<racm3:break>``, the height and the width size tokens (the unconditional stream's whole context)."""
+        """``<racm3:break>``, the height and the width size tokens (the unconditional stream's context)."""
         voc = self.vocabulary
-        return [voc.image_start, voc.token_id(size_token(self.size_units[0])), voc.token_id(size_token(self.size_units[1]))]
+        return [voc.image_start, *(voc.token_id(size_token(units)) for units in self.size_units)]
 
-    # -- the network -------------------------------------------------------------------------------------------
+    # -- the network ------------------------------------------------------------------------------------
     def _hidden(self, ids: torch.Tensor, positions: torch.Tensor, kv: StaticKVCache | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
         """Token ids (S, T) at model positions (S, T) -> post-norm hidden states (S, T, H)."""
@@ -531,7 +546,7 @@ class LuminaMGPT(ImageARModel):
     def _output(self, hidden: torch.Tensor) -> TargetOutput:
         return TargetOutput(logits=self.head(hidden), hidden=hidden)
 
-    # -- the adapter interface ---------------------------------------------------------------------------------
+    # -- the adapter interface --------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[LuminaCache, TargetOutput]:
         cond = self.prompt_ids(prompt)
@@ -550,7 +565,8 @@ class LuminaMGPT(ImageARModel):
             pad = p - header
             uncond = [self.vocabulary.image_start] * pad + cond[-header:]
             ids = torch.cat([ids, torch.tensor([uncond], device=self.device)])
-            positions = torch.cat([positions, torch.tensor([[0] * pad + list(range(header))], device=self.device)])
+            own = torch.tensor([[0] * pad + list(range(header))], device=self.device)  # from 0 at the start
+            positions = torch.cat([positions, own])
             valid = torch.ones(2, p, dtype=torch.bool)
             valid[1, :pad] = False
             kv.set_padding(valid)
@@ -577,14 +593,15 @@ class LuminaMGPT(ImageARModel):
         return self.lm.model.embed_tokens(self.code_to_bpe[tokens])
 
     def image_head_weight(self) -> torch.Tensor:
-        """The ``lm_head`` rows of the image codes, in code order (V, H): a view when the ids are contiguous."""
+        """The ``lm_head`` rows of the image codes in code order (V, H); a view if the ids are contiguous."""
         weight = self.lm.lm_head.weight
         if self.contiguous_codes:
             return weight[self.first_code_bpe: self.first_code_bpe + self.codebook_size]
         return weight.index_select(0, self.code_to_bpe)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.image_head_weight()).float()
+        logits = F.linear(hidden, self.image_head_weight())
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> float32; float64 stays
 
     def codebook(self) -> torch.Tensor:
         return self.vqgan.codebook()
@@ -617,11 +634,11 @@ class ChameleonDraftLayer(nn.Module):
     def __init__(self, config: ChameleonConfig, width: int, norm_eps: float) -> None:
         super().__init__()
         small = ChameleonConfig(
-            vocab_size=1, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-            num_hidden_layers=1, num_attention_heads=config.num_attention_heads,
-            num_key_value_heads=config.num_key_value_heads, hidden_act=config.hidden_act, rms_norm_eps=norm_eps,
-            attention_bias=config.attention_bias, mlp_bias=config.mlp_bias, swin_norm=config.swin_norm,
-            vocabulary_map={},
+            vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=1,
+            intermediate_size=config.intermediate_size, num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.num_key_value_heads, hidden_act=config.hidden_act,
+            rms_norm_eps=norm_eps, attention_bias=config.attention_bias, mlp_bias=config.mlp_bias,
+            swin_norm=config.swin_norm, vocabulary_map={},
         )
         layer = (ChameleonSwinDecoderLayer if config.swin_norm else ChameleonDecoderLayer)(small, 0)
         self.self_attn = layer.self_attn
@@ -638,6 +655,7 @@ class ChameleonDraftLayer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(config, self.head_dim), persistent=False)
 
     def rope_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """Pair positions t (T,) -> the image-part positions of x_{t+1}, end-of-row gaps included."""
         nxt = positions.long() + 1
         return nxt + torch.div(nxt, self.width, rounding_mode="floor")
 
@@ -657,16 +675,15 @@ class ChameleonDraftLayer(nn.Module):
 
 
 def check_vocabulary(vocabulary: ChameleonVocabulary, config: ChameleonConfig) -> None:
-    """The tokenizer's image tokens must have the ids the model's own vocabulary map gives them."""
-    vmap = getattr(config, "vocabulary_map", None) or {}
-    if vocabulary.code_to_bpe.max() >= config.vocab_size:
+    """The tokenizer's image tokens must have the ids that the model's own ``vocabulary_map`` gives them."""
+    if int(vocabulary.code_to_bpe.max()) >= config.vocab_size:
         raise ValueError(f"image-token ids reach {int(vocabulary.code_to_bpe.max())} but the model has "
                          f"{config.vocab_size} embeddings; the tokenizer does not belong to this model")
-    mismatched = [c for c in range(vocabulary.codebook_size)
-                  if image_token_name(c) in vmap and vmap[image_token_name(c)] != int(vocabulary.code_to_bpe[c])]
-    if mismatched:
-        raise ValueError(f"the tokenizer and the model's vocabulary_map disagree on {len(mismatched)} image "
-                         f"tokens (e.g. code {mismatched[0]}); text_tokenizer.json does not belong to this model")
+    vmap = getattr(config, "vocabulary_map", None) or {}
+    has_images = any(parse_image_token(name) is not None for name in vmap)
+    if has_images and not torch.equal(image_code_ids(vmap), vocabulary.code_to_bpe):
+        raise ValueError("the tokenizer and the model's vocabulary_map map image codes to different ids; "
+                         "text_tokenizer.json does not belong to this model")
 
 
 def random_lumina(init: RandomInit, vocab: Mapping[str, int]) -> tuple[ChameleonLM, ChameleonVQGAN]:
@@ -676,8 +693,8 @@ def random_lumina(init: RandomInit, vocab: Mapping[str, int]) -> tuple[Chameleon
         num_hidden_layers=init.num_hidden_layers, num_attention_heads=init.num_attention_heads,
         num_key_value_heads=init.num_key_value_heads, swin_norm=init.swin_norm, vocabulary_map=dict(vocab),
         max_position_embeddings=4096,
-        vq_config=dict(embed_dim=16, num_embeddings=64, base_channels=32, latent_channels=32,
-                       channel_multiplier=[1, 2], num_res_blocks=1),  # unused here; keeps transformers' copy small
+        vq_config={"embed_dim": 16, "num_embeddings": 64, "base_channels": 32, "latent_channels": 32,
+                   "channel_multiplier": [1, 2], "num_res_blocks": 1},  # unused here; keeps HF's copy small
     )
     vq_cfg = ChameleonVQGANConfig(n_embed=init.num_codes, **dict(init.vqgan))
     with torch.random.fork_rng(devices=[]):
@@ -695,12 +712,13 @@ def random_lumina(init: RandomInit, vocab: Mapping[str, int]) -> tuple[Chameleon
 
 
 def load_lumina_lm(repo: str, revision: str | None, dtype: torch.dtype, device: torch.device) -> ChameleonLM:
-    """Lumina-mGPT's language model from the hub (safetensors shards; the VQ encoder's entries are skipped)."""
+    """Lumina-mGPT's language model from the hub (safetensors shards; VQ-encoder entries are skipped)."""
     from safetensors import safe_open
 
     config = ChameleonConfig.from_json_file(hub_file(repo, "config.json", revision=revision))
     if not getattr(config, "vocabulary_map", None):
-        raise ValueError(f"{repo}/config.json has no vocabulary_map; is it a Chameleon / Lumina-mGPT checkpoint?")
+        raise ValueError(f"{repo}/config.json has no vocabulary_map; is it a Chameleon / Lumina-mGPT "
+                         "checkpoint?")
     index_path = hub_file(repo, "model.safetensors.index.json", revision=revision)
     shards = sorted(set(json.loads(Path(index_path).read_text())["weight_map"].values()))
     with torch.device("meta"):
@@ -708,7 +726,7 @@ def load_lumina_lm(repo: str, revision: str | None, dtype: torch.dtype, device: 
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
         with safe_open(hub_file(repo, shard, revision=revision), framework="pt", device="cpu") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 if not key.startswith("model.vqmodel."):
                     state[key] = f.get_tensor(key).to(device=device, dtype=dtype)
     state = expand_qk_norm(state, config.num_attention_heads, config.num_key_value_heads)

@@ -1,0 +1,754 @@
+"""Paper-style tables and trade-off plots from run records (``run.json``), beside the published numbers.
+
+Reads every ``run.json`` under the given result folders (a Hydra multirun folder, ``outputs/``, …) or the
+runs of a W&B project, turns each decoder a run measured (its ``per_decoder`` entries, AR included) into one
+row of a pandas frame, and writes, for a table name ``<name>``:
+
+* ``<out>/tables/<name>.md``, ``.tex`` (booktabs) and ``.csv``: rows = methods grouped by model, columns =
+  CLIP score, FID (KID, class accuracy when measured), accepted length, latency, speedup, TV per step; best
+  value per column and model in bold; images per method, hardware and torch version in the caption;
+* ``<out>/figures/<name>_*.png`` and ``.pdf``: FID vs speedup and CLIP vs speedup with the Pareto front of
+  every method, accepted length vs relaxation strength, TV per step vs accepted length.
+
+Rules. A row is one (model, decoder, decoder options, drafter); when several runs measured the same row the
+newest (by ``started``) is kept and a note names the dropped runs — AR is measured in every run (it is each
+run's speedup denominator), so the AR row is the newest AR measurement. A method measured on one model but
+not on another, and a metric a row lacks, show as "—"; nothing is filled in. Columns no row reports are left
+out. The method label is the paper's name plus its defining options (δ, k, λ, the tree of vanilla SD) and any
+other option that differs between rows of the same decoder (tree, schedule, resampling, …).
+
+``--published`` adds the numbers of the COOL-SD paper's main table (``scripts/published_numbers.csv``, from
+``shared/docs/algorithms.md``) as a separate table marked "published"; they are never mixed into the
+measured rows or their bold marks.
+
+Examples::
+
+    python run.py -m experiment=table_llamagen
+    python scripts/make_tables.py results/runs/table_llamagen --published
+    python scripts/make_tables.py results/runs/sweep_coolsd_delta results/runs/sweep_lantern --name tradeoff
+    python scripts/make_tables.py --wandb my-entity/coolsd --name wandb_table
+    python scripts/make_tables.py --published          # the published table alone
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from coolsd.io import atomic_write_bytes
+
+PUBLISHED_CSV = Path(__file__).resolve().parent / "published_numbers.csv"
+PUBLISHED_TITLE = "Published: COOL-SD paper (arXiv 2601.09212) main table, as reported; not measured here"
+MISSING = "—"
+
+
+@dataclass(frozen=True)
+class Column:
+    """A metric column: ``key`` in ``per_decoder``, its title (with unit), format, and which way is better."""
+
+    key: str
+    title: str
+    fmt: str
+    better: str | None  # "max", "min" or None (a diagnostic: never bold)
+
+
+COLUMNS = (
+    Column("clip_score", "CLIP score", "{:.4f}", "max"),
+    Column("fid", "FID", "{:.2f}", "min"),
+    Column("kid", "KID", "{:.4f}", "min"),
+    Column("fid_random_conv", "FID (random-conv features, not FID)", "{:.3f}", "min"),
+    Column("class_accuracy", "class accuracy", "{:.3f}", "max"),
+    Column("mean_accepted_length", "accepted length (tokens/forward)", "{:.2f}", "max"),
+    Column("latency_s", "latency (s/image)", "latency", "min"),
+    Column("speedup", "speedup (×)", "{:.2f}×", "max"),
+    Column("tv_per_step", "TV per step", "{:.4f}", None),
+)
+COLUMN_KEYS = tuple(c.key for c in COLUMNS)
+
+MODEL_LABELS = {  # config name -> the paper's name; the order is the tables' model order
+    "lumina_mgpt_768": "Lumina-mGPT 7B (768 px)",
+    "llamagen_t2i_512": "LlamaGen-XL (T2I, 512 px)",
+    "llamagen_t2i_512_lantern": "LlamaGen-XL (T2I, 512 px, LANTERN sampling)",
+    "llamagen_t2i_256": "LlamaGen-XL (T2I, 256 px)",
+    "llamagen_t2i_256_lantern": "LlamaGen-XL (T2I, 256 px, LANTERN sampling)",
+    "janus_pro_7b": "Janus-Pro-7B",
+    "janus_pro_1b": "Janus-Pro-1B",
+    "tiny": "tiny LlamaGen (random weights)",
+    "lookup": "lookup model (synthetic)",
+}
+DECODER_LABELS = {  # the order is the tables' method order
+    "ar": "AR", "sjd": "SJD", "sd": "vanilla SD", "lantern": "LANTERN", "lantern_pp": "LANTERN++",
+    "coolsd": "COOL-SD"}
+HEADLINE = {"coolsd": ("delta",), "lantern": ("delta", "k"), "lantern_pp": ("k", "lam")}  # always labelled
+ALWAYS_NOTED = {"sd": ("tree",)}  # always in the label's parenthesis
+STRENGTH = {"coolsd": "delta", "lantern": "delta", "lantern_pp": "lam"}  # the relaxation-strength option
+SYMBOLS = {"delta": "δ", "lam": "λ", "nu": "ν", "mu": "μ", "draft_len": "L"}
+TREES = {None: "chain", "mc_sim_7b_63": "EAGLE-1 tree", "dynamic": "EAGLE-2 tree"}
+RESAMPLING = {"reference": "reference resampling", "reference_q": "q-side resampling",
+              "optimal": "G* resampling"}
+# decoder keys that do not change what a decoder computes, or are shown elsewhere
+BOOKKEEPING = {"_target_", "name", "track_tv", "sync_phases", "neighbour_cache"}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One decoder measured by one run (a ``per_decoder`` entry) with what identifies it."""
+
+    model: str
+    decoder: str
+    options: dict[str, Any]  # the decoder's config minus bookkeeping (drafter included)
+    metrics: dict[str, Any]
+    started: str
+    source: str  # the run's folder relative to the scanned root, or wandb:<entity>/<project>/<id>
+    environment: dict[str, Any]
+    world_size: int
+    experiment: str | None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.model, self.decoder, canonical(self.options)
+
+
+# ----------------------------------------------------------------------------------------------- reading
+
+
+def find_records(roots: Sequence[str | Path]) -> list[tuple[dict[str, Any], str]]:
+    """(record, source) for every ``run.json`` under each root (searched recursively), in path order."""
+    found = []
+    for root in map(Path, roots):
+        if not root.exists():
+            raise FileNotFoundError(f"result folder not found: {root} (a run.py output or multirun folder)")
+        name = root.resolve().name
+        if root.is_file():
+            items = [(root, root.resolve().parent.name)]
+        else:
+            items = [(path, f"{name}/{path.parent.relative_to(root).as_posix()}".removesuffix("/."))
+                     for path in sorted(root.rglob("run.json"))]
+        for path, source in items:
+            try:
+                record = json.loads(path.read_text())
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path} is not valid JSON ({err}); delete it or rerun that run") from err
+            found.append((record, source))
+    return found
+
+
+def wandb_records(project: str, api: Any = None) -> list[tuple[dict[str, Any], str]]:
+    """(record, source) for every run of a W&B project (``entity/project``).
+
+    A run's own ``run.json`` (saved by ``eval.logging.WandbLogger``) is used when present; otherwise the
+    record is rebuilt from the run's config, the ``metrics/*`` summary and the logged ``per_decoder`` table.
+    """
+    if api is None:
+        import wandb
+
+        api = wandb.Api()
+    found = []
+    for run in api.runs(project):
+        source = "wandb:" + "/".join(run.path)
+        names = {f.name for f in run.files()}
+        with tempfile.TemporaryDirectory() as tmp:
+            if "run.json" in names:
+                run.file("run.json").download(root=tmp, replace=True).close()
+                found.append((json.loads((Path(tmp) / "run.json").read_text()), source))
+                continue
+            found.append((record_from_wandb_summary(run, Path(tmp)), source))
+    return found
+
+
+def record_from_wandb_summary(run: Any, tmp: Path) -> dict[str, Any]:
+    """A ``run.json``-like record from a W&B run that has no ``run.json`` file."""
+    summary, config = dict(run.summary), dict(run.config)
+    decoder = summary.get("decoder") or config.get("decoder", {}).get("name", "unknown")
+    metrics = {k.split("/", 1)[1]: v for k, v in summary.items() if k.startswith("metrics/")}
+    per_decoder = {decoder: metrics}
+    table = summary.get("per_decoder")
+    if isinstance(table, dict) and table.get("path"):
+        run.file(table["path"]).download(root=str(tmp), replace=True).close()
+        data = json.loads((tmp / table["path"]).read_text())
+        columns = data["columns"]
+        per_decoder = {row[0]: {c: v for c, v in zip(columns[1:], row[1:]) if v is not None}
+                       for row in data["data"]}
+    model_target = str(config.get("model", {}).get("_target_", "unknown"))
+    metadata = getattr(run, "metadata", None) or {}
+    return {
+        "decoder": decoder,
+        "model": summary.get("model") or model_target.rsplit(".", 1)[-1],
+        "metrics": metrics,
+        "per_decoder": per_decoder,
+        "config": config,
+        "environment": {"gpu": metadata.get("gpu"), "processor": metadata.get("cpu"),
+                        "cpu_count": metadata.get("cpu_count"), "torch": None},
+        "started": str(getattr(run, "created_at", "") or ""),
+        "world_size": 1,
+    }
+
+
+def decoder_options(decoder_cfg: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a decoder configuration: its options minus bookkeeping keys."""
+    options = {k: v for k, v in decoder_cfg.items() if k not in BOOKKEEPING}
+    if options.get("tree") != "dynamic":
+        options.pop("dynamic_tree", None)  # only read by the dynamic tree
+    return options
+
+
+def measurements(records: Iterable[tuple[dict[str, Any], str]]) -> list[Measurement]:
+    """One ``Measurement`` per ``per_decoder`` entry of every record."""
+    out = []
+    for record, source in records:
+        missing = [k for k in ("decoder", "per_decoder", "config") if k not in record]
+        if missing:
+            raise ValueError(f"run record {source} lacks {missing}: not a run.json written by run.py")
+        config = record["config"]
+        for name, metrics in record["per_decoder"].items():
+            if name == record["decoder"]:
+                decoder_cfg = config.get("decoder", {})
+            else:
+                decoder_cfg = config.get("suite", {}).get(name, {"name": name})
+            out.append(Measurement(
+                model=record.get("model") or "unknown",
+                decoder=name,
+                options=decoder_options(decoder_cfg),
+                metrics=dict(metrics),
+                started=str(record.get("started") or ""),
+                source=source,
+                environment=dict(record.get("environment") or {}),
+                world_size=int(record.get("world_size") or 1),
+                experiment=config.get("experiment_name"),
+            ))
+    return out
+
+
+def started_at(m: Measurement) -> dt.datetime:
+    """``started`` as an aware datetime (records without one sort first)."""
+    try:
+        t = dt.datetime.fromisoformat(m.started)
+    except ValueError:
+        return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+
+
+def deduplicate(rows: Sequence[Measurement]) -> tuple[list[Measurement], list[str]]:
+    """Keep the newest measurement of each row; notes say what was dropped."""
+    groups: dict[tuple, list[Measurement]] = {}
+    for m in rows:
+        groups.setdefault(m.key, []).append(m)
+    kept, notes = [], []
+    for group in groups.values():
+        group = sorted(group, key=lambda m: (started_at(m), m.source))
+        newest = group[-1]
+        kept.append(newest)
+        if len(group) == 1:
+            continue
+        where = f"{model_label(newest.model)}, {DECODER_LABELS.get(newest.decoder, newest.decoder)}"
+        if newest.decoder == "ar":
+            notes.append(f"{where}: every run measures AR as its speedup denominator; the AR row is the "
+                         f"newest of {len(group)} AR measurements ({newest.source}).")
+        else:
+            dropped = ", ".join(m.source for m in group[:-1])
+            notes.append(f"{where}: {len(group)} runs of the same configuration; kept the newest "
+                         f"({newest.source}), dropped {dropped}.")
+    return kept, notes
+
+
+# ------------------------------------------------------------------------------------------------ labels
+
+
+def model_label(model: str) -> str:
+    return MODEL_LABELS.get(model, model)
+
+
+def model_order(model: str) -> tuple[int, str]:
+    names = list(MODEL_LABELS)
+    return (names.index(model), "") if model in names else (len(names), model)
+
+
+def value_text(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        if "checkpoint" in value:
+            return Path(str(value["checkpoint"])).name
+        if "_target_" in value:
+            return str(value["_target_"]).rsplit(".", 1)[-1]
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def option_text(key: str, value: Any, options: dict[str, Any]) -> str:
+    """One option as labels show it: ``δ=1.1``, ``EAGLE-1 tree``, ``G* resampling``, ``uniform schedule``."""
+    if key == "tree":
+        text = TREES.get(value, f"{value} tree")
+        return f"{text}, L={options['draft_len']}" if value is None and "draft_len" in options else text
+    if key == "resample":
+        return RESAMPLING.get(value, f"{value} resampling")
+    if key == "schedule":
+        return f"{value} schedule"
+    if key == "drafter":
+        return f"drafter {value_text(value)}"
+    return f"{SYMBOLS.get(key, key)}={value_text(value)}"
+
+
+def method_label(decoder: str, options: dict[str, Any], noted: Sequence[str],
+                 skip: Sequence[str] = ()) -> str:
+    """The paper's name, its headline options, then ``noted`` options in parentheses (``skip`` left out)."""
+    parts = [DECODER_LABELS.get(decoder, decoder)]
+    head = [option_text(k, options[k], options) for k in HEADLINE.get(decoder, ())
+            if k in options and k not in skip]
+    if head:
+        parts.append(", ".join(head))
+    extra = [option_text(k, options.get(k), options) for k in (*ALWAYS_NOTED.get(decoder, ()), *noted)
+             if k not in skip and (k in options or k == "tree")]
+    if extra:
+        parts.append("(" + ", ".join(extra) + ")")
+    return " ".join(parts)
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def sort_value(value: Any) -> tuple:
+    if value is None:
+        return (0, 0.0, "")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (1, float(value), "")
+    return (2, 0.0, canonical(value))
+
+
+def varying_options(rows: Sequence[Measurement]) -> dict[str, list[str]]:
+    """For each decoder: the non-headline options whose values differ between its rows of some model.
+
+    Taken per model, then united over models, so that one method keeps one label in every model group
+    (LANTERN++ on its per-model published tree is "LANTERN++ k=10, λ=5" for LlamaGen and Lumina-mGPT alike).
+    """
+    groups: dict[tuple[str, str], list[Measurement]] = {}
+    for m in rows:
+        groups.setdefault((m.model, m.decoder), []).append(m)
+    varying: dict[str, set[str]] = {}
+    for (_, decoder), group in groups.items():
+        shown = {*HEADLINE.get(decoder, ()), *ALWAYS_NOTED.get(decoder, ())}
+        keys = {k for m in group for k in m.options} - shown
+        varying.setdefault(decoder, set()).update(
+            k for k in keys if len({canonical(m.options.get(k)) for m in group}) > 1)
+    return {decoder: sorted(keys) for decoder, keys in varying.items()}
+
+
+# ----------------------------------------------------------------------------------------------- frames
+
+
+def measured_frame(rows: Sequence[Measurement]) -> pd.DataFrame:
+    """One row per kept measurement: labels, raw metrics and provenance, in table order."""
+    varying = varying_options(rows)
+    records = []
+    order = list(DECODER_LABELS)
+    for m in rows:
+        noted = varying[m.decoder]
+        labelled = (*HEADLINE.get(m.decoder, ()), *ALWAYS_NOTED.get(m.decoder, ()), *noted)
+        records.append({
+            "kind": "measured",
+            "model": m.model,
+            "model_label": model_label(m.model),
+            "method": method_label(m.decoder, m.options, noted),
+            "curve": method_label(m.decoder, m.options, noted, skip=(STRENGTH.get(m.decoder, ""),)),
+            "decoder": m.decoder,
+            "strength": m.options.get(STRENGTH[m.decoder]) if m.decoder in STRENGTH else None,
+            "_order": (model_order(m.model), order.index(m.decoder) if m.decoder in order else len(order),
+                       m.decoder, tuple(sort_value(m.options.get(k)) for k in labelled)),
+            **{k: m.metrics.get(k) for k in COLUMN_KEYS},
+            "num_images": m.metrics.get("num_images"),
+            "num_timed": m.metrics.get("num_timed"),
+            "hardware": hardware(m.environment, m.world_size),
+            "torch": m.environment.get("torch"),
+            "started": m.started,
+            "source": m.source,
+            "experiment": m.experiment,
+            "options": json.dumps(m.options, sort_keys=True, default=str),
+        })
+    frame = pd.DataFrame.from_records(records)
+    if frame.empty:
+        return frame
+    clash = frame.duplicated(["model", "method"], keep=False)  # e.g. two drafters whose folders share a name
+    frame.loc[clash, "method"] = frame.loc[clash, "method"] + " [" + frame.loc[clash, "source"] + "]"
+    return frame.sort_values("_order", kind="stable").reset_index(drop=True)
+
+
+def published_frame(path: Path = PUBLISHED_CSV) -> pd.DataFrame:
+    """The published numbers (one row per model and method), in the measured frame's columns."""
+    table = pd.read_csv(path, keep_default_na=True)
+    order = list(DECODER_LABELS)
+    table["kind"] = "published"
+    table["model_label"] = table["model"]
+    table["_order"] = [(i, order.index(d) if d in order else len(order), d, ())
+                       for i, d in zip(pd.factorize(table["model"])[0], table["decoder"])]
+    for key in COLUMN_KEYS:
+        if key not in table:
+            table[key] = None
+    table = table.astype(object).where(table.notna(), None)
+    return table.sort_values("_order", kind="stable").reset_index(drop=True)
+
+
+def hardware(env: dict[str, Any], world_size: int = 1) -> str:
+    """``NVIDIA H100 80GB HBM3`` (``8× …`` for torchrun jobs) or ``CPU x86_64, 1 thread``."""
+    if env.get("gpu"):
+        return f"{world_size}× {env['gpu']}" if world_size > 1 else str(env["gpu"])
+    threads = env.get("torch_threads")
+    cpu = f"CPU {env.get('processor') or 'unknown'}"
+    return f"{cpu}, {threads} thread{'s' if threads != 1 else ''}" if threads else cpu
+
+
+# ------------------------------------------------------------------------------------------------ tables
+
+
+def format_value(column: Column, value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return MISSING
+    if column.fmt == "latency":
+        return f"{value:.3f}" if value < 1 else f"{value:.2f}"
+    return column.fmt.format(value)
+
+
+@dataclass(frozen=True)
+class Cell:
+    text: str
+    bold: bool
+
+
+@dataclass(frozen=True)
+class TableRow:
+    model_label: str
+    method: str
+    cells: tuple[Cell, ...]
+    first_of_model: bool
+
+
+def layout(frame: pd.DataFrame, columns: Sequence[Column]) -> list[TableRow]:
+    """Rows grouped by model, every method of any model in every group ("—" where not measured), bold best."""
+    if frame.empty:
+        return []
+    methods = frame.drop_duplicates("method").sort_values("_order", kind="stable")
+    method_rank = {m: order[1:] for m, order in zip(methods["method"], methods["_order"])}
+    rows = []
+    for model, group in frame.groupby("model_label", sort=False):
+        by_method = {r["method"]: r for _, r in group.iterrows()}
+        texts = {m: [format_value(c, by_method[m][c.key]) if m in by_method else MISSING for c in columns]
+                 for m in by_method}
+        best = []
+        for j, column in enumerate(columns):
+            values = {m: by_method[m][column.key] for m in by_method if texts[m][j] != MISSING}
+            if column.better is None or len(values) < 2:
+                best.append(set())
+                continue
+            target = (max if column.better == "max" else min)(values.values())
+            best.append({texts[m][j] for m in values if values[m] == target})
+        ordered = sorted(set(by_method) | set(method_rank), key=lambda m: (method_rank[m], m))
+        for i, method in enumerate(ordered):
+            cells = tuple(Cell(texts[method][j], texts[method][j] in best[j]) if method in by_method
+                          else Cell(MISSING, False) for j in range(len(columns)))
+            rows.append(TableRow(model, method, cells, i == 0))
+    return rows
+
+
+def present_columns(frames: Sequence[pd.DataFrame], wanted: Sequence[str]) -> list[Column]:
+    """The wanted columns that at least one row of the frames reports."""
+    by_key = {c.key: c for c in COLUMNS}
+    unknown = [k for k in wanted if k not in by_key]
+    if unknown:
+        raise ValueError(f"--columns: unknown {unknown}; allowed: {', '.join(COLUMN_KEYS)}")
+    return [by_key[k] for k in wanted
+            if any(not f.empty and k in f and f[k].notna().any() for f in frames)]
+
+
+def caption(frame: pd.DataFrame, name: str) -> str:
+    """Images per method, latency sample, hardware and torch version, per model when they differ."""
+    parts = []
+    for model, group in frame.groupby("model_label", sort=False):
+        images = sorted({int(n) for n in group["num_images"].dropna()})
+        timed = sorted({int(n) for n in group["num_timed"].dropna()})
+        text = f"{span(images)} image{'s' if images != [1] else ''} per method"
+        if timed and timed != images:
+            text += f" (latency over the first {span(timed)})"
+        hw = " / ".join(sorted({h for h in group["hardware"].dropna()}))
+        versions = " / ".join(sorted({str(t) for t in group["torch"].dropna()}))
+        text += f", {hw or 'unknown hardware'}, torch {versions or 'unknown'}"
+        parts.append((model, text))
+    runs = frame["source"].nunique()
+    if len({t for _, t in parts}) == 1:
+        body = parts[0][1][0].upper() + parts[0][1][1:]
+    else:
+        body = "; ".join(f"{m}: {t}" for m, t in parts)
+    across = " (rows come from different runs: compare speedups, not latencies)" if runs > 1 else ""
+    return (f"{name}: measured with this harness ({runs} run{'s' if runs != 1 else ''}). {body}. "
+            f"Speedup = AR latency / method latency, both from the same run{across}.")
+
+
+def span(values: Sequence[int]) -> str:
+    if not values:
+        return "?"
+    return f"{values[0]:,}" if len(values) == 1 else f"{values[0]:,}–{values[-1]:,}"
+
+
+def arrow(column: Column) -> str:
+    return {"max": " ↑", "min": " ↓"}.get(column.better or "", "")
+
+
+def markdown(rows: Sequence[TableRow], columns: Sequence[Column], title: str, notes: Sequence[str]) -> str:
+    lines = [f"**{title}**", "",
+             "| model | method | " + " | ".join(c.title + arrow(c) for c in columns) + " |",
+             "|:--|:--|" + "|".join("--:" for _ in columns) + "|"]
+    for row in rows:
+        cells = [f"**{c.text}**" if c.bold else c.text for c in row.cells]
+        model = row.model_label if row.first_of_model else ""
+        lines.append(f"| {model} | {row.method} | " + " | ".join(cells) + " |")
+    if notes:
+        lines += ["", *(f"- {n}" for n in notes)]
+    return "\n".join(lines) + "\n"
+
+
+def tex_escape(text: str) -> str:
+    """Plain text -> LaTeX: escape specials, then typeset the Greek letters and symbols the labels use."""
+    out = []
+    for ch in text:
+        if ch in "\\":
+            out.append(r"\textbackslash{}")
+        elif ch in "_%&#${}":
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    text = "".join(out)
+    for plain, tex in (("G*", "$G^*$"), ("δ", r"$\delta$"), ("λ", r"$\lambda$"), ("ν", r"$\nu$"),
+                       ("μ", r"$\mu$"), ("×", r"$\times$"), ("—", "---"), ("–", "--"), ("↑", r"$\uparrow$"),
+                       ("↓", r"$\downarrow$"), ("÷", r"$\div$")):
+        text = text.replace(plain, tex)
+    return text
+
+
+def latex(rows: Sequence[TableRow], columns: Sequence[Column], title: str, notes: Sequence[str],
+          label: str) -> str:
+    n = len(columns) + 1
+    lines = ["% Generated by scripts/make_tables.py from run.json records; regenerate it, do not edit.",
+             r"% Needs \usepackage{booktabs}.",
+             r"\begin{table}[t]", r"\centering", r"\small",
+             rf"\caption{{{tex_escape(title)}}}", rf"\label{{tab:{label}}}",
+             rf"\begin{{tabular}}{{l{'r' * len(columns)}}}", r"\toprule",
+             "Method & " + " & ".join(tex_escape(c.title + arrow(c)) for c in columns) + r" \\"]
+    for row in rows:
+        if row.first_of_model:
+            group = rf"\multicolumn{{{n}}}{{l}}{{\textit{{{tex_escape(row.model_label)}}}}} \\"
+            lines += [r"\midrule", group]
+        cells = [rf"\textbf{{{tex_escape(c.text)}}}" if c.bold else tex_escape(c.text) for c in row.cells]
+        lines.append(tex_escape(row.method) + " & " + " & ".join(cells) + r" \\")
+    lines.append(r"\bottomrule")
+    lines.append(r"\end{tabular}")
+    if notes:
+        lines += [r"\par\smallskip\footnotesize", *(tex_escape(n) + r"\par" for n in notes)]
+    lines.append(r"\end{table}")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Tables:
+    markdown: str
+    latex: str
+    csv: str
+
+
+def build_tables(measured: pd.DataFrame, notes: Sequence[str], name: str, wanted: Sequence[str],
+                 published: pd.DataFrame | None = None) -> Tables:
+    """The measured table (and the published one beside it) as markdown, LaTeX and CSV text."""
+    md, tex, frames = [], [], []
+    if not measured.empty:
+        columns = present_columns([measured], wanted)
+        rows = layout(measured, columns)
+        all_notes = [*notes]
+        if any(c.text == MISSING for r in rows for c in r.cells):
+            all_notes.append("— = not measured (no run of that method on that model, or the metric was not "
+                             "computed); no value is filled in.")
+        title = caption(measured, name)
+        md.append(markdown(rows, columns, title, all_notes))
+        tex.append(latex(rows, columns, title, all_notes, name))
+        frames.append(measured)
+    if published is not None:
+        columns = present_columns([published], wanted)
+        rows = layout(published, columns)
+        pub_notes = sorted({str(n) for n in published["note"].dropna()}) if "note" in published else []
+        pub_notes.append("— = not reported in the paper.")
+        md.append(markdown(rows, columns, PUBLISHED_TITLE, pub_notes))
+        tex.append(latex(rows, columns, PUBLISHED_TITLE, pub_notes, f"{name}_published"))
+        frames.append(published)
+    keep = ["kind", "model", "model_label", "method", "decoder", "strength", *COLUMN_KEYS, "num_images",
+            "num_timed", "hardware", "torch", "started", "source", "experiment", "options", "note"]
+    table = pd.concat([f.reindex(columns=keep) for f in frames], ignore_index=True)
+    table = table.dropna(axis=1, how="all")
+    return Tables("\n".join(md), "\n".join(tex), table.to_csv(index=False, lineterminator="\n"))
+
+
+# ------------------------------------------------------------------------------------------------- plots
+
+
+def pareto_front(points: Sequence[tuple[float, float]], lower_is_better: bool) -> list[tuple[float, float]]:
+    """The non-dominated (speedup, quality) points, by increasing speedup (higher speedup is better)."""
+    front = []
+    for x, y in points:
+        dominated = any((x2 >= x and (y2 <= y if lower_is_better else y2 >= y)) and (x2, y2) != (x, y)
+                        for x2, y2 in points)
+        if not dominated:
+            front.append((x, y))
+    return sorted(set(front))
+
+
+def annotate_strength(ax: Any, group: pd.DataFrame, x: str, y: str) -> None:
+    """Write ``δ=1.1`` / ``λ=5`` beside each point of a relaxed method."""
+    for _, row in group.iterrows():
+        if row["strength"] is not None and not pd.isna(row["strength"]):
+            symbol = SYMBOLS.get(STRENGTH[row["decoder"]], STRENGTH[row["decoder"]])
+            ax.annotate(f"{symbol}={float(row['strength']):g}", (float(row[x]), float(row[y])), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")
+
+
+def make_plots(frame: pd.DataFrame, figures: Path, name: str) -> list[Path]:
+    """The trade-off figures the data allows (PNG and PDF each); returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    if frame.empty:
+        return written
+
+    def save(fig, stem: str) -> None:
+        for ext in ("png", "pdf"):
+            path = figures / f"{name}_{stem}.{ext}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            metadata = {"CreationDate": None} if ext == "pdf" else None  # reproducible PDFs
+            fig.savefig(path, dpi=150, bbox_inches="tight", metadata=metadata)
+            written.append(path)
+        plt.close(fig)
+
+    models = list(dict.fromkeys(frame["model_label"]))
+    colors = {c: f"C{i % 10}" for i, c in enumerate(dict.fromkeys(frame["curve"]))}  # same in all panels
+    for metric, ylabel, lower in (("fid", "FID (lower is better)", True),
+                                  ("clip_score", "CLIP score (cosine, higher is better)", False)):
+        data = frame.dropna(subset=[metric, "speedup"]) if metric in frame else frame.iloc[0:0]
+        if data.empty:
+            continue
+        fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.4), squeeze=False,
+                                 layout="constrained")
+        for ax, model in zip(axes[0], models):
+            for curve, group in data[data["model_label"] == model].groupby("curve", sort=False):
+                pts = list(zip(group["speedup"].astype(float), group[metric].astype(float)))
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", alpha=0.45, color=colors[curve])
+                front = pareto_front(pts, lower)
+                ax.plot([p[0] for p in front], [p[1] for p in front], "-o", color=colors[curve], label=curve)
+                annotate_strength(ax, group, "speedup", metric)
+            ax.set_title(model)
+            ax.set_xlabel("speedup over AR (×)")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: never on data
+        save(fig, f"{metric.split('_')[0]}_vs_speedup")
+
+    relaxed = frame.dropna(subset=["strength", "mean_accepted_length"])
+    if not relaxed.empty:
+        decoders = list(dict.fromkeys(relaxed["decoder"]))
+        fig, axes = plt.subplots(1, len(decoders), figsize=(5.2 * len(decoders), 4.4), squeeze=False,
+                                 layout="constrained")
+        for ax, decoder in zip(axes[0], decoders):
+            rows = relaxed[relaxed["decoder"] == decoder]
+            for (model, curve), group in rows.groupby(["model_label", "curve"], sort=False):
+                group = group.sort_values("strength")
+                ax.plot(group["strength"].astype(float), group["mean_accepted_length"].astype(float), "-",
+                        color=colors[curve], marker="osD^v"[models.index(model) % 5],
+                        label=f"{curve}, {model}" if len(models) > 1 else curve)
+            key = STRENGTH[decoder]
+            ax.set_xlabel(f"relaxation strength {SYMBOLS.get(key, key)} (dimensionless)")
+            ax.set_ylabel("mean accepted length (tokens per target forward)")
+            ax.set_title(DECODER_LABELS.get(decoder, decoder))
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: never on data
+        save(fig, "accepted_length_vs_strength")
+
+    tv = frame.dropna(subset=["tv_per_step", "mean_accepted_length"])
+    if not tv.empty:
+        fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.4), squeeze=False,
+                                 layout="constrained")
+        for ax, model in zip(axes[0], models):
+            for curve, group in tv[tv["model_label"] == model].groupby("curve", sort=False):
+                group = group.sort_values("mean_accepted_length")
+                ax.plot(group["mean_accepted_length"].astype(float), group["tv_per_step"].astype(float),
+                        "-o" if len(group) > 1 else "o", color=colors[curve], label=curve)
+                annotate_strength(ax, group, "mean_accepted_length", "tv_per_step")
+            ax.set_title(model)
+            ax.set_xlabel("mean accepted length (tokens per target forward)")
+            ax.set_ylabel("TV distance to p per step (exact, one-step)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: never on data
+        save(fig, "tv_vs_accepted_length")
+    return written
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+
+
+def default_name(rows: Sequence[Measurement]) -> str:
+    names = {m.experiment for m in rows if m.experiment}
+    return names.pop() if len(names) == 1 else "table"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="*",
+                        help="result folders (searched recursively for run.json) or run.json files")
+    parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also read the runs of this W&B project")
+    parser.add_argument("--name", help="table name (default: the runs' experiment_name, else 'table')")
+    parser.add_argument("--out", default="results", help="writes <out>/tables/<name>.{md,tex,csv} and "
+                        "<out>/figures/<name>_*.{png,pdf} (default: results)")
+    parser.add_argument("--published", action="store_true",
+                        help="add the published numbers as a second table")
+    parser.add_argument("--published-file", default=str(PUBLISHED_CSV), help="the published numbers (CSV)")
+    parser.add_argument("--columns", nargs="+", default=list(COLUMN_KEYS), metavar="KEY",
+                        help=f"metric columns, in order (default: all of {', '.join(COLUMN_KEYS)}, "
+                             "those no run reports are left out)")
+    parser.add_argument("--no-plots", action="store_true", help="write the tables only")
+    args = parser.parse_args(argv)
+
+    records = find_records(args.paths)
+    if args.wandb:
+        records += wandb_records(args.wandb)
+    if not records and not args.published:
+        parser.error(f"no run.json found under {args.paths or '(no paths given)'}; run e.g. "
+                     "`python run.py -m experiment=tiny_table` first, or pass --published for the "
+                     "published table")
+    kept, notes = deduplicate(measurements(records))
+    name = args.name or default_name(kept)
+    measured = measured_frame(kept)
+    published = published_frame(Path(args.published_file)) if args.published else None
+    tables = build_tables(measured, notes, name, args.columns, published)
+    out = Path(args.out)
+    for ext, text in (("md", tables.markdown), ("tex", tables.latex), ("csv", tables.csv)):
+        atomic_write_bytes(out / "tables" / f"{name}.{ext}", text.encode())
+    print(tables.markdown)
+    print(f"{len(records)} run records, {len(kept)} rows -> {out / 'tables' / name}.{{md,tex,csv}}")
+    if not args.no_plots:
+        figures = make_plots(measured, out / "figures", name)
+        stems = sorted({p.stem for p in figures})
+        print(f"figures: {', '.join(stems) if stems else 'none (no run reports the plotted metrics)'} -> "
+              f"{out / 'figures'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

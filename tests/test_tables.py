@@ -1,0 +1,317 @@
+"""Paper tables and plots (``scripts/make_tables.py``) and the experiment configs that feed them.
+
+Golden tables come from the fixture records in ``tests/golden/runs`` (made-up numbers under two real model
+names: duplicates, a method missing on one model, a metric missing in one row, an ablation option that
+varies).
+To regenerate the golden files after an intended change of the layout::
+
+    python scripts/make_tables.py tests/golden/runs --name fixture_table --published --out /tmp/g --no-plots
+    cp /tmp/g/tables/fixture_table.md /tmp/g/tables/fixture_table.tex tests/golden/
+
+The multirun test runs ``experiment=tiny_table`` (5 rows on the random-weight tiny model, 2 prompts) end to
+end and turns it into a table and plots (about 40 s on 2 CPU cores; the rest of the file takes about 15 s).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from PIL import Image
+
+from coolsd.decoding import Decoder
+from scripts import make_tables as mt
+from tests.helpers import CONFIGS
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden"
+FIXTURES = GOLDEN / "runs"
+EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
+ROWS = sorted(p.stem for p in (CONFIGS / "row").glob("*.yaml"))
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1",
+            "MPLBACKEND": "Agg"}
+
+
+def lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.rstrip().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def fixture_tables(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tables")
+    args = [str(FIXTURES), "--name", "fixture_table", "--published", "--out", str(out), "--no-plots"]
+    assert mt.main(args) == 0
+    return out / "tables"
+
+
+@pytest.mark.parametrize("ext", ["md", "tex"])
+def test_tables_match_golden_files(fixture_tables, ext):
+    produced = (fixture_tables / f"fixture_table.{ext}").read_text()
+    assert lines(produced) == lines((GOLDEN / f"fixture_table.{ext}").read_text())
+
+
+def table_cells(md: str) -> dict[tuple[str, str], list[str]]:
+    """{(model, method): cells} of a markdown table (bold marks kept)."""
+    rows, model = {}, None
+    for line in md.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) > 2 and cells[1] != "method":
+            model = cells[0] or model
+            rows[(model, cells[1])] = cells[2:]
+    return rows
+
+
+def test_duplicates_keep_the_newest_and_missing_runs_stay_empty(fixture_tables, tmp_path):
+    measured = (fixture_tables / "fixture_table.md").read_text().split(mt.PUBLISHED_TITLE)[0]
+    rows = table_cells(measured)
+    llamagen, lumina = mt.MODEL_LABELS["llamagen_t2i_512_lantern"], mt.MODEL_LABELS["lumina_mgpt_768"]
+    # COOL-SD δ=1.1 on LlamaGen ran twice: the newer run (3_coolsd, accepted length 2.74) wins, whatever the
+    # folder order, and a note names the dropped run
+    assert rows[(llamagen, "COOL-SD δ=1.1 (exponential schedule)")][3] == "2.74"
+    assert "dropped runs/llamagen/2_coolsd_old" in measured
+    # SJD never ran on LlamaGen, COOL-SD δ=2 never on Lumina-mGPT: every cell is "—", nothing is filled in
+    assert set(rows[(llamagen, "SJD")]) == {"—"}
+    assert set(rows[(lumina, "COOL-SD δ=2 (exponential schedule)")]) == {"—"}
+    assert rows[(lumina, "COOL-SD δ=1.1 (exponential schedule)")][0] == "—"  # that run did not score CLIP
+    # the CSV holds the measured rows (raw numbers, empty where missing) and the published rows, marked
+    table = pd.read_csv(fixture_tables / "fixture_table.csv")
+    measured_rows = table[table["kind"] == "measured"]
+    assert len(measured_rows) == 12 and set(table["kind"]) == {"measured", "published"}
+    cool = measured_rows[(measured_rows["model"] == "lumina_mgpt_768")
+                         & (measured_rows["decoder"] == "coolsd")]
+    assert len(cool) == 1 and np.isnan(cool["clip_score"].iloc[0])
+    # reordering the folders does not change which duplicate is kept
+    moved = tmp_path / "runs"
+    shutil.copytree(FIXTURES, moved)
+    (moved / "llamagen" / "2_coolsd_old").rename(moved / "llamagen" / "9_coolsd_old")
+    kept, notes = mt.deduplicate(mt.measurements(mt.find_records([moved])))
+    cool = [m for m in kept if m.model == "llamagen_t2i_512_lantern" and m.options.get("delta") == 1.1
+            and m.options.get("schedule") == "exponential"]
+    assert [m.source for m in cool] == ["runs/llamagen/3_coolsd"]
+    assert any("dropped runs/llamagen/9_coolsd_old" in n for n in notes)
+
+
+def test_bold_marks_the_best_measured_value_per_model_and_column(fixture_tables):
+    measured, published = (fixture_tables / "fixture_table.md").read_text().split(mt.PUBLISHED_TITLE)
+    rows = table_cells(measured)
+    llamagen, lumina = mt.MODEL_LABELS["llamagen_t2i_512_lantern"], mt.MODEL_LABELS["lumina_mgpt_768"]
+    # columns: CLIP, FID, KID, accepted length, latency, speedup, TV per step
+    best = rows[(llamagen, "COOL-SD δ=2 (exponential schedule)")]
+    assert best[3:6] == ["**3.33**", "**3.76**", "**2.73×**"]
+    assert rows[(llamagen, "AR")][1] == "**20.91**" and rows[(lumina, "SJD")][1] == "**29.00**"
+    assert rows[(lumina, "AR")][2] == rows[(lumina, "SJD")][2] == "**0.0051**"  # a tie: both bold
+    assert not any(cells[6].startswith("**") for cells in rows.values())  # TV per step: a diagnostic
+    assert "28.99" in published and "28.99" not in measured  # published numbers stay in their own table
+
+
+def test_published_numbers_match_the_spec():
+    spec = ROOT.parent / "shared" / "docs" / "algorithms.md"
+    if not spec.is_file():
+        pytest.skip(f"{spec} not present in this checkout")
+    text = spec.read_text().split("## Published numbers")[1]
+    published = pd.read_csv(mt.PUBLISHED_CSV)
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != 6 or cells[0] in ("target", "---"):
+            continue
+        target, method, clip, fid, length, speedup = cells
+        model = "Lumina-mGPT 7B" if target.startswith("Lumina") else "LlamaGen-XL"
+        label = {"vanilla SD (EAGLE-1)": "vanilla SD (EAGLE-1 tree)",
+                 "LANTERN++": "LANTERN++ (k, λ not reported)"}
+        row = published[(published["model"] == model) & (published["method"] == label.get(method, method))]
+        assert len(row) == 1, (target, method)
+        values = row.iloc[0]
+        assert (values["clip_score"], values["fid"], values["mean_accepted_length"], values["speedup"]) == (
+            float(clip), float(fid), float(length), float(speedup.rstrip("×")))
+
+
+def test_plots_are_written_non_empty_png_and_pdf(tmp_path):
+    kept, _ = mt.deduplicate(mt.measurements(mt.find_records([FIXTURES])))
+    paths = mt.make_plots(mt.measured_frame(kept), tmp_path, "fixture")
+    stems = {"fixture_fid_vs_speedup", "fixture_clip_vs_speedup", "fixture_accepted_length_vs_strength",
+             "fixture_tv_vs_accepted_length"}
+    assert {(p.stem, p.suffix) for p in paths} == {(s, e) for s in stems for e in (".png", ".pdf")}
+    for path in paths:
+        assert path.stat().st_size > 5000, path
+        if path.suffix == ".png":
+            pixels = np.asarray(Image.open(path).convert("L"))
+            assert pixels.std() > 10 and (pixels < 128).mean() > 0.005, path  # lines and text, not blank
+        else:
+            assert path.read_bytes().startswith(b"%PDF")
+
+
+def test_pareto_front_and_labels():
+    points = [(1.0, 20.9), (2.0, 21.0), (2.5, 21.3), (2.4, 21.1), (2.7, 21.2)]
+    front = [(1.0, 20.9), (2.0, 21.0), (2.4, 21.1), (2.7, 21.2)]  # (2.5, 21.3) is dominated by (2.7, 21.2)
+    assert mt.pareto_front(points, lower_is_better=True) == front
+    assert mt.pareto_front([(1.0, 0.3), (2.0, 0.31)], lower_is_better=False) == [(2.0, 0.31)]
+    assert mt.method_label("coolsd", {"delta": 1.1, "tree": "mc_sim_7b_63"}, []) == "COOL-SD δ=1.1"
+    assert mt.method_label("sd", {"tree": None, "draft_len": 4}, []) == "vanilla SD (chain, L=4)"
+    assert mt.method_label("lantern_pp", {"k": 10, "lam": 5.0, "resample": "optimal"}, ["resample"]) == \
+        "LANTERN++ k=10, λ=5 (G* resampling)"
+    assert mt.method_label("lantern", {"k": 1000, "delta": 0.1}, [], skip=("delta",)) == "LANTERN k=1000"
+    assert mt.tex_escape("COOL-SD δ=2 (G* resampling, naive_extend_57 tree) 2.7×") == \
+        r"COOL-SD $\delta$=2 ($G^*$ resampling, naive\_extend\_57 tree) 2.7$\times$"
+
+
+class FakeFile:
+    def __init__(self, name: str, text: str) -> None:
+        self.name, self.text = name, text
+
+    def download(self, root: str, replace: bool = False):
+        path = Path(root) / self.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.text)
+        return open(path)
+
+
+class FakeRun:
+    def __init__(self, run_id: str, files: dict[str, str], summary: dict, config: dict) -> None:
+        self.path = ["me", "coolsd", run_id]
+        self._files = {name: FakeFile(name, text) for name, text in files.items()}
+        self.summary, self.config = summary, config
+        self.created_at = "2026-01-08T10:00:00"
+        self.metadata = {"gpu": "NVIDIA H100 80GB HBM3"}
+
+    def files(self):
+        return list(self._files.values())
+
+    def file(self, name: str) -> FakeFile:
+        return self._files[name]
+
+
+class FakeApi:
+    def __init__(self, runs: list[FakeRun]) -> None:
+        self._runs = runs
+
+    def runs(self, project: str) -> list[FakeRun]:
+        assert project == "me/coolsd"
+        return self._runs
+
+
+def test_wandb_runs_are_read_from_run_json_or_rebuilt_from_the_summary():
+    record = json.loads((FIXTURES / "lumina" / "1_sjd" / "run.json").read_text())
+    table = {"columns": ["decoder", "latency_s", "mean_accepted_length", "speedup"],
+             "data": [["ar", 10.0, 1.0, 1.0], ["coolsd", 4.0, 2.8, 2.5]]}
+    path = "media/table/per_decoder_1_abc.table.json"
+    summary = {"metrics/latency_s": 4.0, "metrics/speedup": 2.5, "decoder": "coolsd", "model": "tiny",
+               "per_decoder": {"_type": "table-file", "path": path}}
+    config = {"decoder": {"name": "coolsd", "delta": 2.0, "tree": None}, "suite": {"ar": {"name": "ar"}}}
+    api = FakeApi([FakeRun("a1", {"run.json": json.dumps(record)}, {}, {}),
+                   FakeRun("b2", {path: json.dumps(table)}, summary, config)])
+    found = mt.wandb_records("me/coolsd", api=api)
+    assert [s for _, s in found] == ["wandb:me/coolsd/a1", "wandb:me/coolsd/b2"]
+    assert found[0][0] == record
+    rebuilt = {m.decoder: m for m in mt.measurements([found[1]])}
+    assert rebuilt["coolsd"].model == "tiny" and rebuilt["coolsd"].options == {"delta": 2.0, "tree": None}
+    assert rebuilt["coolsd"].metrics["speedup"] == 2.5 and rebuilt["ar"].metrics["latency_s"] == 10.0
+
+
+# ------------------------------------------------------------------------------------- experiment configs
+
+
+def compose_with(overrides: list[str], hydra_cfg: bool = False):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_cfg)
+
+
+def sweep(cfg) -> dict[str, list]:
+    """The experiment's ``hydra.sweeper.params`` as {key: [values]}."""
+    params = cfg.hydra.sweeper.params
+    return {key: [yaml.safe_load(v) for v in str(value).split(",")] for key, value in params.items()}
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_composes_and_its_sweep_values_exist(name):
+    text = (CONFIGS / "experiment" / f"{name}.yaml").read_text().splitlines()
+    assert text[0] == "# @package _global_"  # Hydra reads the package only from the very first lines
+    assert re.fullmatch(rf"# python run\.py -m experiment={name}", text[1]), text[1]
+    cfg = compose_with([f"experiment={name}"], hydra_cfg=True)
+    assert cfg.experiment_name == name and cfg.compare == "none" and list(cfg.tags)
+    if not name.startswith("tiny"):  # the paper's protocol, whatever evaluation the model defaults to
+        assert cfg.hydra.runtime.choices.eval == "coco5k" and cfg.eval.num_prompts == 5000
+    params = sweep(cfg)
+    assert params, "an experiment is a sweep: set hydra.sweeper.params"
+    for key, values in params.items():
+        if key == "row":
+            assert set(values) <= set(ROWS), f"unknown rows {set(values) - set(ROWS)}"
+        else:
+            assert OmegaConf.select(cfg, key, default="<missing>") != "<missing>", f"{name}: no key {key}"
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return instantiate(compose_with(["model=tiny"]).model)
+
+
+@pytest.mark.parametrize("name", [e for e in EXPERIMENTS if not e.startswith("tiny")])
+def test_every_sweep_point_builds_a_decoder_on_the_tiny_model(name, tiny_model, tmp_path, monkeypatch):
+    """Each row / option value of a real-model experiment, with the tiny model and drafter swapped in."""
+    monkeypatch.setenv("COOLSD_CACHE", str(tmp_path))
+    cfg = compose_with([f"experiment={name}"], hydra_cfg=True)
+    params = sweep(cfg)
+    tiny_drafter = OmegaConf.to_container(compose_with(["model=tiny"]).drafter, resolve=True)
+    points = [[]]
+    for key, values in params.items():
+        points = [p + [(key, v)] for p in points for v in values]
+    for point in points:
+        rows = [v for k, v in point if k == "row"]
+        chosen = compose_with([f"experiment={name}", *(f"row={r}" for r in rows)]) if rows else cfg
+        dec = OmegaConf.create(OmegaConf.to_container(chosen.decoder, resolve=True))
+        for key, value in point:
+            if key != "row":
+                OmegaConf.update(dec, key.removeprefix("decoder."), value)
+        if dec.get("drafter") is not None and "JacobiDrafter" not in str(dec.drafter.get("_target_")):
+            dec.drafter = tiny_drafter
+        decoder = instantiate(dec, model=tiny_model)
+        assert isinstance(decoder, Decoder) and decoder.name == dec.name
+
+
+def test_rows_compose_and_the_tiny_table_matches_the_llamagen_table():
+    for row in ROWS:
+        text = (CONFIGS / "row" / f"{row}.yaml").read_text().splitlines()
+        assert text[0] == "# @package _global_" and text[1].startswith("# python run.py experiment="), row
+    tiny = sweep(compose_with(["experiment=tiny_table"], hydra_cfg=True))
+    assert tiny == sweep(compose_with(["experiment=table_llamagen"], hydra_cfg=True))
+    cfg = compose_with(["experiment=tiny_table", "row=sd_eagle1"])
+    assert cfg.decoder.name == "sd" and cfg.decoder.tree == "mc_sim_7b_63" and cfg.model.gpt.dim == 64
+
+
+def test_tiny_table_multirun_becomes_a_table_and_plots(tmp_path):
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    proc = subprocess.run([sys.executable, "run.py", "-m", "experiment=tiny_table", "eval.warmup=0",
+                           f"hydra.sweep.dir={runs}"], cwd=ROOT, env=env(), capture_output=True, text=True,
+                          timeout=400, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = sorted(runs.glob("*/run.json"))
+    assert len(records) == 5
+    proc = subprocess.run([sys.executable, "scripts/make_tables.py", str(runs), "--out", str(results)],
+                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = (results / "tables" / "tiny_table.md").read_text()
+    methods = [line.split("|")[2].strip() for line in md.splitlines() if line.startswith("| ")][1:]
+    assert methods == ["AR", "SJD", "vanilla SD (EAGLE-1 tree)", "LANTERN++ k=10, λ=5", "COOL-SD δ=1.1",
+                       "COOL-SD δ=2"]
+    assert "2 images per method" in md and "—" not in md.split("\n\n")[1]  # every row measured
+    for path in records:  # each row's cells are its own run's numbers
+        record = json.loads(path.read_text())
+        metrics = record["metrics"]
+        assert f"{metrics['mean_accepted_length']:.2f}" in md and f"{metrics['speedup']:.2f}×" in md
+    assert (results / "tables" / "tiny_table.tex").read_text().count(r"\\") >= 7
+    for stem in ("accepted_length_vs_strength", "tv_vs_accepted_length"):
+        for ext in ("png", "pdf"):
+            assert (results / "figures" / f"tiny_table_{stem}.{ext}").stat().st_size > 5000

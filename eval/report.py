@@ -41,3 +41,39 @@ def one_line_summary(record: dict[str, Any]) -> str:
             f"{m['mean_accepted_length']:.2f}, {m['latency_s']:.3f} s/img vs AR {ar['latency_s']:.3f} s/img "
             f"= {m.get('speedup', float('nan')):.2f}x, TV/step {m['tv_per_step']:.4f}, "
             f"{record['num_prompts']} prompts -> {record['output_dir']}/run.json")
+
+
+QUALITY_AXES = (("fid", "FID (lower is better)"), ("kid", "KID (lower is better)"),
+                ("clip_score", "CLIP score (cosine)"), ("class_accuracy", "class accuracy"),
+                ("tv_per_step", "TV per step"))
+
+
+def speed_quality_plot(per_decoder: dict[str, dict[str, Any]], path_png, n_images: int) -> bool:
+    """One panel per quality metric the run measured: speedup over AR (x) against quality (y), one labelled
+    point per decoder; PNG and PDF. Returns False when there is nothing to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pathlib import Path
+
+    axes_keys = [(k, t) for k, t in QUALITY_AXES if any(m.get(k) is not None for m in per_decoder.values())]
+    if not axes_keys:
+        return False
+    fig, axes = plt.subplots(1, len(axes_keys), figsize=(4.2 * len(axes_keys), 3.6), squeeze=False)
+    for ax, (key, title) in zip(axes[0], axes_keys):
+        for name, m in per_decoder.items():
+            if m.get(key) is None or m.get("speedup") is None:
+                continue
+            ax.scatter(m["speedup"], m[key], s=30)
+            ax.annotate(name, (m["speedup"], m[key]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set_xlabel("speedup over AR (×)")
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"speed vs quality, {n_images} images per decoder", fontsize=10)
+    fig.tight_layout()
+    path_png = Path(path_png)
+    fig.savefig(path_png, dpi=120)
+    fig.savefig(path_png.with_suffix(".pdf"))
+    plt.close(fig)
+    return True

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from coolsd.decoding import Decoder
 from coolsd.io import atomic_write_bytes
 from eval.records import JsonlLog, atomic_write_json, environment, git_commit, load_records, save_png
-from eval.report import markdown_table, one_line_summary
+from eval.report import markdown_table, one_line_summary, speed_quality_plot
 
 WARMUP_SEED = 2**31 - 1
 
@@ -265,6 +265,7 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
         "output_dir": str(out_dir),
     }
     table = markdown_table(per_decoder)
+    speed_quality_plot(per_decoder, out_dir / "speed_quality.png", len(prompts))
     atomic_write_json(out_dir / "run.json", record)
     atomic_write_bytes(out_dir / "table.md", (table + "\n").encode())
     logger = instantiate(cfg.logger)

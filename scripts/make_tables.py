@@ -131,8 +131,9 @@ def find_records(roots: Sequence[str | Path]) -> list[tuple[dict[str, Any], str]
         if root.is_file():
             items = [(root, root.resolve().parent.name)]
         else:
-            items = [(path, f"{name}/{path.parent.relative_to(root).as_posix()}".removesuffix("/."))
-                     for path in sorted(root.rglob("run.json"))]
+            paths = [p for p in sorted(root.rglob("run.json"))  # not W&B's local copies of them
+                     if "wandb" not in p.relative_to(root).parts]
+            items = [(p, f"{name}/{p.parent.relative_to(root).as_posix()}".removesuffix("/.")) for p in paths]
         for path, source in items:
             try:
                 record = json.loads(path.read_text())
@@ -242,6 +243,7 @@ def deduplicate(rows: Sequence[Measurement]) -> tuple[list[Measurement], list[st
     groups: dict[tuple, list[Measurement]] = {}
     for m in rows:
         groups.setdefault(m.key, []).append(m)
+    varying = varying_options(rows)  # duplicates share their options, so these are the table's labels
     kept, notes = [], []
     for group in groups.values():
         group = sorted(group, key=lambda m: (started_at(m), m.source))
@@ -249,7 +251,8 @@ def deduplicate(rows: Sequence[Measurement]) -> tuple[list[Measurement], list[st
         kept.append(newest)
         if len(group) == 1:
             continue
-        where = f"{model_label(newest.model)}, {DECODER_LABELS.get(newest.decoder, newest.decoder)}"
+        label = method_label(newest.decoder, newest.options, varying[newest.decoder])
+        where = f"{model_label(newest.model)}, {label}"
         if newest.decoder == "ar":
             notes.append(f"{where}: every run measures AR as its speedup denominator; the AR row is the "
                          f"newest of {len(group)} AR measurements ({newest.source}).")
@@ -442,8 +445,7 @@ def layout(frame: pd.DataFrame, columns: Sequence[Column]) -> list[TableRow]:
     rows = []
     for model, group in frame.groupby("model_label", sort=False):
         by_method = {r["method"]: r for _, r in group.iterrows()}
-        texts = {m: [format_value(c, by_method[m][c.key]) if m in by_method else MISSING for c in columns]
-                 for m in by_method}
+        texts = {m: [format_value(c, row[c.key]) for c in columns] for m, row in by_method.items()}
         best = []
         for j, column in enumerate(columns):
             values = {m: by_method[m][column.key] for m in by_method if texts[m][j] != MISSING}
@@ -520,7 +522,7 @@ def tex_escape(text: str) -> str:
     """Plain text -> LaTeX: escape specials, then typeset the Greek letters and symbols the labels use."""
     out = []
     for ch in text:
-        if ch in "\\":
+        if ch == "\\":
             out.append(r"\textbackslash{}")
         elif ch in "_%&#${}":
             out.append("\\" + ch)

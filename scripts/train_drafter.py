@@ -267,8 +267,9 @@ def make_shard(model: ImageARModel, data: DistillConfig, spec: ShardSpec, prompt
             x = codes[i].to(model.device)
         tokens.append(x.cpu())
     batch = torch.stack(tokens)  # (M, N)
-    hidden = [model.teacher_force(prompts[spec.start + j : spec.start + j + TEACHER_BATCH],
-                                  batch[j : j + TEACHER_BATCH]) for j in range(0, len(batch), TEACHER_BATCH)]
+    shard_prompts = prompts[spec.start : spec.stop]
+    hidden = [model.teacher_force(shard_prompts[j : j + TEACHER_BATCH], batch[j : j + TEACHER_BATCH])
+              for j in range(0, len(batch), TEACHER_BATCH)]
     hidden = torch.cat(hidden).to("cpu", STORAGE_DTYPES[data.storage_dtype])
     tensors = {
         "tokens": torch.stack(tokens),  # (M, N)

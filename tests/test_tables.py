@@ -9,7 +9,7 @@ To regenerate the golden files after an intended change of the layout::
     cp /tmp/g/tables/fixture_table.md /tmp/g/tables/fixture_table.tex tests/golden/
 
 The multirun test runs ``experiment=tiny_table`` (5 rows on the random-weight tiny model, 2 prompts) end to
-end and turns it into a table and plots (about 40 s on 2 CPU cores; the rest of the file takes about 15 s).
+end and turns it into a table and plots: 17-35 s on 2 shared CPU cores; the whole file takes 40-75 s.
 """
 from __future__ import annotations
 

@@ -168,8 +168,12 @@ def resolve_checkpoint(spec: str) -> tuple[Path, Path]:
     directory = Path(spec).expanduser()
     config = directory / CONFIG_FILE
     if not config.is_file():
+        hint = TRAIN_HINT
+        if directory.name.startswith("drafter_"):  # checkpoints/drafter_<model>: name the exact command
+            hint = (f"train it with `python scripts/train_drafter.py model={directory.name[len('drafter_'):]}` "
+                    f"(written to {spec}); or " + TRAIN_HINT.split(", or ", 1)[1])
         raise MissingWeightsError(f"EAGLE drafter checkpoint not found: {config} (looked in "
-                                  f"{directory.resolve()}); {TRAIN_HINT}")
+                                  f"{directory.resolve()}); {hint}")
     for name in (WEIGHTS_FILE, *EAGLE_WEIGHTS):
         if (directory / name).is_file():
             return config, directory / name

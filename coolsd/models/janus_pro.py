@@ -28,6 +28,7 @@ Example: ``python run.py model=janus_pro_1b decoder=coolsd data=file data.path=p
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -235,7 +236,7 @@ def run_layers(
     Input embeddings (B, T, H) at sequence positions (T,) -> post-norm hidden states (B, T, H).
     """
     rope = lm.rotary_emb(h, seq_positions[None])  # (1, T, head_dim) each
-    for i, layer in enumerate(lm.layers[:num_layers]):
+    for i, layer in enumerate(itertools.islice(lm.layers, num_layers)):  # slicing would build a ModuleList
         h = h + attention(layer.self_attn, layer.input_layernorm(h), rope, cache, i, mask)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return lm.norm(h)

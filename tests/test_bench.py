@@ -1,0 +1,123 @@
+"""``scripts/bench.py``: a smoke run on the tiny model (timings are not asserted) and the cost-model identities.
+
+About 15 s on 2 CPU cores.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from baselines.exact import ExactRule
+from coolsd.decoding import Decoder
+from coolsd.drafters.model_drafter import ModelDrafter
+from coolsd.models.llamagen import layer_skip_copy
+from coolsd.types import DecodeStats
+from tests.helpers import CONFIGS
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["images=1", "warmup=0", "cost.repeats=2", "cost.burst=1", "cost.warmup=0", "cost.block_sizes=[1,2]"]
+
+
+def load_bench():
+    """``scripts/bench.py`` as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("coolsd_bench_script", ROOT / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load_bench()
+
+
+def test_cli_smoke_run_writes_table_and_record(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "scripts/bench.py", *SMALL, "decoders=[ar,sd,sd_tree]",
+         "+variants={sd_tree:{decoder:sd,tree:mc_sim_7b_63}}", "cost.trees=[]",
+         f"out_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| decoder | T | τ |" in proc.stdout
+    record = json.loads((tmp_path / "tiny_cpu.json").read_text())
+    assert (tmp_path / "tiny_cpu.md").read_text().startswith("# Benchmark: tiny_cpu")
+    assert set(record["decoders"]) == {"ar", "sd", "sd_tree"}
+    assert record["decoders"]["sd_tree"]["verify_tokens"] == 26 and record["decoders"]["sd_tree"]["tree"] == "mc_sim_7b_63"
+    assert record["decoders"]["sd"]["verify_tokens"] == 5
+    assert set(record["costs"]["forward_s"]) == {"1", "2", "5"}  # the sd chain block is always timed
+    assert record["costs"]["tree_tokens"] == {"mc_sim_7b_63": 26}
+    ar = record["decoders"]["ar"]
+    assert ar["accepted_length"] == 1.0 and ar["ideal_speedup"] == pytest.approx(1.0)
+    for row in record["decoders"].values():
+        assert row["latency_s"] > 0 and row["ideal_speedup"] > 0 and row["efficiency"] > 0
+    assert record["environment"]["torch"] and record["setup"]["image_tokens"] == 64
+    assert [g["goal"].split(":")[0] for g in record["goals"]] == ["sd"]
+
+
+def test_random_drafter_variants_and_paper_lengths(tmp_path):
+    cfg = compose_bench([*SMALL, "decoders=[ar,coolsd,coolsd_d2]", "drafter_weights=random",
+                         "+variants={coolsd_d2:{decoder:coolsd,delta:2.0}}", "accepted_lengths={coolsd_d2:3.34}",
+                         "cost.trees=[]", f"out_dir={tmp_path}", "name=t"])
+    record = bench.run_bench(cfg, "tiny")
+    rows = record["decoders"]
+    assert rows["coolsd"]["drafter"] == rows["coolsd_d2"]["drafter"] == "EagleDrafter"
+    assert rows["coolsd"]["tau_source"] == "measured" and rows["coolsd_d2"]["tau_source"] == "paper"
+    assert rows["coolsd_d2"]["tau"] == 3.34 and rows["coolsd_d2"]["efficiency_basis"] == "projected"
+    assert record["config"]["variants"]["coolsd_d2"]["delta"] == 2.0
+
+
+def test_bad_settings_name_the_key():
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        bench.run_bench(compose_bench(["cuda_graphs=true"]), "tiny")
+    with pytest.raises(ValueError, match="decoders"):
+        bench.run_bench(compose_bench(["decoders=[sd]"]), "tiny")
+    with pytest.raises(ValueError, match="drafter_weights"):
+        bench.run_bench(compose_bench(["drafter_weights=trained"]), "tiny")
+
+
+def compose_bench(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name="bench", overrides=overrides)
+
+
+def test_ideal_overhead_and_efficiency_follow_the_cost_model(tiny_model):
+    """Exact identities on made-up costs and statistics: ideal = τ c_1 / (c_d + c_v(T)), overhead =
+    iteration − forwards, efficiency = measured ÷ ideal, projected = τ t_AR / t_iter."""
+    drafter = ModelDrafter(tiny_model, draft_model=lambda target: layer_skip_copy(target, 1))
+    sd = Decoder("sd", tiny_model, ExactRule(), draft_len=4, drafter=drafter)
+    ar = Decoder("ar", tiny_model, ExactRule())
+    key = bench.drafter_key(sd)
+    costs = bench.Costs(
+        context=32, forward_s={1: 1.0, 5: 2.0}, probs_s={1: 0.1, 5: 0.3}, sample_s=0.05, tree_tokens={},
+        tree_forward_s={}, graph_forward_s={}, graph_tree_forward_s={},
+        drafters={key: bench.DrafterCost(key, 0.25, 0.05), "NullDrafter": bench.DrafterCost("NullDrafter", 0, 0)},
+    )
+
+    def stats(iterations: int, latency: float, drafter_forwards: int) -> DecodeStats:
+        return DecodeStats(num_tokens=64, iterations=iterations, accepted_hist=(iterations,), target_forwards=0,
+                           drafter_forwards=drafter_forwards, latency_s=latency, prefill_s=0.5, draft_s=0.0,
+                           verify_s=0.0, accept_s=0.0, observe_s=0.0, diagnostics_s=0.0, tv_sum=0.0, tv_steps=0)
+
+    ar_row = bench.summarize("ar", [stats(63, 0.5 + 63 * 1.3, 0)], ar, costs, None, None)
+    assert ar_row.ideal_speedup == 1.0 and ar_row.iteration_s == pytest.approx(1.3)
+    assert ar_row.overhead_s == pytest.approx(0.3)  # 1.3 s per token − the 1-token forward
+    ref = {"latency_s": ar_row.latency_s, "iteration_s": ar_row.iteration_s}
+    row = bench.summarize("sd", [stats(21, 0.5 + 21 * 4.0, 84)], sd, costs, ref, None)
+    tau, c_1, c_d, c_v = 63 / 21, 1.0 + 0.1 + 0.05, 4 * (0.25 + 0.05), 2.0 + 0.3 + 0.05
+    assert row.tau == pytest.approx(tau) and row.drafter_forwards_per_iter == pytest.approx(4.0)
+    assert row.ideal_speedup == pytest.approx(tau * c_1 / (c_d + c_v))
+    assert row.forwards_s == pytest.approx(4 * 0.25 + 2.0) and row.overhead_s == pytest.approx(4.0 - 3.0)
+    assert row.measured_speedup == pytest.approx(ar_row.latency_s / (0.5 + 21 * 4.0))
+    assert row.efficiency == pytest.approx(row.measured_speedup / row.ideal_speedup)
+    assert row.projected_speedup == pytest.approx(tau * 1.3 / 4.0)
+    paper = bench.summarize("sd", [stats(21, 0.5 + 21 * 4.0, 84)], sd, costs, ref, 2.5)
+    assert paper.tau == 2.5 and paper.accepted_length == pytest.approx(tau)
+    assert paper.efficiency == pytest.approx(paper.projected_speedup / paper.ideal_speedup)

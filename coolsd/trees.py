@@ -196,10 +196,11 @@ def draft_static_tree(shape: TreeShape, root_token: torch.Tensor, root_pos: int,
                                  {n: depth_of[n] for n in req_nodes}, device))  # (F, V)
         forwards += 1
         next_frontier = []
+        positive = (q > 0).sum(-1).tolist()  # non-zero entries per row: one host sync per level, not per node
         for row, s in enumerate(frontier):
             children = kids[s + 1]
             dist = q[row].float()
-            count = min(len(children), int((dist > 0).sum()))
+            count = min(len(children), positive[row])
             if count == 0:
                 continue
             picks = torch.multinomial(dist, count, replacement=False, generator=generator)
@@ -209,8 +210,7 @@ def draft_static_tree(shape: TreeShape, root_token: torch.Tensor, root_pos: int,
                 depth_of[len(tokens)] = shape_depth[child]
                 tokens.append(x)
                 parents.append(-1 if s == -1 else kept[s])
-                qs.append(remaining / remaining.sum())
-                remaining = remaining.clone()
+                qs.append(remaining / remaining.sum())  # a new tensor: zeroing `remaining` leaves it intact
                 remaining[x] = 0.0
                 if kids[child + 1]:
                     next_frontier.append(child)

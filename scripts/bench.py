@@ -39,7 +39,9 @@ Everything is measured side by side in one process, after warm-up:
 Costs depend on the block size and the tree only: a dynamic tree's verify is costed as a causal block of
 the same size, and a tree drafter's level expansion (several nodes in one forward) or an EAGLE step that
 feeds several pending tokens as one drafter step (equal on a GPU; on a CPU they cost more, which then shows
-as overhead). ``compile=true`` compiles the target's stateless blocks (``compile_modules``). Output: a markdown table and a
+as overhead). ``compile=true`` compiles the target's stateless blocks (``compile_modules``).
+
+Output: a markdown table and a
 JSON record in ``out_dir`` (``results/bench/<name>.{md,json}``) with the hardware and versions.
 
 GPU presets (``configs/bench/``) build the real architectures with random weights, without downloads:
@@ -61,9 +63,10 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import hydra
 import torch
@@ -260,7 +263,8 @@ def drafter_probes(drafter: Any, model: ImageARModel, prompt: str, context: int,
 
         def step():
             cache.rollback(base)
-            f_hat = drafter.head(features[:, -1:], tokens[-1:], position, cache, cache.begin_block(1))  # (S, 1, H)
+            mask = cache.begin_block(1)
+            f_hat = drafter.head(features[:, -1:], tokens[-1:], position, cache, mask)  # (S, 1, H)
             return drafter.head.logits(f_hat)
 
         logits = step()
@@ -287,7 +291,8 @@ class CostModel:
         self.context = min(max(context, 0), n - 1)
         blocks = [verify_block(d) for d in decoders.values()]
         self.sizes = sorted({1, *cfg.cost.block_sizes, *(v.tokens for v in blocks if v.tree is None)})
-        trees = {name: TreeShape.load(name) for name in [*cfg.cost.trees, *(v.tree for v in blocks if v.tree)]}
+        names = [*cfg.cost.trees, *(v.tree for v in blocks if v.tree)]
+        trees = {name: TreeShape.load(name) for name in names}
         self.tree_tokens = {name: len(t.paths) + 1 for name, t in trees.items()}
         self.graphs = bool(cfg.cuda_graphs)
         self.graph_errors: dict[str, str] = {}
@@ -383,8 +388,8 @@ def build_decoders(cfg: DictConfig, model: ImageARModel) -> dict[str, Decoder]:
         spec = dict(variants.get(label) or {})
         base = spec.pop("decoder", label)
         if base not in cfg.suite:
-            raise ValueError(f"decoders: {label!r} is neither a suite decoder {list(cfg.suite)} nor a variant "
-                             f"with a suite `decoder:` (variants: {list(variants)})")
+            raise ValueError(f"decoders: {label!r} is neither a suite decoder {list(cfg.suite)} nor a "
+                             f"variant with a suite `decoder:` (variants: {list(variants)})")
         uses_group = OmegaConf.to_container(cfg.suite[base], resolve=False).get("drafter") == "${drafter}"
         node = OmegaConf.to_container(cfg.suite[base], resolve=not (shared and uses_group))
         node.update(spec, name=label, track_tv=False, sync_phases=cuda)
@@ -406,7 +411,8 @@ def run_interleaved(decoders: dict[str, Decoder], prompts: list[str], cfg: DictC
         for w in range(cfg.warmup):
             dec.generate(prompts[0], WARMUP_SEED - w)
     if cfg.cost.burst < 1 or cfg.cost.repeats < 1:
-        raise ValueError(f"cost.burst and cost.repeats must be >= 1, got {cfg.cost.burst}, {cfg.cost.repeats}")
+        raise ValueError(f"cost.burst and cost.repeats must be >= 1, got {cfg.cost.burst}, "
+                         f"{cfg.cost.repeats}")
     rounds = -(-cfg.cost.repeats // (cfg.cost.burst * len(prompts)))  # per image, rounded up
     stats: dict[str, list] = {name: [] for name in decoders}
     for i, prompt in enumerate(prompts):
@@ -525,14 +531,17 @@ def ms(seconds: float | None) -> str:
 
 def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderResult]) -> str:
     env, setup = record["environment"], record["setup"]
-    hw = env.get("gpu") or f"{env['processor']}, {env['cpu_count']} CPUs, {env['torch_threads']} torch threads"
+    hw = env.get("gpu") or (f"{env['processor']}, {env['cpu_count']} CPUs, {env['torch_threads']} torch "
+                            "threads")
+    dirty = " (uncommitted changes)" if record["git"].get("dirty") else ""
     lines = [
         f"# Benchmark: {setup['name']}",
         "",
         f"model `{setup['model']}` ({setup['image_tokens']} image tokens, {setup['streams']} CFG streams, "
         f"{setup['dtype']}) on {setup['device']} — {hw}; torch {env['torch']}"
         + (f", CUDA {env['cuda_version']}" if env.get("cuda_version") else "") + f", python {env['python']}; "
-        f"git {(record['git'] or {}).get('commit') or 'n/a'}; {record['started']}. "
+        f"git {record['git'].get('commit') or 'n/a'}{dirty}; "
+        f"{record['started']}. "
         f"Drafter weights: {setup['drafter_weights']}; compile: {setup['compile']}; "
         f"{setup['images']} images per decoder after {setup['warmup']} warm-up, interleaved; medians.",
         "",
@@ -552,14 +561,14 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
     lines += ["", f"One draw from p: {ms(costs.sample_s)} ms. AR cost per token c_1 = "
               f"{ms(costs.verify(1, None))} ms."]
     if record["ar_graph_projection_s"] is not None:
-        lines.append(f"AR per image with CUDA-graph-replayed forwards (projection: prefill + (N − 1) × (graph "
-                     f"forward + pipeline + draw)): {record['ar_graph_projection_s']:.3f} s.")
+        lines.append(f"AR per image with CUDA-graph-replayed forwards (projection: prefill + (N − 1) × "
+                     f"(graph forward + pipeline + draw)): {record['ar_graph_projection_s']:.3f} s.")
     lines += [f"CUDA-graph capture failed for {k}: {v}" for k, v in record["graph_errors"].items()]
     lines.append("")
     lines += ["| drafter | step (network, 1 token) | q pipeline + draw |", "|---|---|---|"]
     lines += [f"| {k} | {ms(d.step_s)} | {ms(d.pipeline_s)} |" for k, d in costs.drafters.items()]
-    lines += ["", "Torch API calls per forward (per-op overhead; on a GPU, roughly the kernel launches), by the "
-              "function that makes them:", ""]
+    lines += ["", ("Torch API calls per forward (per-op overhead; on a GPU, roughly the kernel launches), by "
+                   "the function that makes them:"), ""]
     for what, a in record["call_anatomy"].items():
         parts = ", ".join(f"{k} {v}" for k, v in a["by_function"].items())
         lines.append(f"* {what}: {a['total']} — {parts}")
@@ -567,18 +576,18 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
         "",
         "## Decoders",
         "",
-        "ideal speedup = τ·c_1 / (c_d + c_v(T)); efficiency = measured speedup ÷ ideal (τ measured) or "
-        "projected speedup τ·t_AR/t_iter ÷ ideal (τ from the paper: random weights). Times per iteration "
-        "in ms; overhead = iteration − network forwards (drafter steps + target forward over T).",
+        ("ideal speedup = τ·c_1 / (c_d + c_v(T)); efficiency = measured speedup ÷ ideal (τ measured) or "
+         "projected speedup τ·t_AR/t_iter ÷ ideal (τ from the paper: random weights). Times per iteration "
+         "in ms; overhead = iteration − network forwards (drafter steps + target forward over T)."),
         "",
-        "| decoder | T | τ | τ source | latency s/img | speedup | ideal | efficiency | drafter fwd/iter | "
-        "iteration | draft | verify | accept | observe | forwards | overhead |",
+        ("| decoder | T | τ | τ source | latency s/img | speedup | ideal | efficiency | drafter fwd/iter | "
+         "iteration | draft | verify | accept | observe | forwards | overhead |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results.values():
         t = f"{r.verify_tokens}" + (f" ({r.tree})" if r.tree else "")
-        speed = f"{r.measured_speedup:.2f}x" + (f" (proj. {r.projected_speedup:.2f}x)" if r.tau_source == "paper"
-                                                else "")
+        projected = f" (proj. {r.projected_speedup:.2f}x)" if r.tau_source == "paper" else ""
+        speed = f"{r.measured_speedup:.2f}x{projected}"
         lines.append(
             f"| {r.name} | {t} | {r.tau:.2f} | {r.tau_source} | {r.latency_s:.3f} | {speed} | "
             f"{r.ideal_speedup:.2f}x | {r.efficiency:.2f} | {r.drafter_forwards_per_iter:.2f} | "
@@ -587,7 +596,8 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
             f"{ms(r.overhead_s)} ({r.overhead_frac:.0%}) |")
     if record["goals"]:
         lines += ["", "## Goals", "", "| goal | value | met |", "|---|---|---|"]
-        lines += [f"| {g['goal']} | {g['value']:.3f} | {'yes' if g['met'] else 'no'} |" for g in record["goals"]]
+        lines += [f"| {g['goal']} | {g['value']:.3f} | {'yes' if g['met'] else 'no'} |"
+                  for g in record["goals"]]
     if setup["note"]:
         lines += ["", setup["note"]]
     return "\n".join(lines) + "\n"
@@ -637,7 +647,8 @@ def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
     paper = dict(cfg.accepted_lengths or {})
     unknown = sorted(set(paper) - set(decoders))
     if unknown:
-        raise ValueError(f"accepted_lengths names decoders that are not run: {unknown}; run: {list(decoders)}")
+        raise ValueError(f"accepted_lengths names decoders that are not run: {unknown}; "
+                         f"run: {list(decoders)}")
     results: dict[str, DecoderResult] = {}
     results["ar"] = summarize("ar", stats["ar"], decoders["ar"], costs, None, None)
     ar = {"latency_s": results["ar"].latency_s, "iteration_s": results["ar"].iteration_s}

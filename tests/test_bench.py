@@ -1,6 +1,6 @@
-"""``scripts/bench.py``: a smoke run on the tiny model (timings are not asserted) and the cost-model identities.
+"""``scripts/bench.py``: smoke runs on the tiny model (timings are not asserted), cost-model identities.
 
-About 15 s on 2 CPU cores.
+About 10 s on 2 CPU cores.
 """
 from __future__ import annotations
 
@@ -43,14 +43,15 @@ def test_cli_smoke_run_writes_table_and_record(tmp_path):
         [sys.executable, "scripts/bench.py", *SMALL, "decoders=[ar,sd,sd_tree]",
          "+variants={sd_tree:{decoder:sd,tree:mc_sim_7b_63}}", "cost.trees=[]",
          f"out_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'hydra'}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| decoder | T | τ |" in proc.stdout
     record = json.loads((tmp_path / "tiny_cpu.json").read_text())
     assert (tmp_path / "tiny_cpu.md").read_text().startswith("# Benchmark: tiny_cpu")
     assert set(record["decoders"]) == {"ar", "sd", "sd_tree"}
-    assert record["decoders"]["sd_tree"]["verify_tokens"] == 26 and record["decoders"]["sd_tree"]["tree"] == "mc_sim_7b_63"
+    tree = record["decoders"]["sd_tree"]
+    assert tree["verify_tokens"] == 26 and tree["tree"] == "mc_sim_7b_63"
     assert record["decoders"]["sd"]["verify_tokens"] == 5
     assert set(record["costs"]["forward_s"]) == {"1", "2", "5"}  # the sd chain block is always timed
     assert record["costs"]["tree_tokens"] == {"mc_sim_7b_63": 26}
@@ -64,8 +65,9 @@ def test_cli_smoke_run_writes_table_and_record(tmp_path):
 
 def test_random_drafter_variants_and_paper_lengths(tmp_path):
     cfg = compose_bench([*SMALL, "decoders=[ar,coolsd,coolsd_d2]", "drafter_weights=random",
-                         "+variants={coolsd_d2:{decoder:coolsd,delta:2.0}}", "accepted_lengths={coolsd_d2:3.34}",
-                         "cost.trees=[]", f"out_dir={tmp_path}", "name=t"])
+                         "+variants={coolsd_d2:{decoder:coolsd,delta:2.0}}",
+                         "accepted_lengths={coolsd_d2:3.34}", "cost.trees=[]", f"out_dir={tmp_path}",
+                         "name=t"])
     record = bench.run_bench(cfg, "tiny")
     rows = record["decoders"]
     assert rows["coolsd"]["drafter"] == rows["coolsd_d2"]["drafter"] == "EagleDrafter"
@@ -98,13 +100,15 @@ def test_ideal_overhead_and_efficiency_follow_the_cost_model(tiny_model):
     costs = bench.Costs(
         context=32, forward_s={1: 1.0, 5: 2.0}, probs_s={1: 0.1, 5: 0.3}, sample_s=0.05, tree_tokens={},
         tree_forward_s={}, graph_forward_s={}, graph_tree_forward_s={},
-        drafters={key: bench.DrafterCost(key, 0.25, 0.05), "NullDrafter": bench.DrafterCost("NullDrafter", 0, 0)},
+        drafters={key: bench.DrafterCost(key, 0.25, 0.05),
+                  "NullDrafter": bench.DrafterCost("NullDrafter", 0.0, 0.0)},
     )
 
     def stats(iterations: int, latency: float, drafter_forwards: int) -> DecodeStats:
-        return DecodeStats(num_tokens=64, iterations=iterations, accepted_hist=(iterations,), target_forwards=0,
-                           drafter_forwards=drafter_forwards, latency_s=latency, prefill_s=0.5, draft_s=0.0,
-                           verify_s=0.0, accept_s=0.0, observe_s=0.0, diagnostics_s=0.0, tv_sum=0.0, tv_steps=0)
+        return DecodeStats(num_tokens=64, iterations=iterations, accepted_hist=(iterations,),
+                           target_forwards=0, drafter_forwards=drafter_forwards, latency_s=latency,
+                           prefill_s=0.5, draft_s=0.0, verify_s=0.0, accept_s=0.0, observe_s=0.0,
+                           diagnostics_s=0.0, tv_sum=0.0, tv_steps=0)
 
     ar_row = bench.summarize("ar", [stats(63, 0.5 + 63 * 1.3, 0)], ar, costs, None, None)
     assert ar_row.ideal_speedup == 1.0 and ar_row.iteration_s == pytest.approx(1.3)

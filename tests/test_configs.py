@@ -23,6 +23,8 @@ LLAMAGEN_T2I_TINY = [
 # ``{name}`` fields are filled from the ``made_files`` fixture (files the tests create).
 NEEDS = {
     ("data", "file"): [f"data.path={CONFIGS.parent / 'pyproject.toml'}"],
+    ("data", "coco"): ["data.path={coco_captions}"],
+    ("data", "parti"): ["data.path={parti}"],
     ("drafter", "eagle"): ["drafter.checkpoint={eagle_checkpoint}"],
     # Janus-Pro: a random tiny model instead of the hub download; its EAGLE drafter from a tiny checkpoint
     ("model", "janus_pro_1b"): ["model.pretrained=false", "model.arch={}"],
@@ -57,7 +59,13 @@ def made_files(tmp_path_factory) -> dict[str, str]:
 
     lumina = tmp_path_factory.mktemp("eagle_lumina_tiny")  # for lumina_mgpt_768 with pretrained=false
     save_eagle(EagleHead(LuminaMGPT(sampling={"cfg_scale": 3.0}, pretrained=False, device="cpu")), lumina)
-    return {"eagle_checkpoint": str(path), "janus_eagle_checkpoint": str(janus), "lumina_eagle_checkpoint": str(lumina)}
+    data = tmp_path_factory.mktemp("prompt_sets")  # tiny COCO captions and PartiPrompts files
+    (data / "annotations").mkdir()
+    (data / "annotations" / "captions_val2017.json").write_text(
+        '{"annotations": [' + ", ".join(f'{{"image_id": {i}, "id": {i}, "caption": "c{i}"}}' for i in range(3)) + "]}")
+    (data / "parti.tsv").write_text("Prompt\tCategory\tChallenge\tNote\n" + "".join(f"p{i}\tA\tB\t\n" for i in range(3)))
+    return {"eagle_checkpoint": str(path), "janus_eagle_checkpoint": str(janus), "lumina_eagle_checkpoint": str(lumina),
+            "coco_captions": str(data / "annotations" / "captions_val2017.json"), "parti": str(data / "parti.tsv")}
 
 
 def fill(override: str, files: dict[str, str]) -> str:

@@ -277,9 +277,9 @@ def test_drafter_training_runs_on_janus(tmp_path):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="train_drafter", overrides=[
             "model=janus_tiny", "model.device=cpu", "wandb.mode=disabled", "train.progress=false",
-            "data.prompts=[a cat,a red cube]", f"data.dir={tmp_path / 'data'}",
+            "data.prompts=[a cat,a red cube]", f"distill.dir={tmp_path / 'data'}",
             f"out_dir={tmp_path / 'drafter'}",
-            "data.num_samples=4", "data.shard_size=2", "data.storage_dtype=float32", "train.steps=4",
+            "distill.num_samples=4", "distill.shard_size=2", "distill.storage_dtype=float32", "train.steps=4",
             "train.batch_size=2", "train.warmup_steps=1", "train.checkpoint_every=4", "train.val_every=100",
             "val.num_images=1", "val.max_samples=2", "val.prompts=[a dog]"])
     result = td.run(cfg)

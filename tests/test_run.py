@@ -21,8 +21,9 @@ def run_py(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_default_run_writes_record_table_images_and_wandb(tmp_path):
-    proc = run_py("eval.num_prompts=2", "eval.threads=1", f"hydra.run.dir={tmp_path}")
+def test_run_without_decoder_writes_record_table_images_and_wandb(tmp_path):
+    """No decoder= given: the whole suite runs (the embedded default run is tested in test_embedded.py)."""
+    proc = run_py("model=tiny", "eval.num_prompts=2", "eval.threads=1", f"hydra.run.dir={tmp_path}")
     record = json.loads((tmp_path / "run.json").read_text())
     suite = {p.stem for p in (ROOT / "configs" / "decoder").glob("*.yaml")}  # no decoder= given: all run
     assert record["decoder"] == "sd" and set(record["per_decoder"]) == suite

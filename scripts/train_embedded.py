@@ -241,6 +241,9 @@ def train_drafter(args) -> None:
            "train.noise_std=0.1", "train.uncond_prob=0.3", "train.checkpoint_every=100000", "train.grad_clip=0.5",
            "val.num_images=10", "wandb.mode=disabled", f"hydra.run.dir={args.work / 'drafter_run'}"]
     subprocess.run(cmd, cwd=ROOT, check=True)
+    import shutil
+
+    shutil.rmtree(args.out / "drafter" / "steps", ignore_errors=True)  # optimizer state: not shipped
 
 
 # -- stage 5: classifier -------------------------------------------------------------------------------------

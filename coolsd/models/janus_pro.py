@@ -40,7 +40,7 @@ from torch import nn
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import ImageARModel
 from coolsd.models.checkpoints import MissingWeightsError
-from coolsd.models.llamagen import resolve_device
+from coolsd.models.llamagen import resolve_device, resolve_dtype
 from coolsd.sampling import SamplingConfig
 from coolsd.types import TargetOutput
 
@@ -51,8 +51,6 @@ BOI_TOKEN = "<begin_of_image>"
 PAD_TOKEN = "<｜▁pad▁｜>"
 # What ``pretrained=true`` downloads: configs, weights, tokenizer files (no demo images or PDFs).
 HUB_PATTERNS = ("*.json", "*.safetensors", "*.jinja", "*.model", "*.txt")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}
 
 # Special tokens of the character tokenizer of random-weight instances (DeepSeek's spellings).
 TINY_SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", PAD_TOKEN, "<unk>", BOI_TOKEN,
@@ -157,15 +155,6 @@ def janus_config(arch: JanusArch, tokenizer) -> Any:
     )
     return JanusConfig(text_config=text, vision_config=vision, vq_config=vq,
                        image_token_id=tokenizer.convert_tokens_to_ids("<image_placeholder>"))
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on CUDA, float32 elsewhere; otherwise one of ``DTYPES``."""
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"model.dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
 
 
 def load_pretrained(repo_id: str, revision: str | None, dtype: torch.dtype) -> tuple[nn.Module, Any]:

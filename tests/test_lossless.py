@@ -13,6 +13,7 @@ import torch
 
 from baselines.exact import ExactRule
 from coolsd.decoding import Decoder
+from coolsd.drafters.base import Drafter, NullDrafter
 from coolsd.drafters.model_drafter import ModelDrafter
 from coolsd.models.llamagen import layer_skip_copy
 from coolsd.models.lookup import LookupModel, perturbed_copy
@@ -64,3 +65,34 @@ def test_greedy_sd_equals_greedy_ar_on_tiny_model():
         assert torch.equal(a.tokens, s.tokens)
         assert s.stats.iterations < a.stats.iterations or s.stats.mean_accepted_length == 1.0
         assert a.stats.mean_accepted_length == 1.0
+
+
+class _EmptyDrafter(Drafter):
+    """Drafts nothing like ``NullDrafter`` but is not one, so the decoder takes its general loop."""
+
+    def __init__(self) -> None:
+        self.inner = NullDrafter()
+
+    def begin(self, prompt, prefill, first_token):
+        self.inner.begin(prompt, prefill, first_token)
+
+    def propose(self, last_token, position, draft_len, generator, tree=None):
+        return self.inner.propose(last_token, position, draft_len, generator, tree)
+
+    def observe(self, out, p, draft, verdict):
+        self.inner.observe(out, p, draft, verdict)
+
+
+def test_plain_ar_fast_path_equals_the_general_loop_token_for_token():
+    """AR keeps each sampled token on the device (no per-token host sync); it must be the general loop's
+    AR exactly: the same tokens from the same seeds, the same statistics."""
+    model = tiny_llamagen()
+    fast = Decoder("ar", model, ExactRule())
+    general = Decoder("ar", model, ExactRule(), drafter=_EmptyDrafter())
+    for seed in range(4):
+        a, b = fast.generate(model.class_names[seed % 3], seed), general.generate(model.class_names[seed % 3], seed)
+        assert torch.equal(a.tokens, b.tokens)
+        assert (a.stats.iterations, a.stats.accepted_hist, a.stats.target_forwards, a.stats.tv_steps) == \
+            (b.stats.iterations, b.stats.accepted_hist, b.stats.target_forwards, b.stats.tv_steps)
+        assert a.stats.iterations == 63 and a.stats.target_forwards == 64
+        assert a.stats.mean_accepted_length == 1.0 and a.stats.verify_s > 0

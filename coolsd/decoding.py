@@ -33,6 +33,7 @@ from coolsd.types import DecodeStats, StatsRecorder, Verdict
 
 _AR_VERDICT = Verdict(num_accepted=0, next_token=-1)  # the statistics of one plain-AR iteration
 
+
 @dataclass(frozen=True)
 class Generation:
     """One generated image's tokens (N,) in raster order and its decode statistics."""

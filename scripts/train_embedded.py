@@ -18,7 +18,7 @@ Stages:
 5. ``classifier`` — a small CNN that scores generated images against their prompt class.
 6. ``reference`` — Inception features of 500 class-balanced test images (FID/KID reference of run.py).
 7. ``evaluate`` — the model card: FID/KID of 500 AR samples, real train images and tokenizer
-   reconstructions vs 500 test images, class accuracy, accepted length and speedup of ``sd``.
+   reconstructions vs 500 test images, class accuracy, accepted length and speedup of ``sd`` and COOL-SD.
 
 Usage (2 CPU cores, about 60 minutes with the evaluation; run nothing else meanwhile)::
 
@@ -93,7 +93,8 @@ def balanced_indices(labels: np.ndarray, per_class: int, seed: int) -> np.ndarra
     return np.concatenate(picks)
 
 
-def cosine_lr(step: int, total: int, warmup: int, base: float, floor: float, time_fraction: float = 0.0) -> float:
+def cosine_lr(step: int, total: int, warmup: int, base: float, floor: float,
+              time_fraction: float = 0.0) -> float:
     """Linear warm-up, then cosine from ``base`` to ``floor * base``. Progress is the larger of the step
     fraction and ``time_fraction`` (elapsed / wall-clock budget), so a run cut short by its budget still
     anneals fully instead of stopping at a high learning rate."""
@@ -345,8 +346,12 @@ def evaluate(args, train, test) -> None:
     write_card(args, results)
 
 
+RELAXED_DELTAS = (1.1, 1.5, 2.0, 3.0)  # COOL-SD strengths measured by the model card (paper: 1.1 and 2.0)
+
+
 def measure_speed(args) -> dict[str, float]:
-    """Mean accepted length and batch-1 latency of ar and sd (4-token chain) through run.py's machinery."""
+    """Mean accepted length, batch-1 latency and speedup of ar, sd and COOL-SD at ``RELAXED_DELTAS`` (4-token
+    chains) through run.py's machinery."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
@@ -363,12 +368,11 @@ def measure_speed(args) -> dict[str, float]:
         decoder.generate(CLASS_NAMES[0], 10**6)  # warm-up
         stats = [decoder.generate(CLASS_NAMES[i % 10], i).stats for i in range(args.speed_images)]
         out[f"{key}_latency_s"] = float(np.mean([s.latency_s for s in stats]))
-        out[f"{key}_accepted_length"] = sum(s.num_tokens - 1 for s in stats) / sum(s.iterations for s in stats)
+        committed, iterations = sum(s.num_tokens - 1 for s in stats), sum(s.iterations for s in stats)
+        out[f"{key}_accepted_length"] = committed / iterations
         out[f"{key}_speedup"] = out["ar_latency_s"] / out[f"{key}_latency_s"]
     return out
 
-
-RELAXED_DELTAS = (1.1, 1.5, 2.0, 3.0)  # COOL-SD strengths measured by the model card (paper: 1.1 and 2.0)
 
 
 def save_grid(images: np.ndarray, path: Path) -> None:
@@ -382,7 +386,7 @@ def save_grid(images: np.ndarray, path: Path) -> None:
 
 
 def timing_lines(args) -> list[str]:
-    """The pipeline's wall-clock time per stage (``timings.json``), for the ≤ 60-minute reproducibility claim."""
+    """Wall-clock time per pipeline stage (``timings.json``): the ≤ 60-minute reproducibility claim."""
     path = args.out / "timings.json"
     if not path.exists():
         return []
@@ -415,9 +419,9 @@ def write_card(args, results: dict) -> None:
         f"| target | LlamaGen GPT c2i, dim {target_cfg['dim']}, {target_cfg['n_layer']} layers, "
         f"{target_cfg['n_head']} heads, 49 tokens, CFG null class | {target_cfg['steps']} steps (batch "
         f"{args.target_batch}), {target_cfg['seconds'] / 60:.1f} min, final loss {target_cfg['final_loss_ema']:.3f} |",
-        f"| drafter | EAGLE head (fc + one LlamaGen block, target's head), self-distilled on {args.drafter_samples} "
-        f"teacher-forced training images, soft-CE weight {args.drafter_p_w} | {args.drafter_steps} steps (batch "
-        f"{args.drafter_batch}); see `drafter/config.json` |",
+        f"| drafter | EAGLE head (fc + one LlamaGen block, target's head), self-distilled on "
+        f"{args.drafter_samples} teacher-forced training images, soft-CE weight {args.drafter_p_w} | "
+        f"{args.drafter_steps} steps (batch {args.drafter_batch}); see `drafter/config.json` |",
         f"| classifier | conv32-conv64-fc128 | {clf['steps']} steps (batch 128); test accuracy "
         f"{clf['test_accuracy']:.3f} on all 10,000 test images |",
         "",
@@ -434,10 +438,12 @@ def write_card(args, results: dict) -> None:
         f"FID ratio AR / real: {results['fid_ratio_ar_over_real']:.2f} (target ≤ 2). Class accuracy of the AR "
         f"samples (Fashion-MNIST classifier): {results['class_accuracy_ar500']:.3f} (target ≥ 0.90).",
         "",
-        f"Speed (batch 1, {args.threads} CPU threads, {args.speed_images} images, seeds 0..{args.speed_images - 1}): AR {results['ar_latency_s']:.3f} s/img; "
+        f"Speed (batch 1, {args.threads} CPU threads, {args.speed_images} images, seeds "
+        f"0..{args.speed_images - 1}): AR {results['ar_latency_s']:.3f} s/img; "
         f"`sd` with a 4-token chain: accepted length {results['sd_accepted_length']:.2f}, "
-        f"{results['sd_latency_s']:.3f} s/img, speedup {results['sd_speedup']:.2f}× (targets: accepted length ≥ 3.0, "
-        "speedup ≥ 1.5×). Batch-1 latencies of a model this small vary by ±10–15% from run to run.",
+        f"{results['sd_latency_s']:.3f} s/img, speedup {results['sd_speedup']:.2f}× "
+        "(targets: accepted length ≥ 3.0, speedup ≥ 1.5×). Batch-1 latencies of a model this small vary by "
+        "±10–15% from run to run.",
         "",
         "COOL-SD (4-token chain, exponential schedule, same images): "
         + "; ".join(f"δ = {d:g}: accepted length {results[f'coolsd_delta{d:g}_accepted_length']:.2f}, "
@@ -487,7 +493,7 @@ def main() -> None:
     parser.add_argument("--classifier-epochs", type=int, default=3)
     parser.add_argument("--speed-images", type=int, default=30)
     parser.add_argument("--rewrite-card", action="store_true",
-                        help="rewrite MODEL_CARD.md from metrics.json and timings.json (no training, no data)")
+                        help="rewrite MODEL_CARD.md from metrics.json and timings.json (no training)")
     args = parser.parse_args()
     if args.rewrite_card:
         write_card(args, json.loads((args.out / "metrics.json").read_text()))

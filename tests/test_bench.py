@@ -22,7 +22,7 @@ from coolsd.types import DecodeStats
 from tests.helpers import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["model=tiny", "images=1", "warmup=0", "cost.repeats=2", "cost.burst=1", "cost.warmup=0", "cost.block_sizes=[1,2]"]
+SMALL = ["images=1", "warmup=0", "cost.repeats=2", "cost.burst=1", "cost.warmup=0", "cost.block_sizes=[1,2]"]
 
 
 def load_bench():
@@ -40,7 +40,7 @@ bench = load_bench()
 def test_cli_smoke_run_writes_table_and_record(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "scripts/bench.py", *SMALL, "decoders=[ar,sd,sd_tree]",
+        [sys.executable, "scripts/bench.py", "model=tiny", *SMALL, "decoders=[ar,sd,sd_tree]",
          "+variants={sd_tree:{decoder:sd,tree:mc_sim_7b_63}}", "cost.trees=[]",
          f"out_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'hydra'}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,

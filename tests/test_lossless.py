@@ -90,7 +90,8 @@ def test_plain_ar_fast_path_equals_the_general_loop_token_for_token():
     fast = Decoder("ar", model, ExactRule())
     general = Decoder("ar", model, ExactRule(), drafter=_EmptyDrafter())
     for seed in range(4):
-        a, b = fast.generate(model.class_names[seed % 3], seed), general.generate(model.class_names[seed % 3], seed)
+        prompt = model.class_names[seed % 3]
+        a, b = fast.generate(prompt, seed), general.generate(prompt, seed)
         assert torch.equal(a.tokens, b.tokens)
         assert (a.stats.iterations, a.stats.accepted_hist, a.stats.target_forwards, a.stats.tv_steps) == \
             (b.stats.iterations, b.stats.accepted_hist, b.stats.target_forwards, b.stats.tv_steps)

@@ -331,7 +331,8 @@ class EagleDrafter(Drafter):
         """
         mask = self.cache.begin_block(tokens.shape[0], tree_mask)
         f_hat = self.head(features, tokens, positions, self.cache, mask)  # (S, T, H)
-        q = stream_probs(self.head.logits(f_hat[:, -1:] if last_only else f_hat), self.target.sampling)  # (T, V)
+        logits = self.head.logits(f_hat[:, -1:] if last_only else f_hat)
+        q = stream_probs(logits, self.target.sampling)  # (T, V)
         return DraftStep(features=f_hat, q=q)
 
     @torch.inference_mode()

@@ -7,9 +7,12 @@ whose output exists is skipped unless ``--force`` names it, so an interrupted ru
 
 Stages:
 
-1. ``vq`` — a convolutional VQ of LlamaGen's architecture (``coolsd.models.vq``: 1 → 1 channels, 28×28 →
-   7×7 codes, L2-normalised codebook), trained with L1 + L2 reconstruction and the VQ/commitment losses;
-   unused codes are restarted from encoder outputs during training.
+1. ``vq`` — a VQ with LlamaGen's decoder and quantizer (``coolsd.models.vq``: 1 → 1 channels, 28×28 → 7×7
+   codes, L2-normalised codebook) and a patch-local encoder (``encoder: patch``: each code sees only its own
+   4×4 pixels, so blank background is always the same code, as with a k-means patch tokenizer; LlamaGen's
+   image-wide encoder spread blank patches over ~580 codes and left the target's distributions flat),
+   trained with L1 + L2 reconstruction and the VQ/commitment losses; unused codes are restarted from encoder
+   outputs during training.
 2. ``tokens`` — the train and test images encoded to 49 codes each (kept in the work folder).
 3. ``target`` — LlamaGen GPT (``coolsd.models.llamagen``, class-conditional, a null class for CFG with 10%
    label dropout): AdamW, warm-up + cosine, gradient clipping, a wall-clock budget.
@@ -250,7 +253,8 @@ def train_drafter(args) -> None:
            f"distill.num_samples={args.drafter_samples}", f"distill.dir={args.work / 'drafter_data'}",
            f"train.steps={args.drafter_steps}", f"train.batch_size={args.drafter_batch}", "train.lr=1e-3",
            "train.warmup_steps=50", f"train.p_w={args.drafter_p_w}",
-           "train.noise_std=0.1", "train.uncond_prob=0.3", "train.checkpoint_every=100000", "train.grad_clip=0.5",
+           f"train.noise_std={args.drafter_noise}", "train.uncond_prob=0.3", "train.checkpoint_every=100000",
+           "train.grad_clip=0.5",
            "val.num_images=10", "wandb.mode=disabled", f"hydra.run.dir={args.work / 'drafter_run'}"]
     subprocess.run(cmd, cwd=ROOT, check=True)
     shutil.rmtree(args.out / "drafter" / "steps", ignore_errors=True)  # optimizer state: not shipped
@@ -351,7 +355,11 @@ RELAXED_DELTAS = (1.1, 1.5, 2.0, 3.0)  # COOL-SD strengths measured by the model
 
 def measure_speed(args) -> dict[str, float]:
     """Mean accepted length, batch-1 latency and speedup of ar, sd and COOL-SD at ``RELAXED_DELTAS`` (4-token
-    chains) through run.py's machinery."""
+    chains) through run.py's machinery.
+
+    The decoders take turns image by image (image i with every decoder, then image i + 1), so a slow spell of
+    the machine hits all of them alike: timing them one after another let AR's and sd's latencies drift apart by
+    20–30% between runs on a 2-core VM."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
@@ -360,19 +368,22 @@ def measure_speed(args) -> dict[str, float]:
         cfg = compose("config", overrides=["model=embedded", *model_overrides(args), "drafter=embedded",
                                            f"drafter.checkpoint={args.out / 'drafter'}"])
     model = instantiate(cfg.model)
-    out: dict[str, float] = {}
     runs = [("ar", "ar", {}), ("sd", "sd", {})]
     runs += [(f"coolsd_delta{d:g}", "coolsd", {"delta": d}) for d in RELAXED_DELTAS]
-    for key, name, kwargs in runs:
-        decoder = instantiate(cfg.suite[name], model=model, **kwargs)
+    decoders = {key: instantiate(cfg.suite[name], model=model, **kwargs) for key, name, kwargs in runs}
+    for decoder in decoders.values():
         decoder.generate(CLASS_NAMES[0], 10**6)  # warm-up
-        stats = [decoder.generate(CLASS_NAMES[i % 10], i).stats for i in range(args.speed_images)]
-        out[f"{key}_latency_s"] = float(np.mean([s.latency_s for s in stats]))
-        committed, iterations = sum(s.num_tokens - 1 for s in stats), sum(s.iterations for s in stats)
+    stats: dict[str, list] = {key: [] for key in decoders}
+    for i in tqdm(range(args.speed_images), desc="speed", dynamic_ncols=True):
+        for key, decoder in decoders.items():
+            stats[key].append(decoder.generate(CLASS_NAMES[i % 10], i).stats)
+    out: dict[str, float] = {}
+    for key, runs_stats in stats.items():
+        out[f"{key}_latency_s"] = float(np.mean([s.latency_s for s in runs_stats]))
+        committed, iterations = sum(s.num_tokens - 1 for s in runs_stats), sum(s.iterations for s in runs_stats)
         out[f"{key}_accepted_length"] = committed / iterations
         out[f"{key}_speedup"] = out["ar_latency_s"] / out[f"{key}_latency_s"]
     return out
-
 
 
 def save_grid(images: np.ndarray, path: Path) -> None:
@@ -413,14 +424,16 @@ def write_card(args, results: dict) -> None:
         "",
         "| part | what | training |",
         "|---|---|---|",
-        f"| VQ | LlamaGen VQ architecture, 1→1 channels, ch {vq_cfg['ch']}, mult {vq_cfg['encoder_ch_mult']}, "
+        f"| VQ | LlamaGen VQ decoder + quantizer, {vq_cfg.get('encoder', 'conv')} encoder, 1→1 channels, "
+        f"ch {vq_cfg['ch']}, mult {vq_cfg['encoder_ch_mult']}, "
         f"{vq_cfg['codebook_size']} codes × {vq_cfg['codebook_embed_dim']} (L2-normalised), 28×28 → 7×7 | "
         f"{vq_cfg['steps']} steps, {vq_cfg['seconds'] / 60:.1f} min |",
         f"| target | LlamaGen GPT c2i, dim {target_cfg['dim']}, {target_cfg['n_layer']} layers, "
         f"{target_cfg['n_head']} heads, 49 tokens, CFG null class | {target_cfg['steps']} steps (batch "
         f"{args.target_batch}), {target_cfg['seconds'] / 60:.1f} min, final loss {target_cfg['final_loss_ema']:.3f} |",
         f"| drafter | EAGLE head (fc + one LlamaGen block, target's head), self-distilled on "
-        f"{args.drafter_samples} teacher-forced training images, soft-CE weight {args.drafter_p_w} | "
+        f"{args.drafter_samples} teacher-forced training images, soft-CE weight {args.drafter_p_w}, feature "
+        f"noise {args.drafter_noise} | "
         f"{args.drafter_steps} steps (batch {args.drafter_batch}); see `drafter/config.json` |",
         f"| classifier | conv32-conv64-fc128 | {clf['steps']} steps (batch 128); test accuracy "
         f"{clf['test_accuracy']:.3f} on all 10,000 test images |",
@@ -442,7 +455,8 @@ def write_card(args, results: dict) -> None:
         f"0..{args.speed_images - 1}): AR {results['ar_latency_s']:.3f} s/img; "
         f"`sd` with a 4-token chain: accepted length {results['sd_accepted_length']:.2f}, "
         f"{results['sd_latency_s']:.3f} s/img, speedup {results['sd_speedup']:.2f}× "
-        "(targets: accepted length ≥ 3.0, speedup ≥ 1.5×). Batch-1 latencies of a model this small vary by "
+        "(targets: accepted length ≥ 3.0, speedup ≥ 1.5×). The decoders take turns image by image, so a slow "
+        "spell of the machine slows all of them; even so, batch-1 latencies of a model this small vary by "
         "±10–15% from run to run.",
         "",
         "COOL-SD (4-token chain, exponential schedule, same images): "
@@ -487,9 +501,12 @@ def main() -> None:
     parser.add_argument("--target-minutes", type=float, default=26.0,
                         help="wall-clock budget; the cosine schedule follows it when it binds")
     parser.add_argument("--drafter-samples", type=int, default=6000)
-    parser.add_argument("--drafter-steps", type=int, default=700)
+    parser.add_argument("--drafter-steps", type=int, default=1000)
     parser.add_argument("--drafter-batch", type=int, default=64)
     parser.add_argument("--drafter-p-w", type=float, default=0.5, help="weight of the drafter's soft-CE term")
+    parser.add_argument("--drafter-noise", type=float, default=0.02,
+                        help="EAGLE's feature-noise std; it is scaled by 512 / sequence length, so on 49 tokens "
+                             "0.02 adds U(-0.1, 0.1) to features of RMS 1.5 (EAGLE's 0.2 would add U(-1, 1))")
     parser.add_argument("--classifier-epochs", type=int, default=3)
     parser.add_argument("--speed-images", type=int, default=30)
     parser.add_argument("--rewrite-card", action="store_true",

@@ -211,6 +211,33 @@ def test_config_validation() -> None:
     assert VQConfig(decoder_ch_mult=[1, 2]).decoder_ch_mult == (1, 2)
     with pytest.raises(AttributeError):
         VQConfig().ch = 64  # type: ignore[misc]
+    with pytest.raises(ValueError, match=r"VQConfig.encoder must be one of \['conv', 'patch'\]"):
+        VQConfig(encoder="vit")
+
+
+def test_patch_encoder_codes_depend_on_their_own_patch_only() -> None:
+    """``encoder="patch"``: changing one f x f patch changes that code's features and no other; equal
+    patches get equal codes wherever they are (the conv encoder gives neither: its GroupNorm, 3x3 convs and
+    attention span the image)."""
+    model = tiny_vq(encoder="patch")  # f = 2, 16x16 images -> 8x8 codes
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(2, 3, 16, 16, generator=gen) * 2 - 1
+    y = x.clone()
+    y[:, :, 6:8, 10:12] = 0.7  # patch (row 3, col 5)
+    with torch.no_grad():
+        changed = (model.encoder(x) - model.encoder(y)).abs().amax(dim=(0, 1)) > 0
+        expected = torch.zeros(8, 8, dtype=torch.bool)
+        expected[3, 5] = True
+        assert torch.equal(changed, expected)
+        blank = x.clone()
+        blank[0, :, :8, :] = -1.0  # top half of image 0 blank: 4 rows of 8 equal patches
+        codes = model.encode_to_indices(blank).reshape(2, 8, 8)
+        assert (codes[0, :4] == codes[0, 0, 0]).all()
+        conv = tiny_vq()  # the reference encoder, for contrast
+        conv_changed = (conv.encoder(x) - conv.encoder(y)).abs().amax(dim=(0, 1)) > 0
+        assert conv_changed.sum() > 1
+        recon = model.decode_code(codes.flatten(1), (2, 8, 8, 8))
+    assert recon.shape == (2, 3, 16, 16)
 
 
 # -- reference layout ----------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ so the released checkpoints (e.g. ``vq_ds16_t2i.pt``, a ``torch.save`` dict with
 
 Independent re-implementation after FoundationVision/LlamaGen ``tokenizer/tokenizer_image/vq_model.py``, MIT
 (itself derived from taming-transformers and MaskGIT). Unlike the reference, ``ch``, ``num_res_blocks`` and
-the image channel counts are configurable, so tests can build tiny instances.
+the image channel counts are configurable, so tests can build tiny instances, and ``encoder="patch"`` swaps in
+a patch-local encoder (``PatchEncoder``, not in LlamaGen) for small models whose codes should stay local.
 
 Example::
 
@@ -31,6 +32,7 @@ from coolsd.models.checkpoints import load_state_dict
 # is fixed (not tied to the codebook size), and released checkpoints carry it, so it is part of the layout.
 CODEBOOK_USAGE_WINDOW = 65536
 GROUPNORM_GROUPS = 32
+ENCODERS = ("conv", "patch")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class VQConfig:
     num_res_blocks: int = 2
     in_channels: int = 3
     out_channels: int = 3
+    # "conv": LlamaGen's encoder (3x3 convs, GroupNorm, attention: every code sees the whole image).
+    # "patch": ``PatchEncoder``, each code sees only its own f x f pixel patch (the decoder is unchanged).
+    encoder: str = "conv"
 
     def __post_init__(self) -> None:
         for name in ("encoder_ch_mult", "decoder_ch_mult"):
@@ -69,6 +74,8 @@ class VQConfig:
             raise ValueError(
                 f"VQConfig.ch must be a multiple of {GROUPNORM_GROUPS} (GroupNorm groups), got {self.ch}"
             )
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"VQConfig.encoder must be one of {sorted(ENCODERS)}, got {self.encoder!r}")
         if not 0.0 <= self.dropout_p < 1.0:
             raise ValueError(f"VQConfig.dropout_p must lie in [0, 1), got {self.dropout_p}")
 
@@ -230,6 +237,49 @@ class Encoder(nn.Module):
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
+class _PointwiseBlock(nn.Module):
+    """Residual MLP applied at every grid position on its own: LayerNorm over channels, 1x1 conv, SiLU, 1x1 conv."""
+
+    def __init__(self, channels: int, dropout: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(channels, eps=1e-6)
+        self.fc1 = _conv1x1(channels, 2 * channels)
+        self.dropout = nn.Dropout(p=dropout)
+        self.fc2 = _conv1x1(2 * channels, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return x + self.fc2(self.dropout(F.silu(self.fc1(h))))
+
+
+class PatchEncoder(nn.Module):
+    """Image (B, in_channels, H, W) -> (B, z_channels, H / f, W / f), each output from its own f x f patch only.
+
+    A stride-f ``f x f`` conv then ``num_res_blocks + 1`` per-position residual MLPs; no GroupNorm (its
+    statistics span the image) and no attention. Codes are therefore local, like a k-means patch tokenizer:
+    identical patches (e.g. blank background) always get the same code, which keeps the token sequence
+    predictable, while the (unchanged, convolutional) decoder still blends neighbouring patches. Not part of
+    LlamaGen; ``VQConfig(encoder="patch")`` selects it (the embedded Fashion-MNIST model).
+    """
+
+    def __init__(self, in_channels: int = 3, ch: int = 128, ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4),
+                 num_res_blocks: int = 2, dropout: float = 0.0, z_channels: int = 256) -> None:
+        super().__init__()
+        factor = 2 ** (len(ch_mult) - 1)
+        width = ch * ch_mult[-1]
+        self.patchify = nn.Conv2d(in_channels, width, kernel_size=factor, stride=factor)
+        self.blocks = nn.ModuleList(_PointwiseBlock(width, dropout) for _ in range(num_res_blocks + 1))
+        self.norm_out = nn.LayerNorm(width, eps=1e-6)
+        self.conv_out = _conv1x1(width, z_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.patchify(x)
+        for block in self.blocks:
+            h = block(h)
+        h = self.norm_out(h.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.conv_out(F.silu(h))
+
+
 class Decoder(nn.Module):
     """Features (B, z_channels, h, w) -> image (B, out_channels, h * f, w * f); levels run coarsest first."""
 
@@ -370,7 +420,7 @@ class VQModel(nn.Module):
     def __init__(self, config: VQConfig) -> None:
         super().__init__()
         self.config = config
-        self.encoder = Encoder(
+        self.encoder = (Encoder if config.encoder == "conv" else PatchEncoder)(
             in_channels=config.in_channels, ch=config.ch, ch_mult=config.encoder_ch_mult,
             num_res_blocks=config.num_res_blocks, dropout=config.dropout_p, z_channels=config.z_channels,
         )

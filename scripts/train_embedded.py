@@ -358,7 +358,7 @@ def measure_speed(args) -> dict[str, float]:
     chains) through run.py's machinery.
 
     The decoders take turns image by image (image i with every decoder, then image i + 1), so a slow spell of
-    the machine hits all of them alike: timing them one after another let AR's and sd's latencies drift apart by
+    the machine hits all of them alike: timed one after another, AR's and sd's latencies drifted apart by
     20–30% between runs on a 2-core VM."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate

@@ -238,7 +238,7 @@ class Encoder(nn.Module):
 
 
 class _PointwiseBlock(nn.Module):
-    """Residual MLP applied at every grid position on its own: LayerNorm over channels, 1x1 conv, SiLU, 1x1 conv."""
+    """Residual MLP at every grid position on its own: LayerNorm over channels, 1x1 conv, SiLU, 1x1 conv."""
 
     def __init__(self, channels: int, dropout: float) -> None:
         super().__init__()
@@ -253,7 +253,7 @@ class _PointwiseBlock(nn.Module):
 
 
 class PatchEncoder(nn.Module):
-    """Image (B, in_channels, H, W) -> (B, z_channels, H / f, W / f), each output from its own f x f patch only.
+    """Image (B, in_channels, H, W) -> (B, z_channels, H / f, W / f), each output from its own f x f patch.
 
     A stride-f ``f x f`` conv then ``num_res_blocks + 1`` per-position residual MLPs; no GroupNorm (its
     statistics span the image) and no attention. Codes are therefore local, like a k-means patch tokenizer:

@@ -498,7 +498,7 @@ def main() -> None:
     parser.add_argument("--target-steps", type=int, default=1600)
     parser.add_argument("--target-batch", type=int, default=64)
     parser.add_argument("--target-lr", type=float, default=1e-3)
-    parser.add_argument("--target-minutes", type=float, default=26.0,
+    parser.add_argument("--target-minutes", type=float, default=24.5,
                         help="wall-clock budget; the cosine schedule follows it when it binds")
     parser.add_argument("--drafter-samples", type=int, default=6000)
     parser.add_argument("--drafter-steps", type=int, default=1000)

@@ -10,14 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from coolsd.acceptance import AcceptanceRule
-from coolsd.sampling import normalize
-
-
-def ratio_acceptance(p: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | float = 1.0) -> torch.Tensor:
-    """``min(1, weight·p/q)`` elementwise; 1 where ``q == 0`` (such a token is never drafted)."""
-    ratio = weight * p / q.clamp_min(torch.finfo(q.dtype).tiny)
-    return torch.where(q > 0, ratio.clamp(max=1.0), torch.ones_like(p))
+from coolsd.acceptance import AcceptanceRule, ratio_acceptance, vanilla_residual
 
 
 class ExactRule(AcceptanceRule):
@@ -28,5 +21,6 @@ class ExactRule(AcceptanceRule):
     def acceptance(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         return ratio_acceptance(p, q)
 
-    def residual(self, p: torch.Tensor, q: torch.Tensor, x: int | None, depth: int) -> torch.Tensor:
-        return normalize((p - q).clamp_min(0.0), fallback=p)
+    def residual(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
+                 depth: torch.Tensor) -> torch.Tensor:
+        return vanilla_residual(p, q)

@@ -29,8 +29,7 @@ from typing import Callable
 
 import torch
 
-from baselines.exact import ratio_acceptance
-from coolsd.acceptance import AcceptanceRule
+from coolsd.acceptance import AcceptanceRule, ratio_acceptance, vanilla_residual
 from coolsd.decoding import Decoder
 from coolsd.drafters.base import Drafter
 from coolsd.models.base import ImageARModel
@@ -42,7 +41,14 @@ MODES = ("additive", "multiplicative")
 
 
 class LanternRule(AcceptanceRule):
-    """Relaxed acceptance over latent neighbourhoods; ``neighbours`` is (V, ≥ k+1) sorted by distance."""
+    """Relaxed acceptance over latent neighbourhoods; ``neighbours`` is (V, ≥ k+1) sorted by distance.
+
+    Every method works on rows (N, V) of distributions, one row per image (or per test), with drafted
+    tokens and depths (N,).
+    """
+
+    #: the one-step TV sums (rows, V, k+1) gathers; rows are processed in chunks of at most this many entries
+    TV_CHUNK = 1 << 24
 
     def __init__(self, neighbours: torch.Tensor, k: int, mode: str, budget: float,
                  resample: str = "reference") -> None:
@@ -61,12 +67,14 @@ class LanternRule(AcceptanceRule):
         self.lossless = budget == (0.0 if mode == "additive" else 1.0) and resample == "optimal"
 
     def relaxed(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(p̃(x), m*(x))`` for drafts ``x`` (...,) under rows ``p`` (..., V)."""
-        nb = self.table(p.device)[x, : self.k]  # (..., k)
-        if p.dim() == 1:  # one distribution, any number of candidate tokens
-            mass, px = p[nb], p[x]
-        else:  # row i of p belongs to draft x[i]
+        """``(p̃(x), m*(x))`` for drafts ``x`` (N,) under rows ``p`` (N, V), or for every code at once when
+        ``x`` is (N, V) (each row's whole codebook) -> (N,) or (N, V)."""
+        nb = self.table(p.device)[x, : self.k]  # (N, k) or (N, V, k)
+        if x.dim() == 1:
             mass, px = p.gather(-1, nb), p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+        else:
+            mass = p.gather(-1, nb.flatten(1)).view(nb.shape)
+            px = p.gather(-1, x)
         prefix = mass.cumsum(-1)  # S_1..S_k, non-decreasing
         tau = torch.full_like(px, self.budget) if self.mode == "additive" else (self.budget - 1.0) * px
         m_star = (prefix <= tau.unsqueeze(-1)).sum(-1)  # feasible prefixes form a prefix
@@ -79,56 +87,68 @@ class LanternRule(AcceptanceRule):
             self.neighbours = self.neighbours.to(device)
         return self.neighbours
 
+    def _every_code(self, p: torch.Tensor) -> torch.Tensor:
+        return torch.arange(p.shape[-1], device=p.device).expand(p.shape[0], -1)
+
     def acceptance(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        if p.dim() > 1:  # one row at a time: the all-token neighbour gather is (V, k) per row
-            return torch.stack([self.acceptance(pi, qi, depth) for pi, qi in zip(p, q)])
-        tokens = torch.arange(p.shape[-1], device=p.device)
-        p_tilde, _ = self.relaxed(p, tokens)  # (V,)
+        p_tilde, _ = self.relaxed(p, self._every_code(p))  # (N, V)
         return ratio_acceptance(p_tilde, q)
 
     def accept_prob(self, p, q, x, depth) -> torch.Tensor:
-        p_tilde, _ = self.relaxed(p, x)  # (L,)
+        p_tilde, _ = self.relaxed(p, x)  # (N,)
         return ratio_acceptance(p_tilde, q.gather(-1, x[:, None]).squeeze(-1))
 
-    def residual(self, p: torch.Tensor, q: torch.Tensor, x: int | None, depth: int) -> torch.Tensor:
+    def residual(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
+                 depth: torch.Tensor) -> torch.Tensor:
         if self.resample == "optimal" or x is None:
-            return normalize((p - q).clamp_min(0.0), fallback=p)
-        _, m_star = self.relaxed(p, torch.tensor(x, device=p.device))
-        if int(m_star) >= 1:
-            z = self.table(p.device)[x, : self.k + 1]
-            if self.resample == "reference":
-                p = p.clone().index_fill_(0, z, 0.0)
-            else:
-                q = q.clone().index_fill_(0, z, 0.0)
+            return vanilla_residual(p, q)
+        _, m_star = self.relaxed(p, x)
+        z = self.table(p.device)[x, : self.k + 1]  # (N, k+1)
+        zeroing = (m_star >= 1)[:, None]
+        if self.resample == "reference":
+            p = p.scatter(-1, z, torch.where(zeroing, 0.0, p.gather(-1, z)))
+        else:
+            q = q.scatter(-1, z, torch.where(zeroing, 0.0, q.gather(-1, z)))
         return normalize((p - q).clamp_min(0.0), fallback=torch.full_like(p, 1.0 / p.shape[-1]))
 
-    def one_step_tv(self, p: torch.Tensor, q: torch.Tensor, depth: int) -> float:
-        """Exact TV of ``q f + Σ_x q(x)(1 − f(x)) G_x`` to ``p``, with the token-dependent ``G_x``."""
+    def one_step_tv(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """Exact TV (N,) of ``q f + Σ_x q(x)(1 − f(x)) G_x`` to ``p``, with the token-dependent ``G_x``.
+
+        Computed in float64 with ``residual``'s 1e-12 threshold: each ``G_x``'s mass is the residual mass
+        outside ``Z(x)`` (exact to ~1e-16 in float64, where float32 subtraction left ~6e-8 of an empty
+        residual) plus what ``Z(x)`` contributes, so a residual that ``residual`` finds empty (and replaces
+        by uniform) is empty here too."""
+        rows = max(1, self.TV_CHUNK // max(1, p.shape[-1] * (self.k + 1)))
+        return torch.cat([self._one_step_tv(p[i: i + rows], q[i: i + rows]) for i in range(0, p.shape[0], rows)])
+
+    def _one_step_tv(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        p, q = p.double(), q.double()
         v = p.shape[-1]
-        tokens = torch.arange(v, device=p.device)
-        p_tilde, m_star = self.relaxed(p, tokens)
+        p_tilde, m_star = self.relaxed(p, self._every_code(p))  # (N, V)
         f = ratio_acceptance(p_tilde, q)
         out = q * f
-        reject = q * (1.0 - f)  # (V,) probability of drafting x and rejecting it
+        reject = q * (1.0 - f)  # (N, V) probability of drafting x and rejecting it
         r = (p - q).clamp_min(0.0)
         if self.resample == "optimal":
-            out = out + reject.sum() * normalize(r, fallback=p)
-            return 0.5 * float((out - p).abs().sum())
-        zeroing = m_star >= 1  # (V,) which rejected tokens zero their neighbourhood
+            out = out + reject.sum(-1, keepdim=True) * normalize(r, fallback=p)
+            return 0.5 * (out - p).abs().sum(-1)
+        zeroing = m_star >= 1  # (N, V) which rejected tokens zero their neighbourhood
         z = self.table(p.device)[:, : self.k + 1]  # (V, k+1)
-        if self.resample == "reference":
-            # residual mass left after zeroing p on Z(x): R − Σ_{y∈Z(x)} r(y)
-            change = -r  # per-token change of the residual numerator when y is zeroed
-        else:
-            change = p - r  # zeroing q(y) turns r(y) into p(y)
-        mass = r.sum() + zeroing * change[z].sum(-1)  # (V,) normaliser of each G_x
+        # G_x's numerator is r with its entries on Z(x) replaced: by 0 (reference: p zeroed there) or by p
+        # (reference_q: q zeroed there)
+        inside = p if self.resample == "reference_q" else torch.zeros_like(p)
+        total = r.sum(-1, keepdim=True)
+        outside = (total - r[:, z].sum(-1)).clamp_min(0.0)  # (N, V): Σ_{y ∉ Z(x)} r(y), exact to ~1e-16
+        mass = torch.where(zeroing, outside + inside[:, z].sum(-1), total)  # (N, V) normaliser of each G_x
         ok = mass > 1e-12
-        c = torch.where(ok, reject / mass.clamp_min(1e-12), torch.zeros_like(mass))
-        hits = torch.zeros(v, dtype=p.dtype, device=p.device).index_add_(
-            0, z[zeroing].flatten(), c[zeroing].repeat_interleave(z.shape[1]))
-        out = out + c.sum() * r + hits * change
-        out = out + reject[~ok].sum() / v  # empty residual: uniform, as in the reference
-        return 0.5 * float((out - p).abs().sum())
+        c = torch.where(ok, reject / mass.clamp_min(1e-300), torch.zeros_like(mass))
+        cz = c * zeroing
+        hits = torch.zeros_like(p).scatter_add_(-1, z.flatten()[None].expand(p.shape[0], -1),
+                                                cz.repeat_interleave(z.shape[1], dim=-1))  # Σ_{x: y∈Z(x)} c_x
+        change = inside - r  # per-token change of G_x's numerator on Z(x)
+        out = out + c.sum(-1, keepdim=True) * r + hits * change
+        out = out + (reject * ~ok).sum(-1, keepdim=True) / v  # empty residual: uniform, as in the reference
+        return 0.5 * (out - p).abs().sum(-1)
 
 
 def lantern_rule(model: ImageARModel, k: int, mode: str, budget: float, resample: str,

@@ -43,16 +43,17 @@ from __future__ import annotations
 
 import torch
 
-from coolsd.drafters.base import Drafter
+from coolsd.drafters.base import Drafter, empty_draft
 from coolsd.models.base import ImageARModel
-from coolsd.sampling import sample
+from coolsd.rng import INIT, JACOBI, sample
 from coolsd.types import Draft, TargetOutput, Verdict
 
 INITS = ("auto", "random", "repeat_horizon")
 
 
 class JacobiDrafter(Drafter):
-    """The Jacobi window of SJD: drafts are last iteration's samples plus freshly initialised tokens."""
+    """The Jacobi window of SJD for a batch of images: drafts are last iteration's samples plus freshly
+    initialised tokens."""
 
     def __init__(self, target: ImageARModel, init: str = "auto") -> None:
         if init not in INITS:
@@ -65,57 +66,74 @@ class JacobiDrafter(Drafter):
         self.init = init
         self.vocab = target.codebook_size
         self.width = target.grid[1]
-        self.committed: torch.Tensor | None = None  # (N,) committed image tokens, valid up to `length`
-        self.length = 0
-        self.q: torch.Tensor | None = None  # (K, V) p_{t−1} at the K positions after the last committed token
+        self.streams = None
+        self.q: torch.Tensor | None = None  # (B, K, V) p_{t−1} at the positions after the last committed token
+        self.carried: list[int] = []  # per image: how many of the K rows are carried
 
-    def begin(self, prompt: str, prefill: TargetOutput, first_token: torch.Tensor) -> None:
-        device = first_token.device
-        self.committed = torch.empty(self.target.num_image_tokens, dtype=torch.long, device=device)
-        self.committed[0] = first_token
-        self.length = 1
-        self.q = torch.empty(0, self.vocab, device=device)
+    def begin(self, prompts, prefill: TargetOutput, first_tokens: torch.Tensor, streams) -> None:
+        b = first_tokens.shape[0]
+        self.streams = streams
+        self.q = torch.zeros(b, 0, self.vocab, device=first_tokens.device)
+        self.carried = [0] * b
 
-    def propose(self, last_token, position, draft_len, generator, tree=None) -> Draft:
+    def select(self, images) -> None:
+        self.q = self.q[torch.tensor(list(images), device=self.q.device)]
+        self.carried = [self.carried[i] for i in images]
+
+    def propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
         if tree is not None:
             raise ValueError("SJD drafts a Jacobi window (a chain); remove decoder.tree for decoder=sjd")
-        if position != self.length - 1:
-            raise RuntimeError(f"JacobiDrafter holds {self.length} committed tokens but was asked to draft "
-                               f"after image index {position}; call begin() for every new image")
-        carried = min(int(self.q.shape[0]), draft_len)
-        q_carried = self.q[:carried]  # (K, V)
-        x_carried = self.jacobi_update(q_carried, generator)  # (K,)
-        fresh = self.initial_tokens(x_carried, position, draft_len - carried, generator)  # (L - K,)
-        q_fresh = torch.nn.functional.one_hot(fresh, self.vocab).to(q_carried.dtype)  # (L - K, V)
-        return Draft(tokens=torch.cat([x_carried, fresh]), q=torch.cat([q_carried, q_fresh]), forwards=0)
+        b = last_tokens.shape[0]
+        device = last_tokens.device
+        if depth == 0:
+            return empty_draft(b, self.vocab, device)
+        k = self.q.shape[1]
+        carried = torch.minimum(torch.tensor(self.carried, device=device), limit)  # (B,)
+        index = torch.arange(depth, device=device)
+        is_carried = index[None, :] < carried[:, None]  # (B, L)
+        q_carried = torch.zeros(b, depth, self.vocab, device=device, dtype=self.q.dtype)
+        if k:
+            q_carried[:, : min(k, depth)] = self.q[:, :depth]
+        x_carried = self.jacobi_update(q_carried, t)  # (B, L)
+        fresh = self.initial_tokens(x_carried, carried, last_tokens, t, depth)  # (B, L)
+        tokens = torch.where(is_carried, x_carried, fresh)
+        q_fresh = torch.nn.functional.one_hot(fresh, self.vocab).to(q_carried.dtype)  # (B, L, V)
+        q = torch.where(is_carried[..., None], q_carried, q_fresh)
+        valid = index[None, :] < limit[:, None]
+        return Draft(tokens=tokens, q=q, valid=valid, forwards=[0] * b)
 
-    def jacobi_update(self, q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        """The carried drafts: one sample from each stored distribution ``q`` (K, V) -> (K,)."""
-        if q.shape[0] == 0:
-            return torch.empty(0, dtype=torch.long, device=q.device)
-        return sample(q, generator)
+    def jacobi_update(self, q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The carried drafts: one sample from each stored distribution ``q`` (B, L, V) -> (B, L).
 
-    def initial_tokens(self, carried: torch.Tensor, position: int, count: int,
-                       generator: torch.Generator | None) -> torch.Tensor:
-        """``count`` fresh tokens for image indices ``position + 1 + len(carried)`` on -> (count,)."""
-        device = self.committed.device
-        uniform = torch.randint(self.vocab, (count,), generator=generator, device=device)  # (count,)
-        if self.init == "random" or count == 0:
+        Rows that hold no carried distribution (all zero) give garbage that the caller discards."""
+        u = self.streams.uniform(t, JACOBI, q.shape[1])  # (B, L)
+        return sample(q, u)
+
+    def initial_tokens(self, carried_tokens: torch.Tensor, carried: torch.Tensor, last_tokens: torch.Tensor,
+                       t: torch.Tensor, depth: int) -> torch.Tensor:
+        """Fresh tokens (B, L) for the window slots from each image's ``carried`` count on (earlier slots
+        are ignored): uniform codes, or ``repeat_horizon`` copies of the left neighbour."""
+        device = last_tokens.device
+        u = self.streams.uniform(t, INIT, depth)  # (B, L)
+        uniform = (u * self.vocab).long().clamp_(max=self.vocab - 1)
+        if self.init == "random":
             return uniform
-        first = position + 1 + int(carried.shape[0])  # image index of the first fresh token
-        left = carried[-1] if carried.shape[0] else self.committed[position]
-        tokens = []
-        for k in range(count):
-            token = uniform[k] if (first + k) % self.width == 0 else left
-            tokens.append(token)
-            left = token
-        return torch.stack(tokens)
+        index = torch.arange(depth, device=device)
+        fresh = index[None, :] >= carried[:, None]
+        column0 = fresh & ((t[:, None] + index[None, :]) % self.width == 0)  # a fresh token at column 0 is random
+        source = torch.where(column0, index[None, :], -1).cummax(1).values  # the last column-0 slot so far
+        # the left anchor of the fresh run: the last carried token, or the last committed one
+        anchor = torch.where(carried > 0, carried_tokens.gather(1, (carried - 1).clamp_min(0)[:, None])[:, 0],
+                             last_tokens)
+        return torch.where(source >= 0, uniform.gather(1, source.clamp_min(0)), anchor[:, None])
 
     def observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict) -> None:
-        n, L = verdict.num_accepted, draft.draft_len
-        self.committed[self.length : self.length + n] = draft.tokens[:n]
-        self.committed[self.length + n] = verdict.next_token
-        self.length += n + 1
-        # p[i] is the distribution of the token after input i of [last, d_1..d_L]; the committed block ends
-        # at p[n], so p[n+1..L] (conditioned on the rejected draft d_{n+1}) are the next drafts' p_{t−1}
-        self.q = p[n + 1 : L + 1]
+        # p[b, i] is the distribution of the token after input i of [last, d_1..d_L]; the committed block
+        # ends at p[b, n], so p[b, n+1 .. L_b] (conditioned on the rejected draft d_{n+1}) are the next
+        # drafts' p_{t−1}, L_b = the image's own window (its valid drafts)
+        n = verdict.num_accepted
+        drafted = draft.valid.sum(-1)
+        width = draft.draft_len
+        index = (n[:, None] + 1 + torch.arange(width, device=p.device)).clamp(max=p.shape[1] - 1)  # (B, L)
+        self.q = p.gather(1, index[..., None].expand(-1, -1, p.shape[-1]))
+        self.carried = (drafted - n).clamp_min(0).tolist()

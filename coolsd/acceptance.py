@@ -1,4 +1,4 @@
-"""The acceptance-rule interface and the chain verification step every decoder shares.
+"""The acceptance-rule interface and the verification steps every decoder shares (chains and trees).
 
 A rule is a pair (acceptance function ``f``, resampling distribution ``G``) over the target distribution
 ``p`` and the draft distribution ``q`` (``shared/docs/algorithms.md``, "General relaxed acceptance"): a draft
@@ -6,8 +6,11 @@ A rule is a pair (acceptance function ``f``, resampling distribution ``G``) over
 then outputs ``P̂(y) = q(y) f(y) + β G(y)`` with ``β = 1 − Σ q f``, and its total-variation distance to ``p``
 is the quantity the COOL-SD paper bounds (``one_step_tv``).
 
-Rules are small pure objects; they never see a model, a cache or a loop. ``depth`` is the 1-based position
-``i`` inside the draft block (the depth in a tree).
+Rules are small pure objects; they never see a model, a cache or a loop. They work on rows: ``p``, ``q``
+(N, V), drafted tokens ``x`` (N,) and ``depth`` (N,), the 1-based position ``i`` inside the draft block (the
+depth in a tree), so one call serves every image of a batch. The verification steps take every random
+number from the caller (per-image counter-based uniforms, ``coolsd.rng``), so an image's outcome does not
+depend on its batch neighbours.
 
 Example: ``python run.py decoder=sd`` uses ``baselines.exact.ExactRule`` through ``verify_chain``.
 """
@@ -17,8 +20,23 @@ import abc
 
 import torch
 
-from coolsd.sampling import sample
+from coolsd.rng import sample
+from coolsd.sampling import normalize
 from coolsd.types import Draft, Verdict
+
+
+def ratio_acceptance(p: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """``min(1, weight·p/q)`` elementwise; 1 where ``q == 0`` (such a token is never drafted).
+
+    The arithmetic every rule shares (vanilla SD: weight 1; COOL-SD: ω_i; LANTERN: ``p̃`` in place of ``p``).
+    """
+    ratio = weight * p / q.clamp_min(torch.finfo(q.dtype).tiny)
+    return torch.where(q > 0, ratio.clamp(max=1.0), torch.ones_like(p))
+
+
+def vanilla_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``norm([p − q]_+)`` row-wise, falling back to ``p`` where it has no mass."""
+    return normalize((p - q).clamp_min(0.0), fallback=p)
 
 
 class AcceptanceRule(abc.ABC):
@@ -29,121 +47,145 @@ class AcceptanceRule(abc.ABC):
 
     @abc.abstractmethod
     def acceptance(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        """``f(y)`` for every token: p, q (..., V), depth (...) -> (..., V) in [0, 1]."""
+        """``f(y)`` for every token: p, q (N, V), depth (N,) -> (N, V) in [0, 1]."""
 
     def accept_prob(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        """``f(x)`` of the drafted tokens only: p, q (L, V), x (L,), depth (L,) -> (L,)."""
+        """``f(x)`` of the drafted tokens only: p, q (N, V), x (N,), depth (N,) -> (N,)."""
         return self.acceptance(p, q, depth).gather(-1, x[:, None]).squeeze(-1)
 
     @abc.abstractmethod
-    def residual(self, p: torch.Tensor, q: torch.Tensor, x: int | None, depth: int) -> torch.Tensor:
-        """Resampling distribution ``G`` (V,) after rejecting draft ``x`` at ``depth`` (p, q are (V,)).
+    def residual(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
+                 depth: torch.Tensor) -> torch.Tensor:
+        """Resampling distributions ``G`` (N, V) after rejecting drafts ``x`` (N,) at ``depth`` (N,).
 
         ``x`` is None when a rule whose ``G`` does not depend on the rejected token is asked for it in general.
         """
 
-    def one_step_tv(self, p: torch.Tensor, q: torch.Tensor, depth: int) -> float:
-        """Exact TV(P̂, p) of one acceptance step at ``depth`` (p, q are (V,)).
+    def one_step_tv(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """Exact TV(P̂, p) (N,) of one acceptance step per row (p, q (N, V), depth (N,)).
 
         The default assumes ``G`` does not depend on the rejected token; rules whose ``G`` does override it.
         """
         if self.lossless:
-            return 0.0
-        return 0.5 * float((output_distribution(self, p, q, depth) - p).abs().sum())
+            return torch.zeros(p.shape[0], dtype=torch.float64, device=p.device)
+        return 0.5 * (output_distribution(self, p, q, depth) - p).abs().sum(-1).double()
 
 
-def output_distribution(rule: AcceptanceRule, p: torch.Tensor, q: torch.Tensor, depth: int) -> torch.Tensor:
-    """The analytic one-step output distribution ``q f + β G`` (V,) of a rule with token-independent G."""
-    f = rule.acceptance(p, q, torch.tensor(depth, device=p.device))
+def output_distribution(rule: AcceptanceRule, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+    """The analytic one-step output distributions ``q f + β G`` (N, V) of a rule with token-independent G."""
+    f = rule.acceptance(p, q, depth)
     accepted = q * f
-    beta = (1.0 - accepted.sum()).clamp_min(0.0)
+    beta = (1.0 - accepted.sum(-1, keepdim=True)).clamp_min(0.0)
     return accepted + beta * rule.residual(p, q, None, depth)
 
 
-def verify_chain(
-    rule: AcceptanceRule,
-    p: torch.Tensor,
-    draft: Draft,
-    generator: torch.Generator | None,
-) -> Verdict:
-    """Accept a prefix of a drafted chain and draw the next token.
+def verify_chain(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: torch.Tensor,
+                 u_sample: torch.Tensor) -> Verdict:
+    """Accept a prefix of every image's drafted chain and draw its next token.
 
-    ``p`` (L + 1, V): the target's distributions at the L draft positions and the bonus position.
-    For ``i = 1..L``: accept ``x_i`` iff ``U_i < f_i(x_i)``; at the first rejection sample from the rule's
-    residual and stop; if all ``L`` pass, sample the bonus token from ``p_{L+1}``.
+    ``p`` (B, L + 1, V): the target's distributions at the L draft positions and the bonus position.
+    ``draft.valid`` (B, L) marks each chain's drafted prefix (shorter at the end of an image). For
+    ``i = 1..L``: accept ``x_i`` iff ``U_i < f_i(x_i)``; at the first rejection sample from the rule's
+    residual and stop; if every drafted token passes, sample the bonus token from the next position's ``p``.
+    ``u_accept`` (B, L) and ``u_sample`` (B,) are the images' uniforms.
     """
-    L = draft.draft_len
-    n = L
+    b, L = draft.tokens.shape
+    device = p.device
+    rows = torch.arange(b, device=device)
+    drafted = draft.valid.sum(-1)  # (B,)
     if L:
-        depth = torch.arange(1, L + 1, device=p.device)
-        f = rule.accept_prob(p[:L], draft.q, draft.tokens, depth)  # (L,)
-        u = torch.rand(L, generator=generator, device=p.device)
-        rejected = (u >= f).nonzero()
-        if rejected.numel():
-            n = int(rejected[0, 0])
-    if n < L:
-        dist = rule.residual(p[n], draft.q[n], int(draft.tokens[n]), n + 1)
+        depth = torch.arange(1, L + 1, device=device).expand(b, L)
+        f = rule.accept_prob(p[:, :L].reshape(b * L, -1), draft.q.reshape(b * L, -1), draft.tokens.reshape(-1),
+                             depth.reshape(-1)).view(b, L)
+        ok = (u_accept < f) & draft.valid
+        n = ok.long().cumprod(-1).sum(-1)  # (B,) accepted prefix
+        at = n.clamp(max=L - 1)
+        res = rule.residual(p[rows, at], draft.q[rows, at], draft.tokens[rows, at], n + 1)
+        dist = torch.where((n < drafted)[:, None], res, p[rows, n])
+        tested = torch.arange(L, device=device)[None, :] < torch.minimum(n + 1, drafted)[:, None]  # (B, L)
+        tests = ((p[:, :L], draft.q, depth, tested),)
     else:
-        dist = p[L]
-    return Verdict(num_accepted=n, next_token=int(sample(dist, generator)), tv_steps=min(n + 1, L),
-                   path=tuple(range(1, n + 1)))
+        n = torch.zeros(b, dtype=torch.long, device=device)
+        dist, tests = p[:, 0], ()
+    path = torch.arange(L, device=device).expand(b, L)
+    return Verdict(num_accepted=n, next_token=sample(dist, u_sample), path=path, tests=tests)
 
 
-def chain_tv(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, verdict: Verdict) -> float:
-    """Summed exact one-step TV of the positions the chain tested (1 .. min(n + 1, L)); a diagnostic."""
-    if rule.lossless:
-        return 0.0
-    return sum(rule.one_step_tv(p[i], draft.q[i], i + 1) for i in range(verdict.tv_steps))
+def children_table(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B, M + 1, C) node indices of the valid children of the root (row 0) and of node j (row j + 1), in
+    node order, −1 padded; C is the largest number of children."""
+    b, m = parents.shape
+    device = parents.device
+    same = parents[:, :, None] == parents[:, None, :]  # (B, M, M)
+    earlier = torch.ones(m, m, dtype=torch.bool, device=device).tril(-1)
+    rank = (same & earlier & valid[:, None, :]).sum(-1)  # (B, M) rank among valid siblings
+    c = int(rank.max()) + 1 if m else 1
+    kids = torch.full((b, m + 1, c), -1, dtype=torch.long, device=device)
+    bi, ji = valid.nonzero(as_tuple=True)
+    kids[bi, parents[bi, ji] + 1, rank[bi, ji]] = ji
+    return kids
 
 
-def verify_tree(
-    rule: AcceptanceRule,
-    p: torch.Tensor,
-    draft: Draft,
-    generator: torch.Generator | None,
-) -> Verdict:
-    """The multi-draft acceptance walk over a draft tree, for every rule (EAGLE-1 recursive rejection).
+def verify_tree(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: torch.Tensor,
+                u_sample: torch.Tensor) -> Verdict:
+    """The multi-draft acceptance walk over every image's draft tree, for every rule (EAGLE-1 recursive
+    rejection), all images in step.
 
-    ``p`` (M + 1, V): the target's distributions at the root (row 0, the last committed token) and at every
-    node (row j + 1). From the root, the children of the current node are tried in order: child ``x`` with
-    its conditional draft distribution ``q'`` (``draft.q``) is accepted iff ``U < f(x)`` under the current
-    residual ``p'``; after a rejection ``p' ← rule.residual(p', q', x, depth)``. An accepted child becomes the
-    current node (depth + 1); when every child fails, the next token is drawn from the final ``p'``; at a
-    fully accepted leaf it is the bonus token from that leaf's ``p``. One uniform per node is drawn up front,
-    so a chain-shaped tree consumes the random stream exactly like ``verify_chain``.
+    ``p`` (B, M + 1, V): the target's distributions at the root (row 0, the last committed token) and at every
+    node (row j + 1). From the root, the valid children of the current node are tried in order: child ``x``
+    with its conditional draft distribution ``q'`` (``draft.q``) is accepted iff ``U_x < f(x)`` under the
+    current residual ``p'``; after a rejection ``p' ← rule.residual(p', q', x, depth)``. An accepted child
+    becomes the current node (depth + 1); when every child fails, the next token is drawn from the final
+    ``p'``; at a fully accepted leaf it is the bonus token from that leaf's ``p``. Node j's test uses
+    ``u_accept[:, j]``, so a chain-shaped tree consumes the uniforms exactly like ``verify_chain``.
     """
-    m = draft.draft_len
-    u = torch.rand(m, generator=generator, device=p.device).tolist()
-    parents = draft.parents.tolist() if draft.parents is not None else list(range(-1, m - 1))
-    kids: list[list[int]] = [[] for _ in range(m + 1)]
-    for j, par in enumerate(parents):
-        kids[par + 1].append(j)
-    path: list[int] = []
-    tests: list[tuple[torch.Tensor, torch.Tensor, int]] = []
-    current, depth = 0, 1  # row of p of the current node (0 = root)
+    b, m = draft.tokens.shape
+    device = p.device
+    rows = torch.arange(b, device=device)
+    kids = children_table(draft.parents, draft.valid)
+    width = kids.shape[-1]
+    current = torch.zeros(b, dtype=torch.long, device=device)  # row of p of the current node
+    rank = torch.zeros(b, dtype=torch.long, device=device)  # next child to try
+    depth = torch.ones(b, dtype=torch.long, device=device)
+    n = torch.zeros(b, dtype=torch.long, device=device)
+    path = torch.zeros(b, m + 1, dtype=torch.long, device=device)
+    residual = p[:, 0]
+    tests = []
     while True:
-        residual = p[current]
-        accepted = None
-        for j in kids[current]:
-            x = draft.tokens[j : j + 1]
-            q = draft.q[j]
-            f = rule.accept_prob(residual[None], q[None], x, torch.tensor([depth], device=p.device))
-            tests.append((residual, q, depth))
-            if u[j] < float(f[0]):
-                accepted = j
-                break
-            residual = rule.residual(residual, q, int(x), depth)
-        if accepted is None:
-            next_token = int(sample(residual, generator))
+        child = torch.where(rank < width, kids[rows, current, rank.clamp(max=width - 1)], -1)  # (B,)
+        testing = child >= 0
+        if not bool(testing.any()):
             break
-        path.append(accepted + 1)
-        current, depth = accepted + 1, depth + 1
-    return Verdict(num_accepted=len(path), next_token=next_token, tv_steps=len(tests), path=tuple(path),
-                   tests=tuple(tests))
+        j = child.clamp_min(0)
+        q, x = draft.q[rows, j], draft.tokens[rows, j]
+        accepted = testing & (u_accept[rows, j] < rule.accept_prob(residual, q, x, depth))
+        rejected = testing & ~accepted
+        tests.append((residual, q, depth, testing))
+        residual = torch.where(rejected[:, None], rule.residual(residual, q, x, depth), residual)
+        residual = torch.where(accepted[:, None], p[rows, j + 1], residual)
+        path[rows, n] = torch.where(accepted, j, path[rows, n])
+        n = n + accepted
+        current = torch.where(accepted, j + 1, current)
+        rank = torch.where(accepted, 0, rank + rejected)
+        depth = depth + accepted
+    return Verdict(num_accepted=n, next_token=sample(residual, u_sample), path=path[:, :m], tests=tuple(tests))
 
 
-def tree_tv(rule: AcceptanceRule, verdict: Verdict) -> float:
-    """Summed exact one-step TV of every test the tree walk made; a diagnostic."""
-    if rule.lossless:
-        return 0.0
-    return sum(rule.one_step_tv(residual, q, depth) for residual, q, depth in verdict.tests)
+def summed_tv(rule: AcceptanceRule, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per image (B,): the summed exact one-step TV of every test the verification made, and the test count."""
+    b = verdict.next_token.shape[0]
+    device = verdict.next_token.device
+    tv = torch.zeros(b, dtype=torch.float64, device=device)
+    count = torch.zeros(b, dtype=torch.long, device=device)
+    for residual, q, depth, made in verdict.tests:
+        if residual.dim() == 3:  # a chain's tests: (B, L, V) at once
+            count += made.sum(-1)
+            if not rule.lossless:
+                v = residual.shape[-1]
+                step = rule.one_step_tv(residual.reshape(-1, v), q.reshape(-1, v), depth.reshape(-1))
+                tv += (step.view(made.shape) * made).sum(-1)
+        else:
+            count += made.long()
+            if not rule.lossless:
+                tv += rule.one_step_tv(residual, q, depth) * made
+    return tv, count

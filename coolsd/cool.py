@@ -14,8 +14,7 @@ from typing import Callable
 
 import torch
 
-from baselines.exact import ratio_acceptance
-from coolsd.acceptance import AcceptanceRule
+from coolsd.acceptance import AcceptanceRule, ratio_acceptance
 from coolsd.decoding import Decoder
 from coolsd.drafters.base import Drafter
 from coolsd.models.base import ImageARModel
@@ -25,7 +24,7 @@ from coolsd.trees import TreeShape, resolve_tree
 
 
 def optimal_residual(p: torch.Tensor, q: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """COOL-SD's G* = norm([p − q·f]_+) (V,), falling back to p when it has no mass."""
+    """COOL-SD's G* = norm([p − q·f]_+) row-wise (N, V), falling back to p where it has no mass."""
     return normalize((p - q * f).clamp_min(0.0), fallback=p)
 
 
@@ -37,18 +36,21 @@ class CoolSDRule(AcceptanceRule):
         self.delta, self.draft_len, self.schedule, self.nu, self.mu = delta, draft_len, schedule, nu, mu
         self.omega = omega_table(schedule, delta, draft_len, nu, mu)  # (L,) float64
         self.lossless = bool((self.omega == 1.0).all())
+        self._omega_on: dict[tuple, torch.Tensor] = {}  # the table per (device, dtype), moved once
 
-    def weight(self, depth: torch.Tensor) -> torch.Tensor:
+    def weight(self, depth: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """ω at 1-based depths (...,); depths past the schedule's length reuse its last value."""
-        idx = (depth.long() - 1).clamp(0, self.draft_len - 1).cpu()
-        return self.omega[idx].to(device=depth.device, dtype=torch.float32)
+        key = (depth.device, dtype)
+        if key not in self._omega_on:
+            self._omega_on[key] = self.omega.to(device=depth.device, dtype=dtype)
+        return self._omega_on[key][(depth.long() - 1).clamp(0, self.draft_len - 1)]
 
     def acceptance(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        return ratio_acceptance(p, q, self.weight(depth).unsqueeze(-1).to(p.dtype))
+        return ratio_acceptance(p, q, self.weight(depth, p.dtype).unsqueeze(-1))
 
-    def residual(self, p: torch.Tensor, q: torch.Tensor, x: int | None, depth: int) -> torch.Tensor:
-        f = self.acceptance(p, q, torch.tensor(depth, device=p.device))
-        return optimal_residual(p, q, f)
+    def residual(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
+                 depth: torch.Tensor) -> torch.Tensor:
+        return optimal_residual(p, q, self.acceptance(p, q, depth))
 
 
 class CoolSD(Decoder):

@@ -1,37 +1,46 @@
-"""The one speculative decoding loop that every decoder runs (AR, SD, LANTERN, LANTERN++, SJD, COOL-SD).
+"""The one speculative decoding loop that every decoder runs (AR, SD, LANTERN, LANTERN++, SJD, COOL-SD),
+for a batch of images at once.
 
 A decoder is a drafter + an acceptance rule + a draft length; the loop below never branches on which.
 Per iteration (the algorithm box of speculative sampling, Leviathan et al. 2023; loop shape after
 Hugging Face ``generation/utils.py: _assisted_decoding`` and gpt-fast ``generate.py: speculative_decode``):
 
-1. draft   — the drafter proposes ``L`` tokens with their draft distributions ``q``;
-2. verify  — one target forward over ``[last committed token, x_1..x_L]`` gives ``p_1..p_{L+1}``;
-3. accept/resample — the rule accepts a prefix of ``n`` drafts and draws one more token;
-4. commit  — append ``n + 1`` tokens, keep their KV entries, drop the rest;
+1. draft   — the drafter proposes up to ``L`` tokens per image with their draft distributions ``q``;
+2. verify  — one target forward over ``[last committed token, x_1..x_L]`` of every image gives ``p``;
+3. accept/resample — the rule accepts a prefix (a path) of ``n_b`` drafts of image ``b`` and draws one more;
+4. commit  — append ``n_b + 1`` tokens per image, keep their KV entries, drop the rest;
 5. observe — the drafter sees the verified block and updates its own state.
 
+Every image of a batch runs the same algorithm as alone (``shared/docs/algorithms.md``, "Batched
+decoding"): its own acceptance, positions and cache length; images that finish leave the batch. All
+randomness comes from per-image counter-based streams (``coolsd.rng``) keyed by the image's seed and
+position, so an image depends only on its prompt, seed and config, not on the batch. ``generate`` is the
+same loop with a batch of one.
+
 ``draft_len = 0`` with the null drafter is plain autoregressive decoding (the speedup denominator).
-Batch size is 1 prompt per call (classifier-free guidance doubles the batch inside the model adapter).
 
 Example: ``python run.py decoder=sd decoder.draft_len=4``.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from coolsd.acceptance import AcceptanceRule, chain_tv, tree_tv, verify_chain, verify_tree
+from coolsd.acceptance import AcceptanceRule, summed_tv, verify_chain, verify_tree
 from coolsd.drafters.base import Drafter, NullDrafter
 from coolsd.models.base import ImageARModel
-from coolsd.sampling import sample
-from coolsd.trees import DynamicTree, TreeShape, ancestor_mask, depths_of, resolve_tree
-from coolsd.types import DecodeStats, StatsRecorder, Verdict
+from coolsd.rng import ACCEPT, SAMPLE, Streams, sample
+from coolsd.sampling import finite_images
+from coolsd.trees import DynamicTree, TreeShape, ancestor_mask, ancestor_masks, depths_of, resolve_tree
+from coolsd.types import DecodeStats, Draft, StatsRecorder
 
 
-_AR_VERDICT = Verdict(num_accepted=0, next_token=-1)  # the statistics of one plain-AR iteration
+class NonFiniteError(FloatingPointError):
+    """A model produced NaN or infinite logits; the message names the model, decoder, image and position."""
 
 
 @dataclass(frozen=True)
@@ -73,121 +82,218 @@ class Decoder:
             raise ValueError(f"decoder {name!r} has decoder.tree={tree} but no drafter")
         if isinstance(self.tree, TreeShape):
             self.max_depth, self.max_nodes = self.tree.depth, len(self.tree.paths)
+            parents = self.tree.parents()
+            self._static_mask = ancestor_mask(parents)  # (M+1, M+1), the same for every image
+            self._static_depth = torch.tensor([0] + depths_of(parents))
         elif isinstance(self.tree, DynamicTree):
             self.max_depth, self.max_nodes = self.tree.depth + 1, self.tree.total_tokens
         else:
             self.max_depth = self.max_nodes = draft_len
+        self.plain_ar = self.max_depth == 0 and isinstance(self.drafter, NullDrafter)
         self.track_tv = track_tv
         self.sync_phases = sync_phases and model.device.type == "cuda"
-
-    def _plan(self, depth: int) -> TreeShape | DynamicTree | None:
-        """The tree to draft when at most ``depth`` more tokens fit (None: a chain of ``depth`` tokens)."""
-        if isinstance(self.tree, TreeShape):
-            return self.tree.truncated(depth)
-        return self.tree
 
     def _clock(self) -> float:
         if self.sync_phases:
             torch.cuda.synchronize()
         return time.perf_counter()
 
+    def generate(self, prompt: str, seed: int, label: object = None) -> Generation:
+        """Generate one image for ``prompt``; all randomness comes from the stream of ``seed``."""
+        return self.generate_batch([prompt], [seed], labels=None if label is None else [label])[0]
+
     @torch.inference_mode()
-    def generate(self, prompt: str, seed: int) -> Generation:
-        """Generate one image for ``prompt``; all randomness comes from a generator seeded with ``seed``."""
+    def generate_batch(self, prompts: Sequence[str], seeds: Sequence[int],
+                       labels: Sequence[object] | None = None) -> list[Generation]:
+        """Generate one image per prompt, all in one batch; image ``b`` depends only on ``prompts[b]``,
+        ``seeds[b]`` and the config. ``labels`` name the images in error messages (e.g. prompt indices).
+
+        Statistics are per image; ``latency_s`` is the wall time from the start of the batch to the image's
+        last token (minus diagnostics), the phase times are the batch's until then.
+        """
         model, rule = self.model, self.rule
+        b = len(prompts)
+        if b == 0:
+            return []
+        if len(seeds) != b:
+            raise ValueError(f"{b} prompts but {len(seeds)} seeds")
+        labels = list(labels) if labels is not None else list(range(b))
         n_tokens = model.num_image_tokens
         device = model.device
-        gen = torch.Generator(device=device).manual_seed(seed)
-        rec = StatsRecorder(max_accept=self.max_depth + 1)
+        streams = Streams(seeds, device)
+        recs = [StatsRecorder(max_accept=self.max_depth + 1) for _ in range(b)]
+        phases = StatsRecorder(max_accept=0)
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
 
-        cache, out = model.prefill(prompt, extra_slots=self.max_nodes + 1)
-        tokens = torch.empty(n_tokens, dtype=torch.long, device=device)
-        tokens[0] = sample(model.probs(out)[-1], gen)
-        rec.target_forwards += 1
-        self.drafter.begin(prompt, out, tokens[0])
-        t = 1  # committed image tokens
+        cache, out = model.prefill(list(prompts), extra_slots=self.max_nodes + 1)
+        self._check(finite_images(out.logits).tolist(), "target", labels, prompts, seeds, [0] * b)
+        tokens = torch.zeros(b, n_tokens + self.max_nodes + 2, dtype=torch.long, device=device)  # room to write
+        zero = torch.zeros(b, dtype=torch.long, device=device)
+        tokens[:, 0] = sample(model.probs(out)[:, -1], streams.uniform(zero, SAMPLE, 1)[:, 0])
+        for rec in recs:
+            rec.target_forwards += 1
+        self.drafter.begin(list(prompts), out, tokens[:, 0], streams)
+        t = [1] * b  # committed image tokens per image in the batch
+        rows = list(range(b))  # original index of each image in the batch
+        done: dict[int, Generation] = {}
         now = self._clock()
-        rec.prefill_s = now - start
+        phases.prefill_s = now - start
 
-        plain_ar = self.max_depth == 0 and isinstance(self.drafter, NullDrafter)
-        while t < n_tokens:
-            if plain_ar:  # the same steps as below with an empty draft, minus the per-token host sync
-                now, t = self._ar_step(cache, tokens, t, gen, rec, now)
+        while rows:
+            if self.plain_ar:
+                now = self._ar_steps(cache, tokens, t[0], streams, phases, now, labels, prompts, seeds, rows)
+                for r in rows:
+                    recs[r].hist[0] += n_tokens - t[0]
+                    recs[r].iterations += n_tokens - t[0]
+                    recs[r].target_forwards += n_tokens - t[0]
+                t = [n_tokens] * len(rows)
+            else:
+                now = self._iteration(cache, tokens, t, streams, recs, phases, now, labels, prompts, seeds, rows)
+            finished = [i for i, ti in enumerate(t) if ti >= n_tokens]
+            if not finished:
                 continue
-            depth = min(self.max_depth, n_tokens - t - 1)  # drafts that still fit in the image
-            # 1. draft
-            draft = self.drafter.propose(tokens[t - 1], t - 1, depth, gen, tree=self._plan(depth) if depth else None)
-            t1 = self._clock()
-            # 2. verify: the last committed token and the drafts; a tree uses per-node positions and its
-            #    ancestor mask (node at depth d sits at image position t - 1 + d)
-            inputs = torch.cat([tokens[t - 1 : t], draft.tokens])
-            if draft.is_chain:
-                positions, tree_mask = torch.arange(t - 1, t + draft.draft_len, device=device), None
-            else:
-                parents = draft.parents.tolist()
-                positions = torch.tensor([t - 1] + [t - 1 + d for d in depths_of(parents)], device=device)
-                tree_mask = ancestor_mask(parents)
-            out = model.forward_block(cache, inputs, positions, tree_mask)
-            p = model.probs(out)  # (M+1, V)
-            t2 = self._clock()
-            # 3. accept / resample
-            verdict = verify_chain(rule, p, draft, gen) if draft.is_chain else verify_tree(rule, p, draft, gen)
-            n = verdict.num_accepted
-            t3 = self._clock()
-            # 4. commit: the accepted path and the next token; keep (and compact) the path's KV entries
-            if draft.is_chain:
-                tokens[t : t + n] = draft.tokens[:n]
-                cache.keep(n + 1)
-            else:
-                path = torch.tensor((0,) + verdict.path, device=device)
-                tokens[t : t + n] = inputs[path[1:]]
-                cache.keep(path)
-            tokens[t + n] = verdict.next_token
-            t += n + 1
-            # 5. observe
-            self.drafter.observe(out, p, draft, verdict)
-            t4 = self._clock()
-            # diagnostics (not part of the method's latency): the exact one-step TV of the tests made
-            tv = 0.0
-            if self.track_tv:
-                tv = chain_tv(rule, p, draft, verdict) if draft.is_chain else tree_tv(rule, verdict)
-            t5 = self._clock()
-            rec.diagnostics_s += t5 - t4
-            rec.iteration(n + 1, verdict, tv)
-            rec.drafter_forwards += draft.forwards
-            rec.draft_s += t1 - now
-            rec.verify_s += t2 - t1
-            rec.accept_s += t3 - t2
-            rec.observe_s += t4 - t3
-            now = t5
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - start - phases.diagnostics_s
+            for i in finished:
+                r = rows[i]
+                rec = recs[r]
+                for phase in ("prefill_s", "draft_s", "verify_s", "accept_s", "observe_s", "diagnostics_s"):
+                    setattr(rec, phase, getattr(phases, phase))
+                done[r] = Generation(tokens=tokens[i, :n_tokens].clone(), stats=rec.freeze(n_tokens, elapsed, b))
+            keep = [i for i, ti in enumerate(t) if ti < n_tokens]
+            if keep:
+                index = torch.tensor(keep, device=device)
+                cache.select(keep)
+                self.drafter.select(keep)
+                streams.select(index)
+                tokens = tokens[index]
+            t = [t[i] for i in keep]
+            rows = [rows[i] for i in keep]
+        return [done[r] for r in range(b)]
 
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        latency = time.perf_counter() - start - rec.diagnostics_s
-        return Generation(tokens=tokens, stats=rec.freeze(n_tokens, latency))
+    def _check(self, finite: list[bool], source: str, labels, prompts, seeds, positions: list[int]) -> None:
+        """Raise ``NonFiniteError`` for the first image whose ``source`` logits were not finite."""
+        for i, ok in enumerate(finite):
+            if not ok:
+                model = type(self.model).__name__ if source == "target" else type(self.drafter).__name__
+                raise NonFiniteError(
+                    f"non-finite (NaN or infinite) logits from the {source} ({model}) while decoding with "
+                    f"decoder {self.name!r}: image {labels[i]} (prompt {prompts[i]!r}, seed {seeds[i]}) at image "
+                    f"position {positions[i]}; check the model weights and dtype (model.dtype) before rerunning")
 
-    def _ar_step(self, cache, tokens: torch.Tensor, t: int, gen: torch.Generator, rec: StatsRecorder,
-                 now: float) -> tuple[float, int]:
-        """One plain-AR iteration: forward the last token, draw the next one from ``p`` into ``tokens[t]``.
+    def _ar_steps(self, cache, tokens: torch.Tensor, t: int, streams: Streams, phases: StatsRecorder,
+                  now: float, labels, prompts, seeds, rows) -> float:
+        """Plain AR to the end of the image, every image in step: forward the last token, draw the next.
 
-        Token for token and draw for draw what the general loop does with an empty draft (``verify_chain``
-        with L = 0 samples from ``p[0]`` and draws no uniform), but the token stays on the device: the general
-        loop turns it into a Python int (a host sync per token on a GPU, which keeps the host from queueing
-        the next forward's kernels while the current one runs). LlamaGen's own ``generate`` keeps it on the
-        device too, so this is the AR baseline of the published speedups.
+        The same draws as the general loop with empty drafts (the sample of ``p`` keyed at each position),
+        but the tokens stay on the device and finiteness is checked once at the end: no host sync per token
+        (LlamaGen's own ``generate`` has none either), so this is the AR baseline of the published speedups.
         """
         model = self.model
-        out = model.forward_block(cache, tokens[t - 1 : t], torch.arange(t - 1, t, device=tokens.device))
-        p = model.probs(out)  # (1, V)
-        t2 = self._clock()
-        tokens[t] = sample(p[0], gen)
-        cache.keep(1)
-        t3 = self._clock()
-        rec.iteration(1, _AR_VERDICT, 0.0)
-        rec.verify_s += t2 - now
-        rec.accept_s += t3 - t2
-        return t3, t + 1
+        b = tokens.shape[0]
+        n_tokens = model.num_image_tokens
+        device = tokens.device
+        bad = torch.full((b,), n_tokens, dtype=torch.long, device=device)  # first non-finite position
+        for pos in range(t, n_tokens):
+            position = torch.full((b, 1), pos - 1, dtype=torch.long, device=device)
+            out = model.forward_block(cache, tokens[:, pos - 1 : pos], position)
+            bad = torch.where(finite_images(out.logits), bad, bad.clamp(max=pos))
+            p = model.probs(out)[:, 0]  # (B, V)
+            t2 = self._clock()
+            tokens[:, pos] = sample(p, streams.uniform(position[:, 0] + 1, SAMPLE, 1)[:, 0])
+            cache.keep(1)
+            t3 = self._clock()
+            phases.verify_s += t2 - now
+            phases.accept_s += t3 - t2
+            now = t3
+        first = bad.tolist()
+        self._check([f == n_tokens for f in first], "target", [labels[r] for r in rows], [prompts[r] for r in rows],
+                    [seeds[r] for r in rows], first)
+        return now
 
+    def _iteration(self, cache, tokens: torch.Tensor, t: list[int], streams: Streams, recs: list[StatsRecorder],
+                   phases: StatsRecorder, now: float, labels, prompts, seeds, rows: list[int]) -> float:
+        """One speculative iteration for every image in the batch; updates ``t`` and ``tokens`` in place."""
+        model, rule = self.model, self.rule
+        device = tokens.device
+        b = len(t)
+        n_tokens = model.num_image_tokens
+        limits = [min(self.max_depth, n_tokens - ti - 1) for ti in t]  # drafts that still fit in each image
+        depth = max(limits)
+        t_dev = torch.tensor(t, device=device)
+        limit = torch.tensor(limits, device=device)
+        batch = torch.arange(b, device=device)
+        last = tokens[batch, t_dev - 1]
+        # 1. draft
+        tree = self.tree
+        if isinstance(tree, TreeShape) and depth < self.max_depth:
+            tree = tree.truncated(depth)
+        draft = self.drafter.propose(last, t_dev, limit, depth, tree=tree if depth else None)
+        t1 = self._clock()
+        # 2. verify: the last committed token and the drafts; a tree uses per-node positions and its
+        #    ancestor mask (node at depth d sits at image position t - 1 + d)
+        inputs = torch.cat([last[:, None], draft.tokens], dim=1)  # (B, M+1)
+        m = draft.draft_len
+        if draft.is_chain:
+            offsets, tree_mask = torch.arange(m + 1, device=device).expand(b, -1), None
+        elif isinstance(self.tree, TreeShape):
+            tree_mask = self._static_mask[: m + 1, : m + 1].to(device)
+            offsets = self._static_depth[: m + 1].to(device).expand(b, -1)
+        else:
+            tree_mask = ancestor_masks(draft.parents)
+            offsets = tree_mask.sum(-1) - 1  # a node's depth = its number of proper ancestors
+        positions = (t_dev[:, None] - 1 + offsets).clamp(max=n_tokens - 1)  # (B, M+1); invalid nodes clamped
+        out = model.forward_block(cache, inputs, positions, tree_mask)
+        p = model.probs(out)  # (B, M+1, V)
+        t2 = self._clock()
+        # 3. accept / resample, with each image's own uniforms
+        u_accept = streams.uniform(t_dev, ACCEPT, m)
+        u_sample = streams.uniform(t_dev, SAMPLE, 1)[:, 0]
+        verify = verify_chain if draft.is_chain else verify_tree
+        verdict = verify(rule, p, draft, u_accept, u_sample)
+        flags = [verdict.num_accepted, finite_images(out.logits).long()]
+        if draft.finite is not None:
+            flags.append(draft.finite.long())
+        host = torch.stack(flags).tolist()  # the iteration's one host sync
+        n = host[0]
+        self._check([bool(x) for x in host[1]], "target", [labels[r] for r in rows], [prompts[r] for r in rows],
+                    [seeds[r] for r in rows], t)
+        if draft.finite is not None:
+            self._check([bool(x) for x in host[2]], "drafter", [labels[r] for r in rows],
+                        [prompts[r] for r in rows], [seeds[r] for r in rows], t)
+        t3 = self._clock()
+        # 4. commit: the accepted path and the next token; keep (and compact) the path's KV entries
+        width = verdict.path.shape[1]
+        if width:
+            cols = t_dev[:, None] + torch.arange(width, device=device)  # (B, D): garbage past n is overwritten
+            tokens.scatter_(1, cols, draft.tokens.gather(1, verdict.path))
+        n_dev = verdict.num_accepted
+        tokens[batch, t_dev + n_dev] = verdict.next_token
+        kept = [x + 1 for x in n]
+        if draft.is_chain:
+            cache.keep(kept)
+        else:
+            cache.keep(kept, torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), verdict.path + 1], 1))
+        # 5. observe
+        self.drafter.observe(out, p, draft, verdict)
+        t4 = self._clock()
+        # diagnostics (not part of the method's latency): the exact one-step TV of the tests made
+        if self.track_tv:
+            tv, count = summed_tv(rule, verdict)
+            tv, count = tv.tolist(), count.tolist()
+        else:
+            tv, count = [0.0] * b, [0] * b
+        t5 = self._clock()
+        for i, r in enumerate(rows):
+            recs[r].iteration(n[i] + 1, tv[i], count[i])
+            recs[r].drafter_forwards += draft.forwards[i]
+            t[i] += n[i] + 1
+        phases.diagnostics_s += t5 - t4
+        phases.draft_s += t1 - now
+        phases.verify_s += t2 - t1
+        phases.accept_s += t3 - t2
+        phases.observe_s += t4 - t3
+        return t5

@@ -1,10 +1,12 @@
-"""Static, preallocated key/value cache with a length pointer, rollback and compaction.
+"""Static, preallocated key/value cache for a batch of images: per-row lengths, rollback and compaction.
 
-Every layer owns a slice of one ``(layers, B, H, S_max, D)`` buffer. A forward over ``T`` new tokens writes
-slots ``[length, length + T)`` (a *block*) and attends to the committed slots plus, inside the block, a
-causal mask or an explicit tree mask. After verification the caller keeps a subset of the block:
-a prefix (chains; rollback is a pointer move, stale slots are overwritten later) or an arbitrary ordered
-subset (trees; the kept slots are copied to be contiguous again).
+Every layer owns a slice of one ``(layers, S·B, H, S_max, D)`` buffer: ``B`` images (prompt rows), each with
+``S`` classifier-free-guidance streams, laid out stream-major (cache row ``s·B + b``). Every image has its own
+committed length. A forward over ``T`` new tokens per image writes slots ``[length_b, length_b + T)`` of row
+``b`` (a *block*) and attends to that row's committed slots plus, inside the block, a causal mask or an
+explicit per-row tree mask. After verification the caller keeps a subset of each row's block: a prefix
+(chains: a pointer move, stale slots are overwritten later) or an ordered subset (trees: the kept slots are
+copied to be contiguous again). Rows of finished images leave the batch (``select``).
 
 Design after pytorch-labs/gpt-fast ``model.py: KVCache`` and EAGLE ``kv_cache.py`` (copy-on-accept).
 
@@ -12,11 +14,13 @@ Example: used by every model adapter; ``pytest tests/test_kv_cache.py`` checks c
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
 class StaticKVCache:
-    """Preallocated K/V for ``num_layers`` layers and ``batch`` rows (the CFG streams live in the batch)."""
+    """Preallocated K/V for ``num_layers`` layers, ``batch`` images and ``streams`` CFG streams per image."""
 
     def __init__(
         self,
@@ -27,81 +31,142 @@ class StaticKVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        streams: int = 1,
     ) -> None:
-        shape = (num_layers, batch, num_heads, max_len, head_dim)
+        rows = streams * batch
+        shape = (num_layers, rows, num_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.key_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)
+        self.key_valid = torch.ones(rows, max_len, dtype=torch.bool, device=device)
         self.has_padding = False
         self.max_len = max_len
-        self.length = 0  # committed slots
-        self.block_start = 0  # first slot of the latest block
+        self.streams = streams
+        self.lengths = [0] * batch  # committed slots per image
+        self.block_starts = [0] * batch  # first slot of the latest block per image
         self.block_len = 0
+        self._slots: torch.Tensor | None = None  # (S·B, T) slot of every block token when starts differ
+        self._end = 0
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    def _rows(self, per_image: torch.Tensor) -> torch.Tensor:
+        """A per-image tensor (B, ...) repeated for every stream -> per cache row (S·B, ...)."""
+        return per_image.repeat(self.streams, *([1] * (per_image.dim() - 1))) if self.streams > 1 else per_image
 
     # -- one forward ------------------------------------------------------------------------------------
     def begin_block(self, num_tokens: int, tree_mask: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Reserve slots for ``num_tokens`` new tokens; return the attention mask (B, 1, T, end) or None.
+        """Reserve ``num_tokens`` slots per image; return the attention mask (S·B, 1, T, end) or None.
 
-        ``tree_mask`` (T, K) bool with K >= T covers the last K slots (earlier speculative blocks, then this
-        block): ``tree_mask[i, j]`` = new token i may attend to slot ``end − K + j`` (it must include i itself).
-        Older slots are committed and always visible. ``None`` means causal inside the block. The returned mask is ``None`` when plain attention to every
-        cached slot is correct (a single new token and no padded prefix), which lets SDPA take its fast path.
+        ``tree_mask`` (T, K) shared or (B, T, K) per image, bool, K >= T, covers each row's last K slots
+        (earlier speculative blocks, then this block): ``tree_mask[i, j]`` = new token i may attend to slot
+        ``end_b − K + j`` (it must include i itself). Older slots are committed and visible unless marked as
+        padding. ``None`` means causal inside the block. The mask is ``None`` when plain attention to every
+        cached slot is correct (one new token per row, equal lengths, no padded prefix): SDPA's fast path.
         """
-        start, end = self.length, self.length + num_tokens
+        starts = self.lengths
+        t = num_tokens
+        end = max(starts) + t
         if end > self.max_len:
             raise RuntimeError(f"KV cache overflow: need {end} slots, cache holds {self.max_len}")
-        self.block_start, self.block_len, self.length = start, num_tokens, end
-        if tree_mask is None and num_tokens == 1 and not self.has_padding:
-            return None
+        self.block_starts, self.block_len, self.lengths = list(starts), t, [s + t for s in starts]
+        self._end = end
         device = self.k.device
-        mask = self.key_valid[:, None, None, :end].expand(-1, 1, num_tokens, -1).clone()  # (B, 1, T, end)
-        if tree_mask is None:
-            block = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device).tril()
-        else:
-            block = tree_mask.to(device=device, dtype=torch.bool)
-        mask[..., end - block.shape[-1] : end] &= block
-        # a padded query still attends to itself, so its row is never empty (LlamaGen forces the diagonal)
-        idx = torch.arange(num_tokens, device=device)
-        mask[:, :, idx, start + idx] = True
-        return mask
+        uniform = min(starts) == end - t
+        self._slots = None
+        if not uniform:
+            start_t = self._rows(torch.tensor(starts, device=device))
+            self._slots = start_t[:, None] + torch.arange(t, device=device)  # (S·B, T)
+        if tree_mask is None and t == 1 and not self.has_padding and uniform:
+            return None
+        block = torch.ones(t, t, dtype=torch.bool, device=device).tril() if tree_mask is None \
+            else tree_mask.to(device=device, dtype=torch.bool)
+        k = block.shape[-1]
+        valid = self.key_valid[:, :end]  # (S·B, end)
+        if uniform:  # one window for every row: slice assignments, no gathers
+            mask = valid[:, None, :].expand(-1, t, -1).clone()  # (S·B, T, end)
+            win = block if block.dim() == 2 else self._rows(block)
+            mask[..., end - k:] &= win
+            idx = torch.arange(t, device=device)
+            mask[:, idx, end - t + idx] = True  # a padded query still attends to itself (LlamaGen's diagonal)
+            return mask.unsqueeze(1)
+        ends = self._rows(torch.tensor(self.lengths, device=device))  # (S·B,)
+        col = torch.arange(end, device=device)
+        rel = col[None, :] - (ends - k)[:, None]  # (S·B, end): column inside each row's window
+        old = (rel < 0) & valid
+        block = block.expand(self.batch, -1, -1) if block.dim() == 2 else block
+        padded = torch.cat([self._rows(block), torch.zeros_like(block[:1, :, :1]).expand(
+            self.streams * self.batch, t, 1)], dim=-1)  # (S·B, T, K + 1): column K is "not in the window"
+        where = torch.where((rel >= 0) & (rel < k), rel, torch.full_like(rel, k))
+        win = padded.gather(-1, where[:, None, :].expand(-1, t, -1)) & valid[:, None, :]
+        mask = old[:, None, :] | win  # (S·B, T, end)
+        mask.scatter_(-1, self._slots[:, :, None], True)
+        return mask.unsqueeze(1)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the block's K/V (B, H, T, D) for ``layer``; return all K/V up to the block end."""
-        s, e = self.block_start, self.block_start + self.block_len
-        self.k[layer, :, :, s:e] = k
-        self.v[layer, :, :, s:e] = v
-        return self.k[layer, :, :, :e], self.v[layer, :, :, :e]
+        """Store the block's K/V (S·B, H, T, D) for ``layer``; return all K/V up to the block end."""
+        end = self._end
+        if self._slots is None:
+            s = end - self.block_len
+            self.k[layer, :, :, s:end] = k
+            self.v[layer, :, :, s:end] = v
+        else:
+            rows = torch.arange(self._slots.shape[0], device=k.device)[:, None]
+            self.k[layer][rows, :, self._slots] = k.transpose(1, 2)
+            self.v[layer][rows, :, self._slots] = v.transpose(1, 2)
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
     # -- after verification -----------------------------------------------------------------------------
     @torch.inference_mode()
-    def keep(self, kept: int | torch.Tensor) -> None:
-        """Keep part of the latest block: its first ``kept`` tokens (int) or the listed block indices.
-
-        Listed indices are copied, in order, to the start of the block (KV compaction of an accepted tree
-        path); the rest of the block becomes free space.
-        """
-        start = self.block_start
-        if isinstance(kept, int):
-            if not 0 <= kept <= self.block_len:
-                raise ValueError(f"keep({kept}) outside the latest block of {self.block_len} tokens")
-            self.length = start + kept
+    def keep(self, counts: Sequence[int] | int, index: torch.Tensor | None = None) -> None:
+        """Keep part of every image's latest block: the first ``counts[b]`` tokens, or the block indices
+        ``index[b, :counts[b]]`` ((B, n) long; entries past a row's count are ignored), copied in order to the
+        start of the block (KV compaction of an accepted tree path); the rest becomes free space."""
+        if isinstance(counts, int):
+            counts = [counts] * self.batch
+        if any(not 0 <= c <= self.block_len for c in counts):
+            raise ValueError(f"keep({list(counts)}) outside the latest block of {self.block_len} tokens")
+        starts = self.block_starts
+        self.lengths = [s + c for s, c in zip(starts, counts)]
+        if index is None or index.shape[-1] == 0:
             return
-        kept = kept.to(self.k.device, torch.long)
-        n = int(kept.numel())
-        if n and not torch.equal(kept, torch.arange(n, device=kept.device)):
-            src = start + kept
-            self.k[:, :, :, start : start + n] = self.k[:, :, :, src]
-            self.v[:, :, :, start : start + n] = self.v[:, :, :, src]
-        self.length = start + n
+        device = self.k.device
+        index = index.to(device, torch.long)
+        n = index.shape[1]
+        if torch.equal(index, torch.arange(n, device=device).expand_as(index)):
+            return
+        start_t = torch.tensor(starts, device=device)[:, None]
+        src = self._rows(start_t + index)  # (S·B, n)
+        dst = self._rows(start_t + torch.arange(n, device=device))
+        rows = torch.arange(src.shape[0], device=device)[:, None]
+        # gather first, then scatter: a kept slot may be another one's destination
+        self.k[:, rows, :, dst] = self.k[:, rows, :, src]
+        self.v[:, rows, :, dst] = self.v[:, rows, :, src]
 
-    def rollback(self, length: int) -> None:
-        """Forget every slot at or after ``length`` (a pointer move)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"rollback to {length} but cache holds {self.length} slots")
-        self.length = length
+    def rollback(self, lengths: Sequence[int] | int) -> None:
+        """Forget every slot at or after ``lengths[b]`` of each image (a pointer move)."""
+        if isinstance(lengths, int):
+            lengths = [lengths] * self.batch
+        if any(not 0 <= n <= c for n, c in zip(lengths, self.lengths)):
+            raise ValueError(f"rollback to {list(lengths)} but the cache holds {self.lengths} slots")
+        self.lengths = list(lengths)
 
     def set_padding(self, key_valid: torch.Tensor) -> None:
-        """Mark prefix slots (B, P) as valid keys or padding (LlamaGen's left-padded captions)."""
+        """Mark prefix slots (S·B, P) as valid keys or padding (left-padded prompts)."""
         p = key_valid.shape[1]
         self.key_valid[:, :p] = key_valid.to(self.key_valid.device, torch.bool)
         self.has_padding = not bool(key_valid.all())
+
+    def select(self, images: Sequence[int]) -> None:
+        """Keep only the listed images (prompt rows), in that order; the others leave the batch."""
+        device = self.k.device
+        idx = torch.tensor(list(images), dtype=torch.long, device=device)
+        b = self.batch
+        rows = torch.cat([idx + s * b for s in range(self.streams)])
+        self.k = self.k.index_select(1, rows)
+        self.v = self.v.index_select(1, rows)
+        self.key_valid = self.key_valid.index_select(0, rows)
+        self.has_padding = not bool(self.key_valid.all())
+        self.lengths = [self.lengths[i] for i in images]
+        self.block_starts = [self.block_starts[i] for i in images]

@@ -78,16 +78,26 @@ def stream_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return logits_to_probs(guide(logits, cfg.cfg_scale), cfg)
 
 
+def finite_images(logits: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: whether every logit of each image is finite; ``logits`` (S, B, T, V)."""
+    return torch.isfinite(logits).flatten(2).all(-1).all(0)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one token per row of ``probs`` (..., V) -> int64 tensor (...)."""
+    """Draw one token per row of ``probs`` (..., V) from a ``torch.Generator`` -> int64 tensor (...).
+
+    For training-data scripts; the decoders draw from per-image counter-based streams (``coolsd.rng``).
+    """
     flat = probs.reshape(-1, probs.shape[-1])
     out = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
     return out.reshape(probs.shape[:-1])
 
 
 def normalize(mass: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """Renormalise a non-negative vector (V,); if its total is (numerically) zero return ``fallback``."""
-    total = mass.sum()
-    if float(total) <= 1e-12:
-        return fallback
-    return mass / total
+    """Renormalise non-negative rows (..., V); a row whose total is (numerically) zero becomes ``fallback``.
+
+    Row-wise and without a host sync (the threshold is 1e-12, as in every rule's residual).
+    """
+    total = mass.sum(-1, keepdim=True)
+    ok = total > 1e-12
+    return torch.where(ok, mass / total.clamp_min(1e-12), fallback)

@@ -24,13 +24,13 @@ Example: ``python run.py decoder=sd decoder.tree=mc_sim_7b_63``; ``decoder.tree=
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
+from coolsd.rng import DRAFT, sample
 from coolsd.types import Draft
 
 TREE_DIR = Path(__file__).resolve().parent / "trees"
@@ -125,152 +125,238 @@ def children_of(parents: Sequence[int]) -> list[list[int]]:
     return kids
 
 
+def ancestor_masks(parents: torch.Tensor) -> torch.Tensor:
+    """Per-image (B, M+1, M+1) bool over [root, nodes...] from parents (B, M) (−1 = root): entry (i, j) is
+    True iff j is i itself or an ancestor of i. Pointer jumping: one gather per tree level."""
+    b, m = parents.shape
+    device = parents.device
+    up = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), parents + 1], dim=1)  # (B, M+1)
+    mask = torch.eye(m + 1, dtype=torch.bool, device=device).expand(b, -1, -1).clone()
+    ptr = up
+    while True:
+        mask.scatter_(-1, ptr[:, :, None], True)
+        nxt = up.gather(1, ptr)
+        if torch.equal(nxt, ptr):  # every pointer has reached the root
+            return mask
+        ptr = nxt
+
+
 @dataclass(frozen=True)
 class Expansion:
-    """A request to a drafter: run the listed nodes and return the draft distributions of their children.
+    """A request to a drafter: run the listed nodes of every image and return the draft distributions of
+    their children.
 
-    ``nodes`` (F,) node indices (−1 = the root, i.e. the last committed token), ``tokens`` (F,),
-    ``positions`` (F,) image positions, ``parents`` (F,) node index of each node's parent (−1 root, −2 for
-    the root itself), ``mask`` (F, K) bool over the K drafter slots written since the tree started
-    (earlier expansions in order, then these F nodes).
+    ``root``: the request for the last committed token (the drafter feeds what it has pending instead and
+    returns one row). Otherwise ``tokens`` (B, F) and ``positions`` (B, F) (image positions) of the nodes,
+    ``parent_index`` (B, F) the row of each node's parent in the previous request (whose outputs the drafter
+    kept), and ``mask`` (F, K) shared or (B, F, K) per image, bool over the K drafter slots written since
+    the tree started (the root, earlier requests in order, then these F nodes).
     """
 
-    nodes: torch.Tensor
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    parents: torch.Tensor
-    mask: torch.Tensor
+    root: bool
+    tokens: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    parent_index: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
-ExpandFn = Callable[[Expansion], torch.Tensor]
+@dataclass(frozen=True)
+class DraftRows:
+    """What an expansion returns: draft distributions (B, F, V) and, per image, whether the drafter's logits
+    were finite (B,) (None: not checked)."""
+
+    q: torch.Tensor
+    finite: torch.Tensor | None = None
 
 
-class _Slots:
-    """Bookkeeping of which drafter slot holds which node, to build the masks of later expansions."""
-
-    def __init__(self) -> None:
-        self.nodes: list[int] = []  # node index per slot (−1 = root)
-        self.lineage: dict[int, set[int]] = {-1: {-1}}
-
-    def request(self, nodes: list[int], tokens: list[int], parents: list[int], root_pos: int,
-                depths: dict[int, int], device: torch.device) -> Expansion:
-        for n, par in zip(nodes, parents):
-            if n != -1:
-                self.lineage[n] = self.lineage[par] | {n}
-        slots = self.nodes + nodes
-        mask = torch.tensor([[s in self.lineage[n] for s in slots] for n in nodes], dtype=torch.bool)
-        self.nodes = slots
-        return Expansion(
-            nodes=torch.tensor(nodes, device=device),
-            tokens=torch.tensor(tokens, device=device),
-            positions=torch.tensor([root_pos + depths.get(n, 0) for n in nodes], device=device),
-            parents=torch.tensor([par if n != -1 else -2 for n, par in zip(nodes, parents)], device=device),
-            mask=mask.to(device),
-        )
+ExpandFn = Callable[[Expansion], DraftRows]
 
 
-def draft_static_tree(shape: TreeShape, root_token: torch.Tensor, root_pos: int, expand: ExpandFn,
-                      generator: torch.Generator | None) -> Draft:
-    """Sample a static tree level by level (children without replacement, conditional q per child).
+@dataclass(frozen=True)
+class _Level:
+    """One level of a static shape's plan: the frontier (shape nodes to expand), each frontier node's parent
+    row in the previous request, its children (shape node per rank, −1 padded) and the request mask."""
 
-    Nodes whose parent distribution has fewer non-zero entries than the shape asks for are dropped (with
-    their subtrees), so the returned tree may be a subset of ``shape``.
-    """
-    device = root_token.device
-    slots = _Slots()
-    shape_parents = shape.parents()
-    kids = children_of(shape_parents)
-    shape_depth = depths_of(shape_parents)
-    kept: dict[int, int] = {}  # shape node -> draft node
-    tokens: list[int] = []
-    qs: list[torch.Tensor] = []
-    parents: list[int] = []
-    depth_of: dict[int, int] = {-1: 0}
-    frontier = [-1]  # shape nodes (with children) to expand next; -1 = root
-    forwards = 0
+    frontier: tuple[int, ...]
+    parent_row: tuple[int, ...]
+    children: tuple[tuple[int, ...], ...]
+    mask: torch.Tensor  # (F, K)
+
+
+def _static_plan(shape: TreeShape) -> tuple[_Level, ...]:
+    """The expansion plan of a static shape (same for every image), computed once per shape."""
+    cached = _PLANS.get(shape)
+    if cached is not None:
+        return cached
+    parents = shape.parents()
+    kids = children_of(parents)
+    depth = depths_of(parents)
+    levels = []
+    slot: dict[int, int] = {-1: 0}  # shape node -> drafter slot since the tree started (the root is slot 0)
+    lineage: dict[int, list[int]] = {-1: [0]}
+    frontier = [-1]
+    previous: list[int] = []
+    next_slot = 1
     while frontier:
-        req_tokens = [int(root_token) if s == -1 else tokens[kept[s]] for s in frontier]
-        req_nodes = [-1 if s == -1 else kept[s] for s in frontier]
-        req_parents = [-1 if s == -1 else parents[kept[s]] for s in frontier]
-        q = expand(slots.request(req_nodes, req_tokens, req_parents, root_pos,
-                                 {n: depth_of[n] for n in req_nodes}, device))  # (F, V)
-        forwards += 1
-        next_frontier = []
-        positive = (q > 0).sum(-1).tolist()  # non-zero entries per row: one host sync per level, not per node
-        for row, s in enumerate(frontier):
-            children = kids[s + 1]
-            dist = q[row].float()
-            count = min(len(children), positive[row])
-            if count == 0:
-                continue
-            picks = torch.multinomial(dist, count, replacement=False, generator=generator)
-            remaining = dist.clone()
-            for child, x in zip(children[:count], picks.tolist()):
-                kept[child] = len(tokens)
-                depth_of[len(tokens)] = shape_depth[child]
-                tokens.append(x)
-                parents.append(-1 if s == -1 else kept[s])
-                qs.append(remaining / remaining.sum())  # a new tensor: zeroing `remaining` leaves it intact
-                remaining[x] = 0.0
-                if kids[child + 1]:
-                    next_frontier.append(child)
-        frontier = next_frontier
-    return _tree_draft(tokens, qs, parents, forwards, device, q_dim=q.shape[-1])
+        if frontier != [-1]:
+            for node in frontier:
+                slot[node] = next_slot
+                lineage[node] = lineage[parents[node]] + [next_slot]
+                next_slot += 1
+        width = max(len(kids[node + 1]) for node in frontier)
+        mask = torch.zeros(len(frontier), next_slot, dtype=torch.bool)
+        for f, node in enumerate(frontier):
+            mask[f, lineage[node]] = True
+        levels.append(_Level(
+            frontier=tuple(frontier),
+            parent_row=tuple(previous.index(parents[node]) if node != -1 and parents[node] != -1 else 0
+                             for node in frontier),
+            children=tuple(tuple(kids[node + 1]) + (-1,) * (width - len(kids[node + 1])) for node in frontier),
+            mask=mask))
+        previous = frontier
+        frontier = [c for node in frontier for c in kids[node + 1] if kids[c + 1]]
+        frontier.sort(key=lambda c: (depth[c], c))
+    plan = tuple(levels)
+    _PLANS[shape] = plan
+    return plan
 
 
-def draft_dynamic_tree(spec: DynamicTree, max_depth: int, root_token: torch.Tensor, root_pos: int,
-                       expand: ExpandFn) -> Draft:
-    """EAGLE-2: grow by cumulative log q, keep the ``total_tokens`` best nodes; q one-hot (deterministic).
+_PLANS: dict[TreeShape, tuple[_Level, ...]] = {}
+DRAW_STRIDE = 1024  # draw-index stride between a level's (frontier, rank) slots: more than any tree depth
 
-    Every expanded node proposes its ``top_k`` children (all scored); the global ``top_k`` of those become
-    the next frontier. After ``min(depth + 1, max_depth)`` draft levels the best ``total_tokens`` candidates
-    form the tree (ancestors score at least as high as their descendants, and win ties by depth).
+
+def draft_static_tree(shape: TreeShape, root_pos: torch.Tensor, limit: torch.Tensor, expand: ExpandFn,
+                      streams, key_pos: torch.Tensor) -> Draft:
+    """Sample a static tree for every image, level by level (children without replacement, conditional q).
+
+    ``root_pos`` (B,) image position of each root (the last committed token), ``limit`` (B,) how many more
+    draft levels fit in each image; ``streams`` (``coolsd.rng.Streams``) and ``key_pos`` (B,) key the draws. A node is invalid (never tested) when its parent's distribution has fewer non-zero entries
+    than its rank, when its parent is invalid, or when it lies deeper than the image's limit.
     """
-    device = root_token.device
-    slots = _Slots()
-    levels = min(spec.depth + 1, max_depth)
-    tokens: list[int] = []
-    parents: list[int] = []
-    scores: list[float] = []
-    depth: list[int] = []
-    frontier: list[int] = [-1]
-    forwards = 0
-    v = 0
-    for level in range(1, levels + 1):
-        q = expand(slots.request(frontier, [int(root_token) if n == -1 else tokens[n] for n in frontier],
-                                 [-1 if n == -1 else parents[n] for n in frontier], root_pos,
-                                 {n: 0 if n == -1 else depth[n] for n in frontier}, device))  # (F, V)
-        forwards += 1
+    device = root_pos.device
+    b = root_pos.shape[0]
+    parents_list = shape.parents()
+    m = len(parents_list)
+    depth = torch.tensor(depths_of(parents_list), device=device)
+    levels_needed = min(shape.depth, int(limit.max()) if b else 0)
+    tokens = torch.zeros(b, m, dtype=torch.long, device=device)
+    valid = torch.zeros(b, m, dtype=torch.bool, device=device)
+    qs: torch.Tensor | None = None
+    finite = None
+    for level, plan in enumerate(_static_plan(shape)[:levels_needed]):
+        if level == 0:
+            request = Expansion(root=True)
+        else:
+            front = torch.tensor(plan.frontier, device=device)
+            request = Expansion(root=False, tokens=tokens[:, front], positions=root_pos[:, None] + depth[front],
+                                parent_index=torch.tensor(plan.parent_row, device=device).expand(b, -1),
+                                mask=plan.mask.to(device))
+        rows = expand(request)
+        finite = rows.finite if finite is None or rows.finite is None else finite & rows.finite
+        q = rows.q.float()  # (B, F, V)
         v = q.shape[-1]
-        # the frontier's cumulative scores, rounded to float32 as before; children add Python-float logs
-        # (one tensor op per level instead of three per candidate, and no device sync per candidate)
-        base = torch.tensor([0.0 if n == -1 else scores[n] for n in frontier]).tolist()
-        new: list[int] = []
-        for row, node in enumerate(frontier):
-            dist = q[row].float()
-            top = torch.topk(dist, min(spec.top_k, int((dist > 0).sum())))
-            for prob, x in zip(top.values.tolist(), top.indices.tolist()):
-                new.append(len(tokens))
-                tokens.append(x)
-                parents.append(node)
-                scores.append(base[row] + math.log(prob))
-                depth.append(level)
-        frontier = sorted(new, key=lambda n: -scores[n])[: spec.top_k]
-    if not tokens:
-        return _tree_draft([], [], [], forwards, device, q_dim=v)
-    chosen = sorted(range(len(tokens)), key=lambda n: (-scores[n], depth[n], n))[: spec.total_tokens]
-    order = sorted(chosen, key=lambda n: (depth[n], parents[n], -scores[n], n))  # siblings best first
-    index = {n: i for i, n in enumerate(order)}
-    picked = torch.tensor([tokens[n] for n in order], device=device)
-    one_hot = torch.nn.functional.one_hot(picked, v).float()  # (M, V): q ≡ 1 on each drafted token
-    return _tree_draft([tokens[n] for n in order], list(one_hot),
-                       [-1 if parents[n] == -1 else index[parents[n]] for n in order], forwards, device, q_dim=v)
+        if qs is None:
+            qs = torch.zeros(b, m, v, device=device)
+        children = torch.tensor(plan.children, device=device)  # (F, C)
+        width = children.shape[1]
+        # children without replacement, one rank at a time: rank r is drawn from what ranks < r left; the
+        # draw index of (frontier f, rank r) at level l is l + STRIDE·(f·C + r), so a one-path tree draws
+        # exactly what a chain does
+        slots = torch.arange(len(plan.frontier) * width, device=device).view(-1, width)
+        u = streams.uniform_at(key_pos, DRAFT, level + DRAW_STRIDE * slots)  # (B, F, C)
+        remaining = q.clone()
+        picks, cond = [], []
+        for r in range(width):
+            cond.append(remaining / remaining.sum(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny))
+            picks.append(sample(remaining, u[:, :, r]))
+            remaining = remaining.scatter(-1, picks[-1][..., None], 0.0)
+        picks, cond = torch.stack(picks, 2), torch.stack(cond, 2)  # (B, F, C), (B, F, C, V)
+        enough = torch.arange(width, device=device) < (q > 0).sum(-1, keepdim=True)  # (B, F, C)
+        if level == 0:
+            parent_ok = torch.ones(b, 1, dtype=torch.bool, device=device)
+        else:
+            parent_ok = valid[:, torch.tensor(plan.frontier, device=device)]
+        exists = children >= 0
+        node = children.clamp_min(0)[exists]  # (n,) shape nodes created at this level
+        tokens[:, node] = picks[:, exists]
+        qs[:, node] = cond[:, exists]
+        ok = (enough & parent_ok[:, :, None])[:, exists] & (depth[node] <= limit[:, None])
+        valid[:, node] = ok
+    if qs is None:  # nothing fits: an empty tree
+        qs = torch.zeros(b, m, 1, device=device)
+    forwards = torch.clamp(limit, max=shape.depth).tolist()
+    return Draft(tokens=tokens, q=qs, valid=valid, forwards=forwards,
+                 parents=torch.tensor(parents_list, device=device).expand(b, -1), finite=finite)
 
 
-def _tree_draft(tokens: list[int], qs: list[torch.Tensor], parents: list[int], forwards: int,
-                device: torch.device, q_dim: int) -> Draft:
-    if not tokens:
-        return Draft(tokens=torch.empty(0, dtype=torch.long, device=device), q=torch.empty(0, q_dim, device=device),
-                     forwards=forwards, parents=torch.empty(0, dtype=torch.long, device=device))
-    return Draft(tokens=torch.tensor(tokens, device=device), q=torch.stack(qs), forwards=forwards,
-                 parents=torch.tensor(parents, device=device))
+def draft_dynamic_tree(spec: DynamicTree, root_pos: torch.Tensor, limit: torch.Tensor, expand: ExpandFn) -> Draft:
+    """EAGLE-2 for every image: grow by cumulative log q, keep the ``total_tokens`` best nodes; q one-hot.
+
+    Every expanded node proposes its ``top_k`` children (all scored); each image's ``top_k`` best new
+    candidates become its next frontier. After ``min(depth + 1, limit)`` draft levels the best
+    ``total_tokens`` candidates form the tree (ancestors score at least as high as their descendants, and
+    win ties by depth); siblings are ordered best first. Candidates of zero draft probability, or deeper
+    than an image's limit, are invalid.
+    """
+    device = root_pos.device
+    b = root_pos.shape[0]
+    k = spec.top_k
+    levels = min(spec.depth + 1, int(limit.max()) if b else 0)
+    tok, par, score, depth, front_row = [], [], [], [], []  # per level, (B, n_level)
+    frontier = None  # (B, F) candidate ids of the current frontier
+    lineage = torch.ones(b, 1, 1, dtype=torch.bool, device=device)  # (B, F, K) slots of each frontier node
+    finite = None
+    v = 1
+    for level in range(1, levels + 1):
+        if level == 1:
+            request = Expansion(root=True)
+        else:
+            all_tok, all_rows = torch.cat(tok, 1), torch.cat(front_row, 1)
+            request = Expansion(root=False, tokens=all_tok.gather(1, frontier),
+                                positions=(root_pos[:, None] + (level - 1)).expand_as(frontier),
+                                parent_index=all_rows.gather(1, frontier), mask=lineage)
+        rows = expand(request)
+        finite = rows.finite if finite is None or rows.finite is None else finite & rows.finite
+        q = rows.q.float()  # (B, F, V)
+        f, v = q.shape[1], q.shape[-1]
+        top = torch.topk(q, min(k, v), dim=-1)  # (B, F, k)
+        base = torch.zeros(b, 1, device=device) if frontier is None else torch.cat(score, 1).gather(1, frontier)
+        new_score = (base[:, :, None] + top.values.log()).flatten(1)  # (B, F·k); log 0 = -inf: invalid
+        tok.append(top.indices.flatten(1))
+        par.append((torch.full((b, 1), -1, device=device) if frontier is None else frontier)
+                   .repeat_interleave(top.indices.shape[-1], dim=1))
+        score.append(new_score)
+        depth.append(torch.full_like(new_score, level, dtype=torch.long))
+        front_row.append(torch.arange(f, device=device).repeat_interleave(top.indices.shape[-1]).expand(b, -1))
+        offset = sum(x.shape[1] for x in tok[:-1])
+        best = torch.topk(new_score, min(k, new_score.shape[1]), dim=-1).indices  # (B, F')
+        if level < levels:  # the next frontier's slots: this request's slots plus one block of F' new ones
+            f_next = best.shape[1]
+            parent_pos = front_row[-1].gather(1, best)  # row of each new frontier node's parent in this request
+            old = lineage.gather(1, parent_pos[:, :, None].expand(-1, -1, lineage.shape[-1]))  # (B, F', K)
+            own = torch.eye(f_next, dtype=torch.bool, device=device).expand(b, -1, -1)
+            lineage = torch.cat([old, own], dim=-1)
+        frontier = best + offset
+    if not tok:
+        empty = torch.zeros(b, 0, dtype=torch.long, device=device)
+        return Draft(tokens=empty, q=torch.zeros(b, 0, v, device=device), valid=empty.bool(),
+                     forwards=[0] * b, parents=empty, finite=finite)
+    tok, par, score, depth = (torch.cat(x, 1) for x in (tok, par, score, depth))
+    score = torch.where(depth <= limit[:, None], score, float("-inf"))
+    n = tok.shape[1]
+    m = min(spec.total_tokens, n)
+    # best first: by score, ties by depth, then by candidate index (stable sorts, least significant first)
+    order = torch.argsort(depth, dim=1, stable=True)
+    order = order.gather(1, torch.argsort(-score.gather(1, order), dim=1, stable=True))
+    chosen = order[:, :m].sort(dim=1).values  # (B, M) candidate ids, ascending
+    # tree order: by depth, parent candidate, best first, candidate id
+    for key in (-score, par, depth):
+        chosen = chosen.gather(1, torch.argsort(key.gather(1, chosen), dim=1, stable=True))
+    index = torch.full((b, n + 1), -1, dtype=torch.long, device=device)  # candidate id + 1 -> node index
+    index.scatter_(1, chosen + 1, torch.arange(m, device=device).expand(b, -1))
+    parents = index.gather(1, par.gather(1, chosen) + 1)
+    valid = torch.isfinite(score.gather(1, chosen))
+    tokens = tok.gather(1, chosen)
+    q = torch.nn.functional.one_hot(tokens, v).float()  # (B, M, V): q ≡ 1 on each drafted token
+    forwards = torch.clamp(limit, max=levels).tolist()
+    return Draft(tokens=tokens, q=q, valid=valid, forwards=forwards, parents=parents, finite=finite)

@@ -16,60 +16,62 @@ import torch
 
 @dataclass(frozen=True)
 class TargetOutput:
-    """What one model forward returns, per classifier-free-guidance stream.
+    """What one model forward returns, per classifier-free-guidance stream, for a batch of images.
 
     ``logits`` are raw (un-guided) logits over the image codebook ``[0, V)``; stream 0 is conditional,
     stream 1 (present only with CFG) unconditional, whatever batch layout the model uses internally.
     ``hidden`` are the last-layer, post-final-norm hidden states (what an EAGLE drafter consumes).
     """
 
-    logits: torch.Tensor  # (S, T, V)
-    hidden: torch.Tensor  # (S, T, H)
+    logits: torch.Tensor  # (S, B, T, V)
+    hidden: torch.Tensor  # (S, B, T, H)
 
 
 @dataclass(frozen=True)
 class Draft:
-    """Proposed tokens with the distributions they were drawn from: a chain, or a tree.
+    """Proposed tokens of a batch of images with the distributions they were drawn from: chains or trees.
 
-    ``q[i]`` is the full draft distribution node ``i`` was drawn from (after the sampling pipeline; for a
-    sibling drawn without replacement, with the earlier siblings removed and renormalised; one-hot for a
-    deterministic draft). ``parents`` (M,) gives each node's parent node (−1 = the last committed token);
-    ``None`` means a chain (node i's parent is node i − 1). ``forwards`` counts drafter network forwards.
+    ``q[b, j]`` is the full draft distribution node ``j`` of image ``b`` was drawn from (after the sampling
+    pipeline; for a sibling drawn without replacement, with the earlier siblings removed and renormalised;
+    one-hot for a deterministic draft). ``parents[b, j]`` is the node's parent (−1 = the last committed token);
+    ``None`` means a chain (node i's parent is node i − 1). ``finite`` flags images whose drafter logits held a
+NaN or infinity (the loop raises). Every image has the same number ``M`` of node
+    slots; ``valid[b, j]`` is False for a slot that holds no draft (a chain cut at the end of the image, a
+    tree node its parent's distribution could not supply): such nodes are run through the target (their
+    outputs are ignored) but never tested. ``forwards[b]`` counts drafter network forwards for image ``b``.
     """
 
-    tokens: torch.Tensor  # (M,) int64 codebook ids
-    q: torch.Tensor  # (M, V) float32
-    forwards: int = 0
-    parents: torch.Tensor | None = None  # (M,) int64, None for a chain
+    tokens: torch.Tensor  # (B, M) int64 codebook ids
+    q: torch.Tensor  # (B, M, V) float32
+    valid: torch.Tensor  # (B, M) bool
+    forwards: list[int]
+    parents: torch.Tensor | None = None  # (B, M) int64, None for a chain
+    finite: torch.Tensor | None = None  # (B,) bool: the drafter's logits were finite (None: not checked)
 
     @property
     def draft_len(self) -> int:
-        """Number of drafted nodes (the chain length for a chain)."""
-        return int(self.tokens.shape[0])
+        """Number of node slots per image (the chain length for a chain)."""
+        return int(self.tokens.shape[1])
 
     @property
     def is_chain(self) -> bool:
-        if self.parents is None:
-            return True
-        expected = torch.arange(-1, self.draft_len - 1, device=self.parents.device)
-        return bool(torch.equal(self.parents, expected))
+        return self.parents is None
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """Outcome of the acceptance step of one iteration.
+    """Outcome of the acceptance step of one iteration, per image.
 
-    ``num_accepted`` = n drafts accepted (a prefix of the chain); ``next_token`` is the token sampled from
-    the rule's resampling distribution after a rejection, or the bonus token from ``p_{L+1}`` when every
-    draft was accepted. ``tv_steps`` counts the acceptance tests made (positions 1 .. min(n + 1, L)); the
-    loop computes their exact one-step TV as a diagnostic, outside the timed latency.
+    ``num_accepted[b]`` = n drafts accepted; ``path[b, :n]`` are their node indices, root to leaf (a prefix
+    ``0..n-1`` for a chain); ``next_token[b]`` is the token sampled from the rule's resampling distribution
+    after a rejection, or the bonus token when the path ends in a fully accepted leaf. ``tests`` holds what
+    the TV diagnostic needs: (p', q', depth, made) per test step, each (B, V), (B, V), (B,), (B,) bool.
     """
 
-    num_accepted: int
-    next_token: int
-    tv_steps: int = 0
-    path: tuple[int, ...] = ()  # tree drafts: accepted node indices, root to leaf
-    tests: tuple = ()  # tree drafts: (p', q', depth) of every acceptance test, for the TV diagnostic
+    num_accepted: torch.Tensor  # (B,) int64
+    next_token: torch.Tensor  # (B,) int64
+    path: torch.Tensor  # (B, D) int64 node indices, valid up to num_accepted
+    tests: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class DecodeStats:
     diagnostics_s: float
     tv_sum: float
     tv_steps: int
+    batch_size: int = 1  # images decoded together; latency_s and the phase times are the batch's
 
     @property
     def mean_accepted_length(self) -> float:
@@ -125,7 +128,20 @@ class DecodeStats:
             "observe_s": self.observe_s,
             "diagnostics_s": self.diagnostics_s,
             "tv_per_step": self.tv_per_step,
+            "tv_sum": self.tv_sum,
+            "tv_steps": self.tv_steps,
+            "batch_size": self.batch_size,
         }
+
+
+def pooled_accepted_length(stats: list) -> float:
+    """Accepted length over many images: committed image tokens ÷ verify forwards, both summed (prefill
+    excluded), from ``DecodeStats`` or their ``as_dict()`` records."""
+    def get(s, key):
+        return s[key] if isinstance(s, dict) else getattr(s, key)
+
+    committed = sum(get(s, "num_tokens") - 1 for s in stats)
+    return committed / max(sum(get(s, "iterations") for s in stats), 1)
 
 
 @dataclass
@@ -149,14 +165,14 @@ class StatsRecorder:
     def __post_init__(self) -> None:
         self.hist = [0] * (self.max_accept + 1)
 
-    def iteration(self, committed: int, verdict: Verdict, tv: float) -> None:
+    def iteration(self, committed: int, tv: float = 0.0, tv_steps: int = 0) -> None:
         self.iterations += 1
         self.target_forwards += 1
         self.hist[committed - 1] += 1
         self.tv_sum += tv
-        self.tv_steps += verdict.tv_steps
+        self.tv_steps += tv_steps
 
-    def freeze(self, num_tokens: int, latency_s: float) -> DecodeStats:
+    def freeze(self, num_tokens: int, latency_s: float, batch_size: int = 1) -> DecodeStats:
         return DecodeStats(
             num_tokens=num_tokens,
             iterations=self.iterations,
@@ -172,4 +188,5 @@ class StatsRecorder:
             diagnostics_s=self.diagnostics_s,
             tv_sum=self.tv_sum,
             tv_steps=self.tv_steps,
+            batch_size=batch_size,
         )

@@ -11,11 +11,19 @@ from pathlib import Path
 from coolsd.models.base import ImageARModel
 
 
+def class_names_of(source: ImageARModel | list[str] | None) -> list[str]:
+    """Class names of a class-conditional model, or a list of names itself (prompts load before the model)."""
+    if source is None:
+        return []
+    names = getattr(source, "class_names", source)
+    return list(names or [])
+
+
 class ClassPrompts:
     """Cycle through the model's class names (``model.class_names``): class 0, 1, ..., 0, 1, ..."""
 
-    def load(self, model: ImageARModel, num_prompts: int) -> list[str]:
-        names = list(getattr(model, "class_names", []) or [])
+    def load(self, model: ImageARModel | list[str] | None, num_prompts: int) -> list[str]:
+        names = class_names_of(model)
         if not names:
             raise ValueError("data=classes needs a class-conditional model with model.class_names; "
                              "use data=file data.path=<prompts.txt> for text prompts")

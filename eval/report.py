@@ -8,9 +8,12 @@ from typing import Any
 
 COLUMNS = (
     ("decoder", "decoder", "{}"),
+    ("num_images", "N", "{:d}"),
     ("mean_accepted_length", "accepted length", "{:.2f}"),
-    ("latency_s", "latency (s/img)", "{:.3f}"),
+    ("latency_s", "latency (s/img, batch 1)", "{:.3f}"),
+    ("num_timed", "N timed", "{:d}"),
     ("speedup", "speedup vs AR", "{:.2f}x"),
+    ("throughput_img_s", "throughput (img/s)", "{:.1f}"),
     ("target_forwards_per_image", "target fwd/img", "{:.1f}"),
     ("drafter_forwards_per_image", "drafter fwd/img", "{:.1f}"),
     ("tv_per_step", "TV/step", "{:.4f}"),
@@ -29,7 +32,8 @@ def markdown_table(per_decoder: dict[str, dict[str, Any]]) -> str:
              "|" + "|".join("---" for _ in cols) + "|"]
     for name, metrics in per_decoder.items():
         row = {"decoder": name, **metrics}
-        cells = [fmt.format(row[key]) if row.get(key) is not None else "–" for key, _, fmt in cols]
+        cells = [fmt.format(int(row[key]) if fmt == "{:d}" else row[key]) if row.get(key) is not None else "–"
+                 for key, _, fmt in cols]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

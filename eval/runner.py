@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 import math
 import os
+import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,22 +37,32 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from coolsd.decoding import Decoder
+from coolsd.fingerprint import TOKEN_CODE_VERSION, differing_keys, json_digest, weights_digest
 from coolsd.io import atomic_write_bytes
+from coolsd.types import pooled_accepted_length
 from eval.records import JsonlLog, atomic_write_json, environment, git_commit, load_records, save_png
 from eval.report import markdown_table, one_line_summary, speed_quality_plot
 
 WARMUP_SEED = 2**31 - 1
 
 
+RESUME = ("auto", "overwrite")
+
+
 @dataclass
 class EvalSuite:
     """Settings of the generation-and-measurement pass (``configs/eval/*.yaml``).
 
-    ``num_prompts`` images per decoder; ``warmup`` untimed generations per decoder before measuring;
-    ``seed`` + prompt index seeds each image (identical for every decoder); ``speed_prompts`` limits the
-    latency statistics to the first prompts (the protocol: 1,000 of 5,000; None = all); ``threads`` sets
-    torch's CPU threads (None keeps torch's default); ``metrics`` are image-quality metrics
-    (``eval.metrics``) computed on each decoder's images.
+    ``num_prompts`` images per decoder; ``seed`` + prompt index seeds each image (identical for every
+    decoder). The first ``speed_prompts`` prompts (None = all) are the timed subset: generated at batch 1,
+    decoders interleaved per prompt, after ``warmup`` untimed images each; latency and speedup come from
+    them. The other prompts are generated in batches of ``batch_size`` (decoders interleaved per batch);
+    throughput comes from them. An image depends only on its prompt, seed and the config, not on how it
+    was batched. ``threads`` sets torch's CPU threads (None keeps torch's default); ``metrics`` are
+    image-quality metrics computed on each decoder's images; ``resume``: ``auto`` reuses finished records
+    that match this run's fingerprint and refuses on any that do not, ``overwrite`` deletes mismatching
+    records first; ``reuse_ar``: take AR images of the batched set from the cache of earlier runs with the
+    same fingerprint (``$COOLSD_CACHE/ar``).
     """
 
     num_prompts: int = 8
@@ -58,15 +71,34 @@ class EvalSuite:
     save_images: bool = True
     threads: int | None = None
     speed_prompts: int | None = None
+    batch_size: int = 1
+    resume: str = "auto"
+    reuse_ar: bool = True
     metrics: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        for key in ("num_prompts", "warmup", "seed", "batch_size"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"eval.{key} must be an integer, got {value!r}")
+        for key in ("threads", "speed_prompts"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"eval.{key} must be null or an integer >= 1, got {value!r}")
         if self.num_prompts < 1:
             raise ValueError(f"eval.num_prompts must be >= 1, got {self.num_prompts}")
         if self.warmup < 0:
             raise ValueError(f"eval.warmup must be >= 0, got {self.warmup}")
+        if self.batch_size < 1:
+            raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+        if self.resume not in RESUME:
+            raise ValueError(f"eval.resume must be one of {RESUME}, got {self.resume!r}")
         if self.metrics and not self.save_images:
             raise ValueError("eval.metrics score the saved images: set eval.save_images=true or eval.metrics=[]")
+
+    @property
+    def num_timed(self) -> int:
+        return min(self.speed_prompts or self.num_prompts, self.num_prompts)
 
 
 class Shards:
@@ -137,83 +169,279 @@ def select_decoders(cfg: DictConfig, decoder_overridden: bool) -> dict[str, Dict
     return chosen
 
 
-def summarize(records: list[dict], ar_latency: float | None, speed_prompts: int | None = None) -> dict[str, float]:
-    """Flat metrics of one decoder over its images (pooled accepted length, mean latency, speedup).
+def summarize(records: list[dict], ar_latency: float | None) -> dict[str, float]:
+    """Flat metrics of one decoder over its images (pooled accepted length, latency, throughput, speedup).
 
-    Latency, phase times and speedup use the first ``speed_prompts`` prompts; counts use every image.
+    Latency and phase times come from the timed images (``timed``: batch 1, interleaved); throughput from
+    the batches generated in this run (reused images have no timing here); counts from every image.
     """
     n = len(records)
     stats = [r["stats"] for r in records]
-    timed = stats[: speed_prompts or n]
-    committed = sum(s["num_tokens"] - 1 for s in stats)  # the prefill's token is not a verify commit
-    iterations = sum(s["iterations"] for s in stats)
-    latency = sum(s["latency_s"] for s in timed) / len(timed)
-    var = sum((s["latency_s"] - latency) ** 2 for s in timed) / max(len(timed) - 1, 1)
+    timed = [r["stats"] for r in records if r.get("timed")]
+    tokens = sum(s["num_tokens"] for s in stats)
     out: dict[str, float] = {
         "num_images": n,
         "num_timed": len(timed),
-        "mean_accepted_length": committed / max(iterations, 1),
-        "latency_s": latency,
-        "latency_std_s": math.sqrt(var),
+        "mean_accepted_length": pooled_accepted_length(stats),
         "target_forwards_per_image": sum(s["target_forwards"] for s in stats) / n,
         "drafter_forwards_per_image": sum(s["drafter_forwards"] for s in stats) / n,
         "tv_per_step": sum(s["tv_per_step"] for s in stats) / n,
     }
-    for phase in ("prefill_s", "draft_s", "verify_s", "accept_s", "observe_s", "diagnostics_s", "decode_s"):
-        if all(phase in s for s in timed):
-            out[phase] = sum(s[phase] for s in timed) / len(timed)
-    peaks = [s["peak_mem_mb"] for s in timed if s.get("peak_mem_mb") is not None]
+    if all("tv_sum" in s for s in stats):
+        out["tv_per_image"] = sum(s["tv_sum"] for s in stats) / n
+        out["tv_per_token"] = sum(s["tv_sum"] for s in stats) / max(tokens, 1)
+    if timed:
+        latency = sum(s["latency_s"] for s in timed) / len(timed)
+        var = sum((s["latency_s"] - latency) ** 2 for s in timed) / max(len(timed) - 1, 1)
+        out["latency_s"] = latency
+        out["latency_std_s"] = math.sqrt(var)
+        for phase in ("prefill_s", "draft_s", "verify_s", "accept_s", "observe_s", "diagnostics_s", "decode_s"):
+            if all(phase in s for s in timed):
+                out[phase] = sum(s[phase] for s in timed) / len(timed)
+        if ar_latency is not None:
+            out["speedup"] = ar_latency / latency
+    batches: dict[str, tuple[int, float]] = {}
+    for r in records:
+        if r.get("batch_id") and not r.get("reused"):
+            batches[r["batch_id"]] = (r["stats"]["batch_size"], r["batch_s"])
+    if batches:
+        sizes = [b for b, _ in batches.values()]
+        out["throughput_img_s"] = sum(sizes) / sum(w for _, w in batches.values())
+        out["throughput_images"] = sum(sizes)
+        out["throughput_batch_size"] = max(sizes)
+    peaks = [s["peak_mem_mb"] for s in stats if s.get("peak_mem_mb") is not None]
     if peaks:
         out["peak_mem_mb"] = max(peaks)
-    if ar_latency is not None:
-        out["speedup"] = ar_latency / latency
     return out
 
 
-def generate_shard(decoders: dict[str, Decoder], prompts: list[str], suite: EvalSuite, out_dir: Path,
-                   shards: Shards) -> None:
-    """Generate this rank's missing (prompt, decoder) pairs, appending records as they finish."""
-    model = next(iter(decoders.values())).model
-    suffix = f".rank{shards.rank}" if shards.world > 1 else ""
-    logs = {name: JsonlLog(out_dir / "records" / f"{name}{suffix}.jsonl", key="index") for name in decoders}
-    done = {name: set(load_records(out_dir / "records", name)) for name in decoders}
-    mine = [i for i in range(len(prompts)) if i % shards.world == shards.rank]
-    todo = [(i, name) for i in mine for name in decoders if i not in done[name]]
-    for name in {n for _, n in todo}:
-        for w in range(suite.warmup):
-            decoders[name].generate(prompts[0], WARMUP_SEED - w)
-    cuda = model.device.type == "cuda"
-    bar = tqdm(todo, desc=f"generating ({len(prompts)} prompts x {len(decoders)} decoders"
-               + (f", rank {shards.rank}/{shards.world})" if shards.world > 1 else ")"),
-               unit="img", dynamic_ncols=True, disable=shards.rank != 0 and shards.world > 1)
-    for i, name in bar:
+def decoder_fingerprint(cfg: DictConfig, name: str, decoder_cfg: DictConfig) -> dict[str, Any]:
+    """What a decoder's images depend on besides model weights, prompt and seed: the model config (without
+    where it runs from), the decoder and drafter configs without diagnostics, and the code version."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    dec = OmegaConf.to_container(decoder_cfg, resolve=True)
+    for key in ("track_tv", "sync_phases"):
+        dec.pop(key, None)
+    return {"code_version": TOKEN_CODE_VERSION, "model": model, "decoder": dec}
+
+
+class RunRecords:
+    """Every decoder's per-image records of one output folder, checked against this run's fingerprints.
+
+    ``fingerprints[name]`` (a dict) is stored beside the records (``records/<name>.fingerprint.json``); each
+    record carries the digest of that dict with its prompt and seed. A folder whose records were made with
+    other settings is refused (``eval.resume=auto``) or cleared (``overwrite``) before any image is made.
+    """
+
+    def __init__(self, out_dir: Path, fingerprints: dict[str, dict], resume: str, shards: "Shards") -> None:
+        self.dir = out_dir / "records"
+        self.out_dir = out_dir
+        self.fingerprints = fingerprints
+        self.digests = {name: json_digest(fp) for name, fp in fingerprints.items()}
+        self.resume = resume
+        self.shards = shards
+
+    def meta_path(self, name: str) -> Path:
+        return self.dir / f"{name}.fingerprint.json"
+
+    def image_digest(self, name: str, prompt: str, seed: int) -> str:
+        return json_digest([self.digests[name], prompt, seed])
+
+    def check(self, prompts: list[str], seed: int) -> dict[str, dict[int, dict]]:
+        """Finished records per decoder (index -> record) that match; refuses or clears mismatching ones."""
+        done: dict[str, dict[int, dict]] = {}
+        problems: list[str] = []
+        for name, fp in self.fingerprints.items():
+            meta = self.meta_path(name)
+            records = load_records(self.dir, name)
+            stale = []
+            if meta.is_file():
+                old = json.loads(meta.read_text())
+                keys = differing_keys(old, fp)
+                if keys:
+                    stale.append(f"decoder {name!r} (records/{name}.jsonl): {', '.join(keys[:8])}"
+                                 + (f" and {len(keys) - 8} more" if len(keys) > 8 else ""))
+            elif records:
+                stale.append(f"decoder {name!r}: records/{name}.jsonl has no fingerprint (made by an older version)")
+            if not stale:
+                bad = [i for i, r in records.items()
+                       if i >= len(prompts) or r.get("fingerprint") != self.image_digest(name, prompts[i], seed + i)]
+                bad = [i for i in bad if i < len(prompts)]
+                if bad:
+                    i = bad[0]
+                    stale.append(f"decoder {name!r}: {len(bad)} records were made for other prompts or seeds "
+                                 f"(e.g. image {i}: prompt {records[i]['prompt']!r} seed {records[i]['seed']} vs "
+                                 f"{prompts[i]!r} seed {seed + i})")
+            if stale and self.resume == "overwrite":
+                if self.shards.rank == 0:
+                    self._clear(name)
+                records = {}
+                stale = []
+            problems += stale
+            done[name] = {i: r for i, r in records.items() if i < len(prompts)}
+        if problems:
+            raise RuntimeError(
+                f"{self.out_dir} holds images made with other settings than this run:\n  - "
+                + "\n  - ".join(problems)
+                + "\nNothing was generated. Either write to a new folder (hydra.run.dir=<new folder>) or "
+                  "replace the mismatching records with eval.resume=overwrite.")
+        self.shards.barrier()
+        if self.shards.rank == 0:
+            for name, fp in self.fingerprints.items():
+                atomic_write_json(self.meta_path(name), fp)
+        return done
+
+    def _clear(self, name: str) -> None:
+        for path in list(self.dir.glob(f"{name}.jsonl")) + list(self.dir.glob(f"{name}.rank*.jsonl")):
+            path.unlink()
+        self.meta_path(name).unlink(missing_ok=True)
+        images = self.out_dir / "images" / name
+        if images.is_dir():
+            shutil.rmtree(images)
+
+
+class ARCache:
+    """AR images of earlier runs with the same fingerprint, reused for the batched quality set.
+
+    ``$COOLSD_CACHE/ar/<fingerprint digest>/``: ``records.jsonl`` (keyed by each image's digest of prompt and
+    seed) and ``images/<digest>.png``. Latency is never reused: the timed subset is generated in every run.
+    """
+
+    def __init__(self, root: Path, digest: str) -> None:
+        self.dir = root / "ar" / digest
+        self.log = JsonlLog(self.dir / "records.jsonl", key="fingerprint")
+
+    def get(self, image_digest: str) -> dict | None:
+        rec = self.log.done.get(image_digest)
+        if rec is None or (rec.get("image") and not (self.dir / rec["image"]).is_file()):
+            return None
+        return rec
+
+    def put(self, record: dict, image_file: Path | None) -> None:
+        rec = dict(record)
+        if image_file is not None:
+            rec["image"] = f"images/{record['fingerprint']}.png"
+            atomic_write_bytes(self.dir / rec["image"], image_file.read_bytes())
+        self.log.append(rec)
+
+
+@dataclass
+class Generator:
+    """Generates and records images of one rank: the timed subset at batch 1, the rest in batches."""
+
+    decoders: dict[str, Decoder]
+    prompts: list[str]
+    suite: EvalSuite
+    out_dir: Path
+    shards: Shards
+    records: RunRecords
+    ar_cache: ARCache | None
+
+    def __post_init__(self) -> None:
+        suffix = f".rank{self.shards.rank}" if self.shards.world > 1 else ""
+        self.logs = {name: JsonlLog(self.out_dir / "records" / f"{name}{suffix}.jsonl", key="index")
+                     for name in self.decoders}
+        self.model = next(iter(self.decoders.values())).model
+
+    def run(self, done: dict[str, dict[int, dict]]) -> None:
+        suite, prompts = self.suite, self.prompts
+        mine = [i for i in range(len(prompts)) if i % self.shards.world == self.shards.rank]
+        timed = [i for i in mine if i < suite.num_timed]
+        rest = [i for i in mine if i >= suite.num_timed]
+        # the timed subset must have been timed (a batched record of it has no latency)
+        todo_timed = [(i, name) for i in timed for name in self.decoders
+                      if not (i in done[name] and done[name][i].get("timed"))]
+        todo_rest = {name: [i for i in rest if i not in done[name]] for name in self.decoders}
+        if self.ar_cache is not None and "ar" in todo_rest:
+            todo_rest["ar"] = self._reuse_ar(todo_rest["ar"])
+        total = len(todo_timed) + sum(len(v) for v in todo_rest.values())
+        bar = tqdm(total=total, desc=f"generating ({len(prompts)} prompts x {len(self.decoders)} decoders"
+                   + (f", rank {self.shards.rank}/{self.shards.world})" if self.shards.world > 1 else ")"),
+                   unit="img", dynamic_ncols=True, disable=self.shards.rank != 0 and self.shards.world > 1)
+        for name in {n for _, n in todo_timed}:
+            for w in range(suite.warmup):
+                self.decoders[name].generate(prompts[0], WARMUP_SEED - w, label="warm-up")
+        for i, name in todo_timed:
+            self._generate(name, [i], timed=True)
+            bar.update(1)
+        batches = {name: [idx[k: k + suite.batch_size] for k in range(0, len(idx), suite.batch_size)]
+                   for name, idx in todo_rest.items()}
+        for round_ in range(max((len(b) for b in batches.values()), default=0)):  # decoders interleaved
+            for name, chunks in batches.items():
+                if round_ < len(chunks):
+                    self._generate(name, chunks[round_], timed=False)
+                    bar.update(len(chunks[round_]))
+        bar.close()
+
+    def _reuse_ar(self, indices: list[int]) -> list[int]:
+        """Copy cached AR records (and images) into this run; returns the indices still to generate."""
+        left = []
+        for i in indices:
+            digest = self.records.image_digest("ar", self.prompts[i], self.suite.seed + i)
+            cached = self.ar_cache.get(digest)
+            if cached is None or (self.suite.save_images and not cached.get("image")):
+                left.append(i)
+                continue
+            record = {**cached, "index": i, "reused": True, "timed": False}
+            if cached.get("image"):
+                path = self.out_dir / "images" / "ar" / f"{i:05d}.png"
+                atomic_write_bytes(path, (self.ar_cache.dir / cached["image"]).read_bytes())
+                record["image"] = str(path.relative_to(self.out_dir))
+            self.logs["ar"].append(record)
+        return left
+
+    def _generate(self, name: str, indices: list[int], timed: bool) -> None:
+        suite, model = self.suite, self.model
+        cuda = model.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        gen = decoders[name].generate(prompts[i], suite.seed + i)
-        stats = gen.stats.as_dict()
-        stats["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
-        image_path = None
+        prompts = [self.prompts[i] for i in indices]
+        seeds = [suite.seed + i for i in indices]
+        gens = self.decoders[name].generate_batch(prompts, seeds, labels=indices)
+        batch_s = max(g.stats.latency_s for g in gens)
+        batch_id = None if timed else uuid.uuid4().hex[:12]
+        peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
+        images = [None] * len(gens)
+        decode_s = 0.0
         if suite.save_images:
             t0 = time.perf_counter()
-            image = model.decode_image(gen.tokens)
+            pixels = model.decode_images(torch.stack([g.tokens for g in gens]))
             if cuda:
                 torch.cuda.synchronize()
-            stats["decode_s"] = time.perf_counter() - t0
-            image_path = out_dir / "images" / name / f"{i:05d}.png"
-            save_png(image_path, image)
-        logs[name].append({
-            "index": i,
-            "prompt": prompts[i],
-            "seed": suite.seed + i,
-            "tokens": gen.tokens.tolist(),
-            "image": str(image_path.relative_to(out_dir)) if image_path else None,
-            "stats": stats,
-        })
+            decode_s = (time.perf_counter() - t0) / len(gens)
+            for k, i in enumerate(indices):
+                images[k] = self.out_dir / "images" / name / f"{i:05d}.png"
+                save_png(images[k], pixels[k])
+        for k, (i, gen) in enumerate(zip(indices, gens)):
+            stats = gen.stats.as_dict()
+            stats["peak_mem_mb"] = peak
+            if suite.save_images:
+                stats["decode_s"] = decode_s
+            record = {
+                "index": i,
+                "prompt": prompts[k],
+                "seed": seeds[k],
+                "fingerprint": self.records.image_digest(name, prompts[k], seeds[k]),
+                "tokens": gen.tokens.tolist(),
+                "image": str(images[k].relative_to(self.out_dir)) if images[k] else None,
+                "timed": timed,
+                "batch_id": batch_id,
+                "batch_s": batch_s,
+                "stats": stats,
+            }
+            self.logs[name].append(record)
+            if name == "ar" and self.ar_cache is not None and not timed:
+                self.ar_cache.put(record, images[k])
 
 
 def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: bool = True,
                    choices: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Generate, measure and score; rank 0 writes ``run.json``, ``table.md``, grids; returns the record."""
+    """Generate, measure and score; rank 0 writes ``run.json``, ``table.md``, grids; returns the record.
+
+    Order of work: cheap checks first (config values, metric resources, prompts and class names, finished
+    records), then the model and decoders (which look up their checkpoint files before building), then
+    generation and scoring.
+    """
     started = dt.datetime.now(dt.timezone.utc)
     wall0 = time.perf_counter()
     shards = Shards()
@@ -221,26 +449,49 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
     suite: EvalSuite = instantiate(cfg.eval)
     if suite.threads:
         torch.set_num_threads(int(suite.threads))
+    for metric in suite.metrics:
+        preflight = getattr(metric, "preflight", None)
+        if preflight is not None:
+            preflight()
+    class_names = list(OmegaConf.select(cfg, "model.class_names", default=None) or [])
+    prompts = instantiate(cfg.data).load(class_names, suite.num_prompts)
+    if class_names:
+        unknown = sorted({p for p in prompts if p not in class_names})
+        if unknown:
+            raise ValueError(f"prompts {unknown[:5]} are not classes of this class-conditional model "
+                             f"(model.class_names: {class_names}); choose data=classes or a prompt file of "
+                             "class names")
+    decoder_cfgs = select_decoders(cfg, decoder_overridden)
+    fingerprints = {name: decoder_fingerprint(cfg, name, dc) for name, dc in decoder_cfgs.items()}
     torch.manual_seed(suite.seed)
 
     model = instantiate(cfg.model)
-    decoder_cfgs = select_decoders(cfg, decoder_overridden)
     decoders: dict[str, Decoder] = {name: instantiate(dc, model=model) for name, dc in decoder_cfgs.items()}
-    prompts = instantiate(cfg.data).load(model, suite.num_prompts)
+    weights = weights_digest(model)
+    for name, dec in decoders.items():
+        fingerprints[name]["weights_sha1"] = weights
+        head = getattr(dec.drafter, "head", None)
+        if isinstance(head, torch.nn.Module):
+            fingerprints[name]["drafter_weights_sha1"] = weights_digest(head)
+    records = RunRecords(out_dir, fingerprints, suite.resume, shards)
+    done = records.check(prompts, suite.seed)
+    cache_root = Path(os.environ.get("COOLSD_CACHE", "~/.cache/coolsd")).expanduser()
+    ar_cache = ARCache(cache_root, records.digests["ar"]) if suite.reuse_ar and suite.num_timed < len(prompts) \
+        else None
 
-    generate_shard(decoders, prompts, suite, out_dir, shards)
+    Generator(decoders, prompts, suite, out_dir, shards, records, ar_cache).run(done)
     shards.barrier()
     if shards.rank != 0:
         shards.close()
         return {}
 
-    records = {name: load_records(out_dir / "records", name) for name in decoders}
-    missing = {name: [i for i in range(len(prompts)) if i not in recs] for name, recs in records.items()}
+    found = {name: load_records(out_dir / "records", name) for name in decoders}
+    missing = {name: [i for i in range(len(prompts)) if i not in recs] for name, recs in found.items()}
     if any(missing.values()):
         raise RuntimeError(f"records missing after generation: {missing}")
-    ordered = {name: [records[name][i] for i in range(len(prompts))] for name in decoders}
-    ar_latency = summarize(ordered["ar"], None, suite.speed_prompts)["latency_s"]
-    per_decoder = {name: summarize(recs, ar_latency, suite.speed_prompts) for name, recs in ordered.items()}
+    ordered = {name: [found[name][i] for i in range(len(prompts))] for name in decoders}
+    ar_latency = summarize(ordered["ar"], None).get("latency_s")
+    per_decoder = {name: summarize(recs, ar_latency) for name, recs in ordered.items()}
     for metric in suite.metrics:
         for name, recs in tqdm(ordered.items(), desc=f"scoring {type(metric).__name__}", unit="decoder"):
             per_decoder[name].update(metric.compute([out_dir / r["image"] for r in recs],

@@ -58,6 +58,8 @@ from coolsd.drafters.eagle import EagleDrafter, EagleHead, save_eagle
 from coolsd.io import atomic_write_bytes
 from coolsd.models.base import ImageARModel
 from coolsd.models.checkpoints import load_state_dict
+from coolsd.fingerprint import file_digest, weights_digest
+from coolsd.types import pooled_accepted_length
 from coolsd.sampling import stream_probs
 
 DATA_FORMAT = "coolsd-drafter-data"
@@ -222,26 +224,6 @@ class ShardSpec:
 def shard_specs(num_samples: int, shard_size: int) -> list[ShardSpec]:
     return [ShardSpec(i, s, min(s + shard_size, num_samples))
             for i, s in enumerate(range(0, num_samples, shard_size))]
-
-
-def weights_digest(module: torch.nn.Module, per_tensor: int = 4096) -> str:
-    """A cheap content fingerprint of a model's weights: SHA-1 over every parameter's and buffer's name,
-    shape, dtype and first ``per_tensor`` values (any retraining changes those; reading all of a 7B model
-    would not be cheap)."""
-    digest = hashlib.sha1()
-    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
-        head = tensor.detach().reshape(-1)[:per_tensor].float().cpu().numpy()
-        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
-        digest.update(head.tobytes())
-    return digest.hexdigest()
-
-
-def file_digest(path: str | os.PathLike) -> str:
-    digest = hashlib.sha1()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def data_fingerprint(model: ImageARModel, data: DistillConfig, prompts: Sequence[str],
@@ -536,15 +518,12 @@ def agreement(model: ImageARModel, head: EagleHead, directory: Path, shards: lis
 
 def accepted_length(model: ImageARModel, head: EagleHead, prompts: Sequence[str], seed: int,
                     draft_len: int) -> float:
-    """Mean accepted length (committed tokens / verify forwards, pooled) of SD with this drafter."""
+    """Mean accepted length (committed tokens / verify forwards, pooled) of SD with this drafter, the
+    prompts decoded as one batch (each image as alone)."""
     decoder = Decoder("sd", model, ExactRule(), draft_len=draft_len, drafter=EagleDrafter(model, head=head),
                       track_tv=False)
-    committed = iterations = 0
-    for i, prompt in enumerate(prompts):
-        stats = decoder.generate(prompt, seed=seed + i).stats
-        committed += stats.num_tokens - 1
-        iterations += stats.iterations
-    return committed / max(iterations, 1)
+    gens = decoder.generate_batch(list(prompts), [seed + i for i in range(len(prompts))])
+    return pooled_accepted_length([g.stats for g in gens])
 
 
 def validate(model: ImageARModel, head: EagleHead, data_dir: Path, val_shards: list[str], val: ValConfig,

@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from coolsd.models.llamagen import LlamaGen
+from coolsd.types import TargetOutput
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -37,3 +38,54 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: f
         exp = torch.cat([exp, expected[~big].sum()[None]])
     statistic = float(((obs - exp) ** 2 / exp).sum())
     return float(stats.chi2.sf(statistic, df=len(obs) - 1))
+
+
+# -- one image at a time: the adapters and rules work on batches; these unwrap a batch of one ------------------
+def squeeze(out: TargetOutput) -> TargetOutput:
+    """A batch-of-one output (S, 1, T, ·) -> (S, T, ·)."""
+    return TargetOutput(logits=out.logits[:, 0], hidden=out.hidden[:, 0])
+
+
+def prefill1(model, prompt: str, extra_slots: int = 64):
+    """``model.prefill`` of one prompt -> (cache, output (S, T, ·))."""
+    cache, out = model.prefill([prompt], extra_slots=extra_slots)
+    return cache, squeeze(out)
+
+
+def forward1(model, cache, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None = None):
+    """``model.forward_block`` of one image's tokens (T,) at positions (T,) -> output (S, T, ·)."""
+    return squeeze(model.forward_block(cache, tokens[None], positions[None], tree_mask))
+
+
+def keep1(cache, kept: int | torch.Tensor) -> None:
+    """Keep the first ``kept`` tokens of a batch-of-one cache's block, or the listed block indices."""
+    if isinstance(kept, int):
+        cache.keep(kept)
+    else:
+        cache.keep([int(kept.numel())], kept.reshape(1, -1))
+
+
+def rows(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Single distributions (V,) -> one-row batches (1, V)."""
+    return [t[None] for t in tensors]
+
+
+def residual1(rule, p: torch.Tensor, q: torch.Tensor, x: int | None, depth: int) -> torch.Tensor:
+    """A rule's resampling distribution (V,) for one (p, q) pair after rejecting ``x`` at ``depth``."""
+    xs = None if x is None else torch.tensor([x], device=p.device)
+    return rule.residual(p[None], q[None], xs, torch.tensor([depth], device=p.device))[0]
+
+
+def acceptance1(rule, p: torch.Tensor, q: torch.Tensor, depth: int) -> torch.Tensor:
+    """A rule's acceptance function f (V,) for one (p, q) pair at ``depth``."""
+    return rule.acceptance(p[None], q[None], torch.tensor([depth], device=p.device))[0]
+
+
+def accept_prob1(rule, p: torch.Tensor, q: torch.Tensor, x: int, depth: int) -> float:
+    return float(rule.accept_prob(p[None], q[None], torch.tensor([x], device=p.device),
+                                  torch.tensor([depth], device=p.device))[0])
+
+
+def tv1(rule, p: torch.Tensor, q: torch.Tensor, depth: int) -> float:
+    """A rule's exact one-step TV for one (p, q) pair at ``depth``."""
+    return float(rule.one_step_tv(p[None], q[None], torch.tensor([depth], device=p.device))[0])

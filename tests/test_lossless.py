@@ -73,14 +73,17 @@ class _EmptyDrafter(Drafter):
     def __init__(self) -> None:
         self.inner = NullDrafter()
 
-    def begin(self, prompt, prefill, first_token):
-        self.inner.begin(prompt, prefill, first_token)
+    def begin(self, prompts, prefill, first_tokens, streams):
+        self.inner.begin(prompts, prefill, first_tokens, streams)
 
-    def propose(self, last_token, position, draft_len, generator, tree=None):
-        return self.inner.propose(last_token, position, draft_len, generator, tree)
+    def propose(self, last_tokens, t, limit, depth, tree=None):
+        return self.inner.propose(last_tokens, t, limit, depth, tree)
 
     def observe(self, out, p, draft, verdict):
         self.inner.observe(out, p, draft, verdict)
+
+    def select(self, images):
+        self.inner.select(images)
 
 
 def test_plain_ar_fast_path_equals_the_general_loop_token_for_token():

@@ -24,7 +24,8 @@ from coolsd.models.llamagen import layer_skip_copy
 from coolsd.models.lookup import LookupModel, perturbed_copy
 from coolsd.neighbours import compute_neighbours, latent_neighbours
 from coolsd.schedules import omega_table
-from tests.helpers import chi_square_pvalue, tiny_llamagen
+from tests.helpers import (acceptance1, chi_square_pvalue, forward1, prefill1, residual1, tiny_llamagen,
+                           tv1)
 
 ALPHA = 1e-3
 N_SAMPLES = 4000
@@ -67,7 +68,7 @@ def brute_force_output(rule, p: torch.Tensor, q: torch.Tensor, depth: int) -> to
     out = q * f
     for x in range(len(p)):
         if q[x] > 0 and f[x] < 1:
-            out = out + q[x] * (1 - f[x]) * rule.residual(p, q, x, depth)
+            out = out + q[x] * (1 - f[x]) * residual1(rule, p, q, x, depth)
     return out
 
 
@@ -79,14 +80,14 @@ def test_rule_invariants_and_exact_tv(name, sparsity):
     for trial in range(30):
         p, q = random_pair(g, sparsity=sparsity)
         depth = 1 + trial % 4
-        f = rule.acceptance(p, q, torch.tensor(depth))
+        f = acceptance1(rule, p, q, depth)
         assert ((f >= 0) & (f <= 1 + 1e-12)).all()
         for x in range(V):
-            r = rule.residual(p, q, x, depth)
+            r = residual1(rule, p, q, x, depth)
             assert (r >= 0).all() and math.isclose(float(r.sum()), 1.0, abs_tol=1e-9)
         out = brute_force_output(rule, p, q, depth)
         assert math.isclose(float(out.sum()), 1.0, abs_tol=1e-9)
-        assert math.isclose(rule.one_step_tv(p, q, depth), 0.5 * float((out - p).abs().sum()), abs_tol=1e-9)
+        assert math.isclose(tv1(rule, p, q, depth), 0.5 * float((out - p).abs().sum()), abs_tol=1e-9)
 
 
 @pytest.mark.parametrize("sparsity", [0.0, 0.5])
@@ -107,12 +108,12 @@ def test_reductions_to_vanilla(sparsity):
     for _ in range(50):
         p, q = random_pair(g, sparsity=sparsity)
         for rule in relaxed:
-            torch.testing.assert_close(rule.acceptance(p, q, torch.tensor(2)),
-                                       exact.acceptance(p, q, torch.tensor(2)), rtol=0, atol=1e-12)
+            torch.testing.assert_close(acceptance1(rule, p, q, 2),
+                                       acceptance1(exact, p, q, 2), rtol=0, atol=1e-12)
             for x in range(V):
-                torch.testing.assert_close(rule.residual(p, q, x, 2), exact.residual(p, q, x, 2),
+                torch.testing.assert_close(residual1(rule, p, q, x, 2), residual1(exact, p, q, x, 2),
                                            rtol=0, atol=1e-12)
-            assert rule.one_step_tv(p, q, 2) < 1e-12
+            assert tv1(rule, p, q, 2) < 1e-12
 
 
 def test_optimal_resampling_is_no_worse():
@@ -130,11 +131,11 @@ def test_optimal_resampling_is_no_worse():
             return 0.5 * float((out - p).abs().sum())
 
         tv_star = tv(q * f + beta * optimal_residual(p, q, f))
-        tv_vanilla = tv(q * f + beta * ExactRule().residual(p, q, None, 1))
+        tv_vanilla = tv(q * f + beta * residual1(ExactRule(), p, q, None, 1))
         out_ref = q * f
         for x in range(V):
             # the reference zeroing applied to this f (m* taken from the LANTERN relaxation of x)
-            out_ref = out_ref + q[x] * (1 - f[x]) * lantern.residual(p, q, x, 1)
+            out_ref = out_ref + q[x] * (1 - f[x]) * residual1(lantern, p, q, x, 1)
         assert tv_star <= tv_vanilla + 1e-12
         assert tv_star <= tv(out_ref) + 1e-12
         assert math.isclose(tv_star, float((q * f - p).clamp_min(0).sum()), abs_tol=1e-12)
@@ -149,7 +150,7 @@ def test_lantern_additive_moves_at_most_delta():
         for _ in range(50):
             p, _ = random_pair(g, v=20)
             x = int(torch.randint(20, (1,), generator=g))
-            p_tilde, m_star = rule.relaxed(p, torch.tensor(x))
+            p_tilde, m_star = (v[0] for v in rule.relaxed(p[None], torch.tensor([x])))
             moved = table[x, : int(m_star)]
             p_new = p.clone()
             p_new[x] += p[moved].sum()
@@ -168,7 +169,7 @@ def test_lantern_pp_bounds_the_boost():
         for _ in range(50):
             p, _ = random_pair(g, v=20)
             x = torch.randint(20, (7,), generator=g)
-            p_tilde, _ = rule.relaxed(p, x)
+            p_tilde, _ = rule.relaxed(p.expand(len(x), -1), x)
             assert (p_tilde <= lam * p[x] + 1e-12).all() and (p_tilde >= p[x]).all()
 
 
@@ -218,14 +219,14 @@ def test_one_step_output_matches_the_loop(name):
     for seed in range(N_SAMPLES):
         tokens = decoder.generate("p", seed).tokens
         counts[int(tokens[0]) * V + int(tokens[1])] += 1
-    _, out0 = target.prefill("p")
+    _, out0 = prefill1(target, "p")
     p0 = target.probs(out0)[0].double()
     expected = torch.zeros(V, V, dtype=torch.float64)
     for x0 in range(V):
-        cache, _ = target.prefill("p")
-        p1 = target.probs(target.forward_block(cache, torch.tensor([x0]), torch.tensor([0])))[0].double()
-        dcache, _ = draft.prefill("p")
-        q1 = draft.probs(draft.forward_block(dcache, torch.tensor([x0]), torch.tensor([0])))[0].double()
+        cache, _ = prefill1(target, "p")
+        p1 = target.probs(forward1(target, cache, torch.tensor([x0]), torch.tensor([0])))[0].double()
+        dcache, _ = prefill1(draft, "p")
+        q1 = draft.probs(forward1(draft, dcache, torch.tensor([x0]), torch.tensor([0])))[0].double()
         expected[x0] = p0[x0] * brute_force_output(rule, p1, q1, 1)
     assert math.isclose(float(expected.sum()), 1.0, abs_tol=1e-6)  # float32 probabilities
     assert chi_square_pvalue(counts, expected.flatten()) > ALPHA
@@ -258,4 +259,5 @@ def test_coolsd_decoder_reduces_to_sd_through_the_loop():
     for seed in range(30):
         a, b = sd.generate("p", seed), cool.generate("p", seed)
         assert torch.equal(a.tokens, b.tokens) and b.stats.tv_per_step == 0.0
-    assert output_distribution(cool.rule, torch.tensor([0.5, 0.5]), torch.tensor([0.9, 0.1]), 1).sum() > 0.99
+    assert output_distribution(cool.rule, torch.tensor([[0.5, 0.5]]), torch.tensor([[0.9, 0.1]]),
+                               torch.tensor([1])).sum() > 0.99

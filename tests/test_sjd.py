@@ -24,6 +24,7 @@ from coolsd.decoding import Decoder
 from coolsd.models.base import ImageARModel
 from coolsd.models.llamagen import LlamaGen
 from coolsd.models.lookup import LookupModel, TokenCache
+from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
 from coolsd.types import TargetOutput
 from tests.helpers import chi_square_pvalue, tiny_llamagen
@@ -37,26 +38,31 @@ WINDOW = 16
 class GreedyJacobiUpdate(JacobiDrafter):
     """A bug: carried drafts are the arg-max of p_{t−1} but are verified as if sampled from it."""
 
-    def jacobi_update(self, q, generator):
+    def jacobi_update(self, q, t):
         return q.argmax(-1)
 
 
 class RecordingDrafter(JacobiDrafter):
     """Records every proposal's (position, draft_len) and every committed image index."""
 
-    def begin(self, prompt, prefill, first_token):
-        super().begin(prompt, prefill, first_token)
+    def begin(self, prompts, prefill, first_tokens, streams):
+        super().begin(prompts, prefill, first_tokens, streams)
         self.proposals: list[tuple[int, int]] = []
         self.commits = [0]
+        self.committed = [int(first_tokens[0])]
+        self.position = 0
 
-    def propose(self, last_token, position, draft_len, generator, tree=None):
-        self.proposals.append((position, draft_len))
-        return super().propose(last_token, position, draft_len, generator, tree)
+    def propose(self, last_tokens, t, limit, depth, tree=None):
+        assert int(t[0]) - 1 == self.position  # the loop drafts after the last committed index
+        self.proposals.append((self.position, int(limit[0])))
+        return super().propose(last_tokens, t, limit, depth, tree)
 
     def observe(self, out, p, draft, verdict):
-        start = self.length
         super().observe(out, p, draft, verdict)
-        self.commits += list(range(start, self.length))
+        n = int(verdict.num_accepted[0])
+        self.committed += draft.tokens[0, :n].tolist() + [int(verdict.next_token[0])]
+        self.commits += list(range(self.position + 1, self.position + 2 + n))
+        self.position += n + 1
 
 
 class RowModel(ImageARModel):
@@ -75,19 +81,22 @@ class RowModel(ImageARModel):
         above = prefix[i - self.grid[1]] if i >= self.grid[1] else 0
         return (above + 3 * i) % self.codebook_size
 
-    def prefill(self, prompt, extra_slots=64):
-        return TokenCache(self.num_image_tokens + extra_slots), self.rows([[]])
+    def prefill(self, prompts, extra_slots=64):
+        return TokenCache([0] * len(prompts), self.num_image_tokens + extra_slots), self.rows([[[]] for _ in prompts])
 
     def forward_block(self, cache, tokens, positions, tree_mask=None):
-        committed, new = cache.tokens[: cache.length], [int(x) for x in tokens]
-        cache.tokens = committed + new
-        cache.block_start, cache.block_len, cache.length = len(committed), len(new), len(committed) + len(new)
-        return self.rows([committed + new[: i + 1] for i in range(len(new))])
+        prefixes = []
+        cache.block_starts, cache.block_len = cache.lengths, tokens.shape[1]
+        for i, row in enumerate(tokens.tolist()):
+            committed = cache.tokens[i]
+            cache.tokens[i] = committed + row
+            prefixes.append([committed + row[: j + 1] for j in range(len(row))])
+        return self.rows(prefixes)
 
-    def rows(self, prefixes: list[list[int]]) -> TargetOutput:
-        chosen = torch.tensor([self.next_token(pre) for pre in prefixes])
-        logits = torch.full((1, len(prefixes), self.codebook_size), -1e4)  # (S=1, T, V)
-        logits[0, torch.arange(len(prefixes)), chosen] = 0.0
+    def rows(self, prefixes: list[list[list[int]]]) -> TargetOutput:
+        chosen = torch.tensor([[self.next_token(pre) for pre in image] for image in prefixes])  # (B, T)
+        logits = torch.full((1, *chosen.shape, self.codebook_size), -1e4)  # (S=1, B, T, V)
+        logits.scatter_(-1, chosen[None, :, :, None], 0.0)
         return TargetOutput(logits=logits, hidden=logits.clone())
 
     def embed(self, tokens):
@@ -166,7 +175,7 @@ def test_window_bookkeeping(model_name):
         assert stats.num_tokens == n and stats.target_forwards <= n and stats.drafter_forwards == 0
         assert stats.target_forwards == 1 + stats.iterations == 1 + len(drafter.proposals)
         assert sorted(drafter.commits) == list(range(n))  # every index, the last one included, exactly once
-        assert torch.equal(drafter.committed, out.tokens)
+        assert drafter.committed == out.tokens.tolist()
         for position, draft_len in drafter.proposals:
             assert draft_len == min(4, n - position - 2)  # the window shrinks to end at the grid's end
 
@@ -182,10 +191,12 @@ def test_auto_init_follows_the_model_and_bad_values_name_the_key():
 def test_repeat_horizon_copies_the_left_neighbour():
     model = RowModel(vocab=7, grid=(3, 4))
     drafter = JacobiDrafter(model, init="repeat_horizon")
-    drafter.begin("p", None, torch.tensor(5))
-    draft = drafter.propose(torch.tensor(5), 0, 6, torch.Generator().manual_seed(0))
-    x = draft.tokens.tolist()  # image indices 1..6; index 4 starts row 1
+    drafter.begin(["p", "p"], None, torch.tensor([5, 2]), Streams([0, 1], "cpu"))
+    # image 0 drafts image indices 1..6 (index 4 starts row 1); image 1 indices 3..8 (index 8 starts row 2)
+    draft = drafter.propose(torch.tensor([5, 2]), torch.tensor([1, 3]), torch.tensor([6, 6]), 6)
+    x, y = draft.tokens.tolist()
     assert x[:3] == [5, 5, 5] and x[4:] == [x[3]] * 2
+    assert y[:5] == [2] * 5
     assert torch.equal(draft.q, torch.nn.functional.one_hot(draft.tokens, 7).float())
 
 

@@ -22,7 +22,7 @@ from coolsd.models.lookup import LookupModel, perturbed_copy
 from coolsd.neighbours import compute_neighbours
 from coolsd.trees import TREE_DIR, TreeShape, ancestor_mask, depths_of
 from coolsd.types import Draft
-from tests.helpers import chi_square_pvalue, tiny_llamagen
+from tests.helpers import chi_square_pvalue, forward1, keep1, prefill1, tiny_llamagen
 
 ALPHA = 1e-3
 N_SAMPLES = 3000
@@ -33,16 +33,17 @@ DYNAMIC = dict(top_k=2, depth=2, total_tokens=5)
 class UnconditionalSiblings(ModelDrafter):
     """Broken: every sibling is tested against the parent's full q (sampling without replacement ignored)."""
 
-    def propose(self, last_token, position, draft_len, generator, tree=None):
-        draft = super().propose(last_token, position, draft_len, generator, tree)
+    def propose(self, last_tokens, t, limit, depth, tree=None):
+        draft = super().propose(last_tokens, t, limit, depth, tree)
         if draft.parents is None:
             return draft
         q = draft.q.clone()
-        first: dict[int, int] = {}
-        for j, par in enumerate(draft.parents.tolist()):
-            first.setdefault(par, j)
-            q[j] = draft.q[first[par]]
-        return Draft(tokens=draft.tokens, q=q, forwards=draft.forwards, parents=draft.parents)
+        for b, parents in enumerate(draft.parents.tolist()):
+            first: dict[int, int] = {}
+            for j, par in enumerate(parents):
+                first.setdefault(par, j)
+                q[b, j] = draft.q[b, first[par]]
+        return Draft(tokens=draft.tokens, q=q, valid=draft.valid, forwards=draft.forwards, parents=draft.parents)
 
 
 def lookup_pair():
@@ -91,12 +92,17 @@ def test_chain_tree_walk_equals_chain_verification(rule_name):
         length = 1 + trial % 5
         p = torch.softmax(2 * torch.randn(length + 1, v, generator=g), -1)
         q = torch.softmax(2 * torch.randn(length, v, generator=g), -1)
-        tokens = torch.multinomial(q, 1, generator=g).squeeze(-1)
-        chain = Draft(tokens=tokens, q=q)
-        tree = Draft(tokens=tokens, q=q, parents=torch.arange(-1, length - 1))
-        a = verify_chain(rule, p, chain, torch.Generator().manual_seed(trial))
-        b = verify_tree(rule, p, tree, torch.Generator().manual_seed(trial))
-        assert (a.num_accepted, a.next_token, a.path) == (b.num_accepted, b.next_token, b.path)
+        tokens = torch.multinomial(q, 1, generator=g).squeeze(-1)[None]
+        valid = torch.ones_like(tokens, dtype=torch.bool)
+        chain = Draft(tokens=tokens, q=q[None], valid=valid, forwards=[length])
+        tree = Draft(tokens=tokens, q=q[None], valid=valid, forwards=[length], parents=torch.arange(-1, length - 1)[None])
+        u = torch.Generator().manual_seed(trial)
+        u_accept, u_sample = torch.rand(1, length, generator=u), torch.rand(1, generator=u)
+        a = verify_chain(rule, p[None], chain, u_accept, u_sample)
+        b = verify_tree(rule, p[None], tree, u_accept, u_sample)
+        n = int(a.num_accepted[0])
+        assert n == int(b.num_accepted[0]) and torch.equal(a.next_token, b.next_token)
+        assert a.path[0, :n].tolist() == b.path[0, :n].tolist()
 
 
 def test_tree_attention_matches_per_path_forwards():
@@ -111,20 +117,20 @@ def test_tree_attention_matches_per_path_forwards():
     prefix = torch.randint(1024, (5,), generator=g)
     nodes = torch.randint(1024, (len(parents),), generator=g)
     depths = depths_of(parents)
-    cache, _ = model.prefill("two")
-    model.forward_block(cache, prefix, torch.arange(5))
+    cache, _ = prefill1(model, "two")
+    forward1(model, cache, prefix, torch.arange(5))
     cache.keep(5)
     root = torch.tensor([7])
     positions = torch.tensor([5] + [5 + d for d in depths])
-    tree_out = model.forward_block(cache, torch.cat([root, nodes]), positions, mask)
+    tree_out = forward1(model, cache, torch.cat([root, nodes]), positions, mask)
     for j in range(len(parents)):
         path, node = [], j
         while node >= 0:
             path.insert(0, node)
             node = parents[node]
-        ref_cache, _ = model.prefill("two")
+        ref_cache, _ = prefill1(model, "two")
         seq = torch.cat([prefix, root, nodes[path]])
-        ref = model.forward_block(ref_cache, seq, torch.arange(len(seq)))
+        ref = forward1(model, ref_cache, seq, torch.arange(len(seq)))
         torch.testing.assert_close(tree_out.logits[:, j + 1], ref.logits[:, -1], rtol=1e-9, atol=1e-9)
 
 
@@ -134,18 +140,18 @@ def test_kv_compaction_then_forward_equals_uncached():
     parents = shape.parents()
     g = torch.Generator().manual_seed(3)
     nodes = torch.randint(1024, (len(parents),), generator=g)
-    cache, _ = model.prefill("six")
+    cache, _ = prefill1(model, "six")
     root = torch.tensor([11])
-    model.forward_block(cache, torch.cat([root, nodes]), torch.tensor([0] + [d for d in depths_of(parents)]),
+    forward1(model, cache, torch.cat([root, nodes]), torch.tensor([0] + [d for d in depths_of(parents)]),
                         ancestor_mask(parents))
     path = [1, 5, 13, 21]  # nodes [0], [0,0], [0,0,0], [0,0,0,0] (block indices)
     assert [shape.paths[i - 1] for i in path] == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
-    cache.keep(torch.tensor([0] + path))
+    keep1(cache, torch.tensor([0] + path))
     nxt = torch.tensor([42, 43])
-    after = model.forward_block(cache, nxt, torch.arange(5, 7))
+    after = forward1(model, cache, nxt, torch.arange(5, 7))
     committed = torch.cat([root, nodes[[i - 1 for i in path]], nxt])
-    ref_cache, _ = model.prefill("six")
-    ref = model.forward_block(ref_cache, committed, torch.arange(len(committed)))
+    ref_cache, _ = prefill1(model, "six")
+    ref = forward1(model, ref_cache, committed, torch.arange(len(committed)))
     torch.testing.assert_close(after.logits, ref.logits[:, -2:], rtol=1e-9, atol=1e-9)
 
 

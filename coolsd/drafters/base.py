@@ -1,60 +1,79 @@
 """The drafter interface of the shared speculative loop.
 
-A drafter proposes ``L`` tokens with the distributions ``q`` they were drawn from (``propose``) and then
-sees what the target verified and committed (``observe``), so it can update its own state (an EAGLE
-head's KV cache, a Jacobi window). It never decides acceptance.
+A drafter proposes up to ``L`` tokens per image of a batch with the distributions ``q`` they were drawn from
+(``propose``) and then sees what the target verified and committed (``observe``), so it can update its own
+state (an EAGLE head's KV cache, a Jacobi window). It never decides acceptance. Random draws come from the
+per-image streams handed to ``begin`` (``coolsd.rng``), keyed by each image's iteration position, so a
+drafter's proposals for an image do not depend on the other images of the batch.
 
 Example: ``python run.py decoder=ar`` uses ``NullDrafter`` (no drafts: plain autoregressive decoding).
 """
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 
 import torch
 
+from coolsd.rng import Streams
 from coolsd.trees import DynamicTree, TreeShape
 from coolsd.types import Draft, TargetOutput, Verdict
 
 
+def empty_draft(batch: int, vocab: int, device: torch.device) -> Draft:
+    """A draft with no nodes for ``batch`` images."""
+    return Draft(tokens=torch.zeros(batch, 0, dtype=torch.long, device=device),
+                 q=torch.zeros(batch, 0, vocab, device=device),
+                 valid=torch.zeros(batch, 0, dtype=torch.bool, device=device), forwards=[0] * batch)
+
+
 class Drafter(abc.ABC):
-    """Proposes draft chains or trees for one prompt at a time (``begin`` starts a new prompt)."""
+    """Proposes draft chains or trees for a batch of images (``begin`` starts a new batch)."""
 
     @abc.abstractmethod
-    def begin(self, prompt: str, prefill: TargetOutput, first_token: torch.Tensor) -> None:
-        """Start a new image: the target's prefill output and the first committed token (image index 0)."""
+    def begin(self, prompts: Sequence[str], prefill: TargetOutput, first_tokens: torch.Tensor,
+              streams: Streams) -> None:
+        """Start new images: the target's prefill output (S, B, T, ·), the first committed tokens (B,) (image
+        index 0) and the images' random streams (the loop keeps them in step with the batch)."""
 
     @abc.abstractmethod
-    def propose(self, last_token: torch.Tensor, position: int, draft_len: int,
-                generator: torch.Generator | None, tree: TreeShape | DynamicTree | None = None) -> Draft:
-        """Draft after ``last_token``, the committed token at image index ``position``.
+    def propose(self, last_tokens: torch.Tensor, t: torch.Tensor, limit: torch.Tensor, depth: int,
+                tree: TreeShape | DynamicTree | None = None) -> Draft:
+        """Draft after ``last_tokens`` (B,), the committed tokens at image index ``t − 1``.
 
-        ``tree`` None: a chain of ``draft_len`` tokens. Otherwise a static shape (already cut to
-        ``draft_len`` levels) or a dynamic-tree spec whose levels must not exceed ``draft_len``; use
-        ``coolsd.trees.draft_static_tree`` / ``draft_dynamic_tree`` with the drafter's own ``expand``.
+        ``t`` (B,) is each image's first uncommitted index (it keys the image's draws); ``limit`` (B,) how
+        many draft levels fit in each image and ``depth = max(limit)``. ``tree`` None: chains of ``depth``
+        node slots, valid up to each image's limit. Otherwise a static shape (already cut to ``depth``
+        levels) or a dynamic-tree spec; use ``coolsd.trees.draft_static_tree`` / ``draft_dynamic_tree`` with
+        the drafter's own ``expand``.
         """
 
     @abc.abstractmethod
     def observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict) -> None:
-        """See the verify forward (``out`` over ``[last_token, drafts]``, ``p`` (L+1, V)) and its verdict."""
+        """See the verify forward (``out`` over ``[last_token, drafts]``, ``p`` (B, M+1, V)) and its verdict."""
+
+    @abc.abstractmethod
+    def select(self, images: Sequence[int]) -> None:
+        """Keep the state of the listed images (positions in the current batch), in order."""
 
 
 class NullDrafter(Drafter):
     """Drafts nothing: the shared loop then runs plain autoregressive decoding (one token per forward)."""
 
     def __init__(self, target: object = None) -> None:
-        self.empty: Draft | None = None
+        self.vocab = 0
+        self.batch = 0
 
-    def begin(self, prompt: str, prefill: TargetOutput, first_token: torch.Tensor) -> None:
-        if self.empty is None or self.empty.tokens.device != first_token.device:
-            v = prefill.logits.shape[-1]
-            device = first_token.device
-            self.empty = Draft(tokens=torch.empty(0, dtype=torch.long, device=device),
-                               q=torch.empty(0, v, device=device))
+    def begin(self, prompts, prefill, first_tokens, streams) -> None:
+        self.vocab = prefill.logits.shape[-1]
 
-    def propose(self, last_token, position, draft_len, generator, tree=None) -> Draft:
-        if draft_len or tree is not None:
+    def propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
+        if depth or tree is not None:
             raise ValueError("NullDrafter cannot draft tokens; set decoder.draft_len=0 or choose a drafter")
-        return self.empty
+        return empty_draft(last_tokens.shape[0], self.vocab, last_tokens.device)
 
     def observe(self, out, p, draft, verdict) -> None:
+        return None
+
+    def select(self, images) -> None:
         return None

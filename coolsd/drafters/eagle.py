@@ -34,13 +34,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coolsd.drafters.base import Drafter
+from coolsd.drafters.base import Drafter, empty_draft
 from coolsd.io import atomic_write_bytes
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import ImageARModel
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, load_state_dict
-from coolsd.sampling import sample, stream_probs
-from coolsd.trees import Expansion, TreeShape, draft_dynamic_tree, draft_static_tree
+from coolsd.rng import DRAFT, sample
+from coolsd.sampling import finite_images, stream_probs
+from coolsd.trees import DraftRows, Expansion, TreeShape, draft_dynamic_tree, draft_static_tree
 from coolsd.types import Draft, TargetOutput, Verdict
 
 FORMAT = "coolsd-eagle"
@@ -123,16 +124,22 @@ class EagleHead(nn.Module):
         cache: StaticKVCache | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Pairs ``(f_t, x_{t+1})`` -> predicted next features ``f̂_{t+1}`` (B, T, H).
+        """Pairs ``(f_t, x_{t+1})`` -> predicted next features ``f̂_{t+1}`` (R, T, H).
 
-        ``features`` (B, T, H) are ``f_t``; ``tokens`` are ``x_{t+1}``, (T,) shared by every row (the CFG
-        streams) or (B, T); ``positions`` (T,) are the pair positions ``t``. ``cache``/``mask`` as in
+        ``features`` (R, T, H) are ``f_t``; ``tokens`` are ``x_{t+1}``: (T,) shared by every row, or (B, T)
+        with R a multiple of B (the CFG streams of B images, stream-major: row ``s·B + b``); ``positions``
+        are the pair positions ``t``: (T,) shared or (B, T) likewise. ``cache``/``mask`` as in
         ``ImageARModel.make_draft_layer`` (``None``: teacher-forced causal pass).
         """
+        rows = features.shape[0]
         e = self.embed(tokens).to(self.fc.weight.dtype)  # (T, H) or (B, T, H)
         if e.dim() == 2:
-            e = e.unsqueeze(0).expand(features.shape[0], -1, -1)
-        h = self.fc(torch.cat([e, features.to(self.fc.weight.dtype)], dim=-1))  # (B, T, H)
+            e = e.unsqueeze(0).expand(rows, -1, -1)
+        elif e.shape[0] != rows:
+            e = e.repeat(rows // e.shape[0], 1, 1)
+        if positions.dim() == 2 and positions.shape[0] != rows:
+            positions = positions.repeat(rows // positions.shape[0], 1)
+        h = self.fc(torch.cat([e, features.to(self.fc.weight.dtype)], dim=-1))  # (R, T, H)
         return self.layer(h, positions, cache, mask)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -251,22 +258,26 @@ def load_eagle(target: ImageARModel, checkpoint: str) -> EagleHead:
 # -- the drafter ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DraftStep:
-    """One drafter forward: predicted features (S, T, H) per stream and guided draft distributions (T, V)."""
+    """One drafter forward: predicted features (S, B, T, H), guided draft distributions (B, T, V) and
+    whether each image's logits were finite (B,)."""
 
     features: torch.Tensor
     q: torch.Tensor
+    finite: torch.Tensor
 
 
 class EagleDrafter(Drafter):
-    """Chain or tree drafting with an ``EagleHead`` and its own one-layer KV cache (batch = the CFG streams).
+    """Chain or tree drafting with an ``EagleHead`` and its own one-layer KV cache, for a batch of images
+    (cache rows = the CFG streams of every image).
 
-    State between iterations: the *pending* pairs, i.e. the target's hidden states of committed tokens
-    that the drafter cache has not consumed yet, paired with the next committed token ids. ``propose``
-    feeds them; later steps feed the drafter's own predicted features (EAGLE), one step per chain token
-    or one ``expand`` per tree level (``coolsd.trees``). ``observe`` rolls back every speculative entry
-    and queues the verify block's hidden states of the committed tokens (``out.hidden`` of the last
-    committed token and the accepted nodes, paired with the accepted tokens and ``next_token``), as
-    LANTERN's ``stable_kv`` does. ``Draft.forwards`` counts ``EagleHead`` forwards.
+    State between iterations, per image: the *pending* pairs, i.e. the target's hidden states of committed
+    tokens that the drafter cache has not consumed yet, paired with the next committed token ids. ``propose``
+    feeds them as one block (padded to the longest image's; each image keeps its own count); later steps
+    feed the drafter's own predicted features (EAGLE), one step per chain token or one ``expand`` per tree
+    level (``coolsd.trees``). ``observe`` rolls back every speculative entry and queues the verify block's
+    hidden states of the committed tokens (``out.hidden`` of the last committed token and the accepted
+    nodes, paired with the accepted tokens and ``next_token``), as LANTERN's ``stable_kv`` does.
+    ``Draft.forwards`` counts ``EagleHead`` forwards.
     """
 
     def __init__(
@@ -285,32 +296,46 @@ class EagleDrafter(Drafter):
         self.head = load_eagle(target, checkpoint) if head is None else head
         self.extra_slots = extra_slots
         self.cache: StaticKVCache | None = None
-        self.pending_features: torch.Tensor | None = None  # (S, k, H)
-        self.pending_tokens: torch.Tensor | None = None  # (k,)
-        self.pending_start = -1  # pair position of the first pending pair
-        self.fed = 0  # pending pairs consumed by the latest propose (0: it ran no forward)
-        self.block_start = 0
-        self.node_features: dict[int, torch.Tensor] = {}  # tree drafting: predicted feature per node
+        self.streams = None
+        self.pending_features: torch.Tensor | None = None  # (S, B, K, H), valid up to pending_count
+        self.pending_tokens: torch.Tensor | None = None  # (B, K)
+        self.pending_count: list[int] = []
+        self.pending_start: list[int] = []  # pair position of each image's first pending pair
+        self.fed: list[int] | None = None  # pending pairs consumed by the latest propose (None: no forward)
+        self.after_feed: list[int] = []  # cache lengths right after the pending block
+        self.node_features: torch.Tensor | None = None  # tree drafting: outputs of the latest request
 
-    def new_cache(self) -> StaticKVCache:
+    def new_cache(self, batch: int) -> StaticKVCache:
         layer, weight = self.head.layer, self.head.fc.weight
         return StaticKVCache(
             num_layers=1,
-            batch=self.target.num_streams,
+            batch=batch,
+            streams=self.target.num_streams,
             num_heads=layer.num_kv_heads,
-            max_len=self.target.num_image_tokens + 1 + self.extra_slots,
+            max_len=self.target.num_image_tokens + 1 + 2 * self.extra_slots,
             head_dim=layer.head_dim,
             dtype=weight.dtype,
             device=weight.device,
         )
 
     @torch.inference_mode()
-    def begin(self, prompt: str, prefill: TargetOutput, first_token: torch.Tensor) -> None:
-        self.cache = self.new_cache()
-        self.pending_features = prefill.hidden[:, -1:]  # (S, 1, H): f_{-1}
-        self.pending_tokens = first_token.reshape(1)
-        self.pending_start = -1
-        self.fed = 0
+    def begin(self, prompts, prefill: TargetOutput, first_tokens: torch.Tensor, streams) -> None:
+        b = first_tokens.shape[0]
+        self.cache = self.new_cache(b)
+        self.streams = streams
+        self.pending_features = prefill.hidden[:, :, -1:]  # (S, B, 1, H): f_{-1}
+        self.pending_tokens = first_tokens.reshape(b, 1)
+        self.pending_count = [1] * b
+        self.pending_start = [-1] * b
+        self.fed = None
+
+    def select(self, images) -> None:
+        index = torch.tensor(list(images), device=self.pending_tokens.device)
+        self.pending_features = self.pending_features[:, index]
+        self.pending_tokens = self.pending_tokens[index]
+        self.pending_count = [self.pending_count[i] for i in images]
+        self.pending_start = [self.pending_start[i] for i in images]
+        self.cache.select(images)
 
     @torch.inference_mode()
     def step(
@@ -319,88 +344,116 @@ class EagleDrafter(Drafter):
         tokens: torch.Tensor,
         positions: torch.Tensor,
         tree_mask: torch.Tensor | None = None,
-        last_only: bool = False,
+        rows: torch.Tensor | None = None,
     ) -> DraftStep:
         """One head forward over pairs appended to the cache as a new block (reusable by tree drafting).
 
-        ``features`` (S, T, H), ``tokens`` (T,), ``positions`` (T,) pair positions, ``tree_mask`` (T, K)
-        over the last K cache slots as in ``StaticKVCache.begin_block`` (``None``: causal). The block stays
-        in the cache until ``observe`` rolls it back. ``last_only``: draft distributions of the last pair
-        only (q is (1, V)); feeding the pending pairs needs no more, and the head over the vocabulary is the
-        costly part on large codebooks.
+        ``features`` (S, B, T, H), ``tokens`` (B, T), ``positions`` (B, T) pair positions, ``tree_mask``
+        (T, K) or (B, T, K) over each image's last K cache slots as in ``StaticKVCache.begin_block``
+        (``None``: causal). The block stays in the cache until ``observe`` rolls it back. ``rows`` (B,): the
+        draft distribution of one row per image only (q is (B, 1, V)); feeding the pending pairs needs no
+        more, and the head over the vocabulary is the costly part on large codebooks.
         """
-        mask = self.cache.begin_block(tokens.shape[0], tree_mask)
-        f_hat = self.head(features, tokens, positions, self.cache, mask)  # (S, T, H)
-        logits = self.head.logits(f_hat[:, -1:] if last_only else f_hat)
-        q = stream_probs(logits, self.target.sampling)  # (T, V)
-        return DraftStep(features=f_hat, q=q)
-
-    @torch.inference_mode()
-    def propose(self, last_token, position, draft_len, generator, tree=None) -> Draft:
-        k = self.pending_tokens.shape[0]
-        if self.pending_start + k != position:
-            raise RuntimeError(f"EagleDrafter out of step: pending pairs end at {self.pending_start + k - 1}, "
-                               f"the loop drafts after image index {position}")
-        self.fed = 0
-        if tree is not None:
-            self.block_start = self.cache.length
-            self.node_features = {}
-            if isinstance(tree, TreeShape):
-                return draft_static_tree(tree, last_token, position, self._expand, generator)
-            return draft_dynamic_tree(tree, draft_len, last_token, position, self._expand)
-        if draft_len == 0:
-            return Draft(tokens=last_token.new_empty(0),
-                         q=torch.empty(0, self.target.codebook_size, device=last_token.device))
-        self.block_start = self.cache.length
-        out = self._feed_pending()
-        drafted, qs = [], []
-        for i in range(draft_len):
-            if i:
-                out = self.step(out.features[:, -1:], drafted[-1], torch.tensor([position + i - 1],
-                                                                                  device=drafted[-1].device))
-            q = out.q[-1]  # (V,)
-            drafted.append(sample(q, generator).reshape(1))
-            qs.append(q)
-        return Draft(tokens=torch.cat(drafted), q=torch.stack(qs), forwards=draft_len)
+        s, b, t, h = features.shape
+        mask = self.cache.begin_block(t, tree_mask)
+        f_hat = self.head(features.reshape(s * b, t, h), tokens, positions, self.cache, mask).view(s, b, t, h)
+        if rows is not None:
+            f_hat_q = f_hat.gather(2, rows.view(1, b, 1, 1).expand(s, b, 1, h))
+        else:
+            f_hat_q = f_hat
+        logits = self.head.logits(f_hat_q)  # (S, B, T', V)
+        return DraftStep(features=f_hat, q=stream_probs(logits, self.target.sampling), finite=finite_images(logits))
 
     def _feed_pending(self) -> DraftStep:
-        """Run the pending pairs (the last one holds the last committed token) as one block."""
-        k = self.pending_tokens.shape[0]
-        positions = torch.arange(self.pending_start, self.pending_start + k, device=self.pending_tokens.device)
-        self.fed = k
-        return self.step(self.pending_features, self.pending_tokens, positions, last_only=True)
+        """Run every image's pending pairs (the last one holds its last committed token) as one block and keep
+        each image's own count; returns the last pair's predicted feature and draft distribution per image."""
+        device = self.pending_tokens.device
+        width = self.pending_tokens.shape[1]
+        positions = torch.tensor(self.pending_start, device=device)[:, None] + torch.arange(width, device=device)
+        last = torch.tensor(self.pending_count, device=device) - 1
+        out = self.step(self.pending_features, self.pending_tokens, positions, rows=last)
+        self.cache.keep(self.pending_count)
+        self.fed, self.after_feed = list(self.pending_count), list(self.cache.lengths)
+        s, b, _, h = out.features.shape
+        root = out.features.gather(2, last.view(1, b, 1, 1).expand(s, b, 1, h))  # (S, B, 1, H)
+        return DraftStep(features=root, q=out.q, finite=out.finite)
 
-    def _expand(self, request: Expansion) -> torch.Tensor:
-        """Tree drafting (``coolsd.trees``): draft distributions (F, V) of the requested nodes' children.
+    @torch.inference_mode()
+    def propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
+        ends = [s + c for s, c in zip(self.pending_start, self.pending_count)]
+        expected = (t - 1).tolist()
+        if ends != expected:
+            raise RuntimeError(f"EagleDrafter out of step: pending pairs end at {ends}, the loop drafts after "
+                               f"image indices {expected}")
+        self.fed = None
+        b = last_tokens.shape[0]
+        if depth == 0:
+            return empty_draft(b, self.target.codebook_size, last_tokens.device)
+        if tree is not None:
+            if isinstance(tree, TreeShape):
+                return draft_static_tree(tree, t - 1, limit, self._expand, self.streams, t)
+            return draft_dynamic_tree(tree, t - 1, limit, self._expand)
+        out = self._feed_pending()
+        finite = out.finite
+        drafted, qs = [], []
+        u = self.streams.uniform(t, DRAFT, depth)  # (B, L)
+        for i in range(depth):
+            if i:
+                out = self.step(out.features, drafted[-1][:, None], (t - 2 + i)[:, None])  # x_{t+i-1} pairs at t+i-2
+                finite = finite & out.finite
+            q = out.q[:, -1]  # (B, V)
+            drafted.append(sample(q, u[:, i]))
+            qs.append(q)
+        valid = torch.arange(depth, device=t.device)[None, :] < limit[:, None]
+        return Draft(tokens=torch.stack(drafted, 1), q=torch.stack(qs, 1), valid=valid,
+                     forwards=limit.clamp(max=depth).tolist(), finite=finite)
+
+    def _expand(self, request: Expansion) -> DraftRows:
+        """Tree drafting (``coolsd.trees``): draft distributions (B, F, V) of the requested nodes' children.
 
         A node's pair is (its parent's predicted feature, its token) at pair position = its image position
         − 1; the root request feeds the pending pairs instead (the root is the last committed token).
         """
-        if int(request.nodes[0]) == -1:
+        if request.root:
             out = self._feed_pending()
-            self.node_features = {-1: out.features[:, -1]}  # (S, H)
-            return out.q[-1:]
-        features = torch.stack([self.node_features[int(par)] for par in request.parents.tolist()], dim=1)
+            self.node_features = out.features
+            return DraftRows(q=out.q, finite=out.finite)
+        s, b, _, h = self.node_features.shape
+        f = request.parent_index.shape[1]
+        features = self.node_features.gather(2, request.parent_index.view(1, b, f, 1).expand(s, b, f, h))
         out = self.step(features, request.tokens, request.positions - 1, tree_mask=request.mask)
-        for j, node in enumerate(request.nodes.tolist()):
-            self.node_features[node] = out.features[:, j]
-        return out.q
+        self.node_features = out.features
+        return DraftRows(q=out.q, finite=out.finite)
 
     @torch.inference_mode()
     def observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict) -> None:
-        n = verdict.num_accepted
+        n = verdict.num_accepted  # (B,)
+        b = n.shape[0]
         device = self.pending_tokens.device
-        path = verdict.path if verdict.path else tuple(range(1, n + 1))  # verify-block rows of accepted nodes
-        rows = torch.tensor((0, *path), device=out.hidden.device)
-        committed = torch.cat([draft.tokens[rows[1:].to(draft.tokens.device) - 1].to(device),
-                               torch.tensor([verdict.next_token], device=device)])  # (n+1,)
-        features = out.hidden[:, rows]  # (S, n+1, H): f of [last_token, accepted nodes]
-        if self.fed:  # the pending pairs are in the cache now; drop the drafter's speculative entries
-            self.cache.rollback(self.block_start + self.fed)
-            self.pending_start += self.fed
-            self.pending_features, self.pending_tokens = features, committed
-        else:
-            self.pending_features = torch.cat([self.pending_features, features], dim=1)
-            self.pending_tokens = torch.cat([self.pending_tokens, committed])
-        self.fed = 0
-        self.node_features = {}
+        width = int(n.max()) + 1 if b else 1
+        path = verdict.path[:, : width - 1]
+        rows = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=path.device), path + 1], dim=1)  # (B, W)
+        s, _, _, h = out.hidden.shape
+        features = out.hidden.gather(2, rows.view(1, b, width, 1).expand(s, b, width, h))  # f of the committed
+        tokens = torch.cat([draft.tokens.gather(1, path), torch.zeros(b, 1, dtype=torch.long, device=device)], 1)
+        tokens.scatter_(1, n[:, None], verdict.next_token[:, None])  # (B, W): accepted tokens, then next_token
+        counts = (n + 1).tolist()
+        if self.fed is None:  # no forward ran: queue behind what is still pending (one image at a time)
+            self._append_pending(features, tokens, counts)
+            return
+        self.cache.rollback(self.after_feed)  # drop the drafter's speculative entries
+        self.pending_start = [s0 + k for s0, k in zip(self.pending_start, self.fed)]
+        self.pending_features, self.pending_tokens, self.pending_count = features, tokens, counts
+        self.fed = None
+
+    def _append_pending(self, features: torch.Tensor, tokens: torch.Tensor, counts: list[int]) -> None:
+        old = self.pending_count
+        width = max(a + c for a, c in zip(old, counts))
+        s, b, _, h = features.shape
+        feat = self.pending_features.new_zeros(s, b, width, h)
+        tok = self.pending_tokens.new_zeros(b, width)
+        for i, (a, c) in enumerate(zip(old, counts)):
+            feat[:, i, :a], feat[:, i, a: a + c] = self.pending_features[:, i, :a], features[:, i, :c]
+            tok[i, :a], tok[i, a: a + c] = self.pending_tokens[i, :a], tokens[i, :c]
+        self.pending_features, self.pending_tokens = feat, tok
+        self.pending_count = [a + c for a, c in zip(old, counts)]

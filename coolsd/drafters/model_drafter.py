@@ -16,10 +16,11 @@ from typing import Callable
 
 import torch
 
-from coolsd.drafters.base import Drafter
+from coolsd.drafters.base import Drafter, empty_draft
 from coolsd.models.base import ImageARModel
-from coolsd.sampling import sample, stream_probs
-from coolsd.trees import Expansion, TreeShape, draft_dynamic_tree, draft_static_tree
+from coolsd.rng import DRAFT, sample
+from coolsd.sampling import finite_images, stream_probs
+from coolsd.trees import DraftRows, Expansion, TreeShape, draft_dynamic_tree, draft_static_tree
 from coolsd.types import Draft, TargetOutput, Verdict
 
 
@@ -36,65 +37,93 @@ class ModelDrafter(Drafter):
             raise ValueError(f"draft model codebook ({self.model.codebook_size}) differs from the target's "
                              f"({target.codebook_size})")
         self.cache = None
-        self.pending: list[torch.Tensor] = []  # committed tokens not yet run through the draft model
-        self.next_position = 0  # image index of the first pending token
-        self.block_start = 0  # cache length before the current draft's forwards
+        self.streams = None
+        self.pending: list[list[int]] = []  # per image: committed tokens not yet run through the draft model
+        self.next_position: list[int] = []  # per image: image index of the first pending token
+        self.after_feed: list[int] = []  # cache lengths after the pending block
+        self.fed: list[int] | None = None
         self.tree_mode = False  # whether the current draft was drafted as a tree
 
-    def begin(self, prompt: str, prefill: TargetOutput, first_token: torch.Tensor) -> None:
-        self.cache, _ = self.model.prefill(prompt, extra_slots=self.tree_slots)
-        self.pending = [first_token.reshape(1)]
-        self.next_position = 0
+    def begin(self, prompts, prefill: TargetOutput, first_tokens: torch.Tensor, streams) -> None:
+        self.cache, _ = self.model.prefill(list(prompts), extra_slots=self.tree_slots)
+        self.streams = streams
+        self.device = first_tokens.device
+        self.pending = [[int(x)] for x in first_tokens.tolist()]
+        self.next_position = [0] * len(self.pending)
+        self.fed = None
 
-    def propose(self, last_token, position, draft_len, generator, tree=None) -> Draft:
-        v = self.target.codebook_size
+    def select(self, images) -> None:
+        self.cache.select(list(images))
+        self.pending = [self.pending[i] for i in images]
+        self.next_position = [self.next_position[i] for i in images]
+
+    def _feed_pending(self, device: torch.device) -> DraftRows:
+        """Run every image's pending tokens as one block (padded), keep each image's own count; return the
+        draft distribution after each image's last pending token (B, 1, V)."""
+        counts = [len(p) for p in self.pending]
+        width = max(counts)
+        feed = torch.tensor([p + [p[-1]] * (width - len(p)) for p in self.pending], device=device)
+        positions = torch.tensor(self.next_position, device=device)[:, None] + torch.arange(width, device=device)
+        out = self.model.forward_block(self.cache, feed, positions)
+        last = torch.tensor(counts, device=device) - 1
+        logits = out.logits.gather(2, last.view(1, -1, 1, 1).expand(out.logits.shape[0], -1, 1, out.logits.shape[-1]))
+        self.cache.keep(counts)
+        self.fed, self.after_feed = counts, list(self.cache.lengths)
+        return DraftRows(q=stream_probs(logits, self.target.sampling), finite=finite_images(logits))
+
+    def propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
+        b = last_tokens.shape[0]
+        device = last_tokens.device
+        self.fed = None
         self.tree_mode = tree is not None
+        if depth == 0:
+            return empty_draft(b, self.target.codebook_size, device)
         if tree is not None:
-            self.block_start = self.cache.length
             if isinstance(tree, TreeShape):
-                return draft_static_tree(tree, last_token, position, self._expand, generator)
-            return draft_dynamic_tree(tree, draft_len, last_token, position, self._expand)
-        if draft_len == 0:
-            return Draft(tokens=last_token.new_empty(0), q=torch.empty(0, v, device=last_token.device))
-        self.block_start = self.cache.length
-        feed = torch.cat(self.pending)
-        positions = torch.arange(self.next_position, self.next_position + feed.shape[0], device=feed.device)
+                return draft_static_tree(tree, t - 1, limit, self._expand, self.streams, t)
+            return draft_dynamic_tree(tree, t - 1, limit, self._expand)
+        rows = self._feed_pending(device)
+        finite = rows.finite
+        q = rows.q[:, -1]
+        u = self.streams.uniform(t, DRAFT, depth)
         tokens, qs = [], []
-        for i in range(draft_len):
-            out = self.model.forward_block(self.cache, feed, positions)
-            q = stream_probs(out.logits[:, -1:], self.target.sampling)[0]  # (V,)
-            x = sample(q, generator).reshape(1)
-            tokens.append(x)
+        for i in range(depth):
+            if i:
+                out = self.model.forward_block(self.cache, tokens[-1][:, None], (t - 1 + i)[:, None])
+                finite = finite & finite_images(out.logits)
+                q = stream_probs(out.logits, self.target.sampling)[:, -1]  # (B, V)
+            tokens.append(sample(q, u[:, i]))
             qs.append(q)
-            feed, positions = x, positions[-1:] + 1
-        return Draft(tokens=torch.cat(tokens), q=torch.stack(qs), forwards=draft_len)
+        valid = torch.arange(depth, device=device)[None, :] < limit[:, None]
+        return Draft(tokens=torch.stack(tokens, 1), q=torch.stack(qs, 1), valid=valid,
+                     forwards=limit.clamp(max=depth).tolist(), finite=finite)
 
-    def _expand(self, request: Expansion) -> torch.Tensor:
-        """Draft distributions (F, V) of the children of the requested tree nodes."""
-        if int(request.nodes[0]) == -1:  # the root: feed the pending committed tokens (the root is the last)
-            feed = torch.cat(self.pending)
-            positions = torch.arange(self.next_position, self.next_position + feed.shape[0], device=feed.device)
-            out = self.model.forward_block(self.cache, feed, positions)
-            return stream_probs(out.logits[:, -1:], self.target.sampling)  # (1, V)
+    def _expand(self, request: Expansion) -> DraftRows:
+        """Draft distributions (B, F, V) of the children of the requested tree nodes."""
+        if request.root:  # feed the pending committed tokens (the root is the last)
+            return self._feed_pending(self.device)
         out = self.model.forward_block(self.cache, request.tokens, request.positions, tree_mask=request.mask)
-        return stream_probs(out.logits, self.target.sampling)  # (F, V)
+        return DraftRows(q=stream_probs(out.logits, self.target.sampling), finite=finite_images(out.logits))
 
     def observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict) -> None:
-        n, L = verdict.num_accepted, draft.draft_len
+        n = verdict.num_accepted.tolist()
+        path = verdict.path.tolist()
+        drafted = draft.tokens.tolist()
+        nxt = verdict.next_token.tolist()
+        committed = [[drafted[i][j] for j in path[i][: n[i]]] + [nxt[i]] for i in range(len(n))]
+        if self.fed is None:  # nothing was run through the draft model
+            for i, c in enumerate(committed):
+                self.pending[i] += c
+            return
+        self.next_position = [pos + k for pos, k in zip(self.next_position, self.fed)]
         if self.tree_mode:  # drop the tree's slots; the accepted path is fed again with the next token
-            self.cache.rollback(self.block_start + len(self.pending))
-            self.next_position += len(self.pending)
-            path = verdict.path if verdict.path else tuple(range(1, n + 1))
-            self.pending = [draft.tokens[j - 1 : j] for j in path]
-            self.pending.append(torch.tensor([verdict.next_token], device=draft.tokens.device))
+            self.cache.rollback(self.after_feed)
+            self.pending = committed
             return
-        committed = [draft.tokens[i : i + 1] for i in range(n)]
-        committed.append(torch.tensor([verdict.next_token], device=draft.tokens.device))
-        if L == 0:  # nothing was run through the draft model
-            self.pending += committed
-            return
-        # the cache holds pending + d_1..d_{L-1}; keep pending and the accepted drafts among them
-        in_cache = min(n, L - 1)
-        self.next_position += len(self.pending) + in_cache
-        self.cache.rollback(self.block_start + len(self.pending) + in_cache)
-        self.pending = committed[in_cache:]
+        # the cache holds pending + d_1..d_{L-1}; keep the accepted drafts among them
+        forwarded = draft.draft_len - 1
+        in_cache = [min(k, forwarded) for k in n]
+        self.cache.rollback([a + k for a, k in zip(self.after_feed, in_cache)])
+        self.next_position = [pos + k for pos, k in zip(self.next_position, in_cache)]
+        self.pending = [c[k:] for c, k in zip(committed, in_cache)]
+

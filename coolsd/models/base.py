@@ -6,7 +6,8 @@ prompt templates, text encoders and the VQ decoder (design: ``shared/docs/archit
 
 Positions are *image-token indices*: the input token ``x_i`` (the i-th image token, 0-based) sits at
 position ``i`` and its output is the distribution of token ``i + 1``. The prefill's output is the
-distribution of token 0.
+distribution of token 0. Every call serves a batch of ``B`` images (prompts); tensors carry the image
+axis after the stream axis: logits and hidden states are (S, B, T, ·), tokens and positions (B, T).
 
 Example: ``coolsd.models.llamagen.LlamaGen`` implements it; ``python run.py model=tiny`` uses it.
 """
@@ -23,15 +24,19 @@ from coolsd.types import TargetOutput
 
 
 class BlockCache(Protocol):
-    """A cache of one prompt's decoding state, block-addressed (see ``coolsd.kv_cache.StaticKVCache``)."""
+    """The decoding state of a batch of prompts, block-addressed per image (``coolsd.kv_cache.StaticKVCache``)."""
 
-    length: int
+    lengths: list[int]
 
-    def keep(self, kept: int | torch.Tensor) -> None:
-        """Keep the first ``kept`` tokens of the latest forward block, or the listed block indices."""
+    def keep(self, counts: list[int] | int, index: torch.Tensor | None = None) -> None:
+        """Keep the first ``counts[b]`` tokens of each image's latest block, or its block indices
+        ``index[b, :counts[b]]``."""
 
-    def rollback(self, length: int) -> None:
-        """Forget everything from slot ``length`` on (possibly spanning several blocks)."""
+    def rollback(self, lengths: list[int] | int) -> None:
+        """Forget everything from slot ``lengths[b]`` on (possibly spanning several blocks)."""
+
+    def select(self, images: list[int]) -> None:
+        """Keep only the listed images (finished images leave the batch)."""
 
 
 class ImageARModel(nn.Module, abc.ABC):
@@ -65,11 +70,12 @@ class ImageARModel(nn.Module, abc.ABC):
         return torch.device("cpu")
 
     @abc.abstractmethod
-    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[BlockCache, TargetOutput]:
-        """Encode the prompt into a fresh cache; return it and the output at the last prefix position.
+    def prefill(self, prompts: list[str], extra_slots: int = 64) -> tuple[BlockCache, TargetOutput]:
+        """Encode the prompts into a fresh cache; return it and the output at each last prefix position.
 
         ``extra_slots`` is the largest block a decoder will forward beyond the image tokens (tree nodes).
-        The returned output has ``T == 1``: its logits give the distribution of image token 0.
+        The returned output has ``T == 1``: its logits (S, B, 1, V) give the distributions of image token 0.
+        An image's outputs must not depend on the other prompts of the batch (left padding is masked).
         """
 
     @abc.abstractmethod
@@ -80,10 +86,10 @@ class ImageARModel(nn.Module, abc.ABC):
         positions: torch.Tensor,
         tree_mask: torch.Tensor | None = None,
     ) -> TargetOutput:
-        """Run the target over ``tokens`` (T,) at image positions ``positions`` (T,), appending a block.
+        """Run the target over ``tokens`` (B, T) at image positions ``positions`` (B, T), appending a block.
 
-        ``tree_mask`` (T, T) bool: node i attends to node j iff ``tree_mask[i, j]`` (ancestors and itself);
-        ``None`` = causal. Returns logits and hidden states of shape (S, T, ·).
+        ``tree_mask`` (T, T) shared or (B, T, T) bool: node i attends to node j iff ``tree_mask[..., i, j]``
+        (ancestors and itself); ``None`` = causal. Returns logits and hidden states of shape (S, B, T, ·).
         """
 
     @abc.abstractmethod
@@ -102,6 +108,10 @@ class ImageARModel(nn.Module, abc.ABC):
     def decode_image(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image tokens (N,) in raster order -> uint8 image (3, H, W)."""
 
+    def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image tokens (B, N) -> uint8 images (B, C, H, W); adapters may decode the batch in one pass."""
+        return torch.stack([self.decode_image(row) for row in tokens])
+
     @torch.inference_mode()
     def teacher_force(self, prompts: list[str], tokens: torch.Tensor) -> torch.Tensor:
         """Hidden states ``f_{-1} .. f_{N-1}`` (B, S, N+1, H) of whole token sequences (B, N) under ``prompts``.
@@ -112,13 +122,13 @@ class ImageARModel(nn.Module, abc.ABC):
         out = []
         n = tokens.shape[1]
         for prompt, seq in zip(prompts, tokens):
-            cache, first = self.prefill(prompt, extra_slots=0)
-            block = self.forward_block(cache, seq.to(self.device), torch.arange(n, device=self.device))
-            out.append(torch.cat([first.hidden, block.hidden], dim=1))
+            cache, first = self.prefill([prompt], extra_slots=0)
+            block = self.forward_block(cache, seq.to(self.device)[None], torch.arange(n, device=self.device)[None])
+            out.append(torch.cat([first.hidden, block.hidden], dim=2)[:, 0])
         return torch.stack(out)
 
     def probs(self, out: TargetOutput) -> torch.Tensor:
-        """Guided next-token distributions (T, V) of a forward's output, through the shared pipeline."""
+        """Guided next-token distributions (B, T, V) of a forward's output, through the shared pipeline."""
         return stream_probs(out.logits, self.sampling)
 
     def make_draft_layer(self, norm_eps: float | None = None) -> nn.Module:
@@ -131,9 +141,9 @@ class ImageARModel(nn.Module, abc.ABC):
 
         The returned module must provide:
 
-        * ``forward(h, positions, cache, mask) -> (B, T, H)``: ``h`` (B, T, H) are the fused inputs,
-          B = the CFG streams (``num_streams``) at decode time or any batch of sequences in training;
-          ``positions`` (T,) long are *pair positions*: the pair ``(f_t, x_{t+1})`` sits at position
+        * ``forward(h, positions, cache, mask) -> (R, T, H)``: ``h`` (R, T, H) are the fused inputs,
+          R = the CFG streams of a batch of images at decode time (stream-major, as the cache) or any batch
+          of sequences in training; ``positions`` (T,) shared or (R, T) long are *pair positions*: the pair ``(f_t, x_{t+1})`` sits at position
           ``t``, the image index of the target input that produced ``f_t`` (``t = -1`` for the prefill's
           last hidden state, which is paired with ``x_0``). How a pair position maps onto the target's
           own encoding is the adapter's choice and must be documented there (LlamaGen: the 2-D RoPE of

@@ -193,7 +193,7 @@ def attention(
 ) -> torch.Tensor:
     """Self-attention of a ``transformers`` ``LlamaAttention`` (its projections) on ``x`` (B, T, H).
 
-    ``rope`` = (cos, sin) (1, T, head_dim) from the model's rotary module. K/V go through ``cache.write``
+    ``rope`` = (cos, sin) (1 or B, T, head_dim) from the model's rotary module. K/V go through ``cache.write``
     (``None``: no cache, causal over ``x``); ``mask`` (B, 1, T, end) bool from ``cache.begin_block``.
     """
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -222,9 +222,10 @@ def run_layers(
 ) -> torch.Tensor:
     """The first ``num_layers`` decoder layers of ``lm`` (a ``LlamaModel``) + its final norm.
 
-    Input embeddings (B, T, H) at sequence positions (T,) -> post-norm hidden states (B, T, H).
+    Input embeddings (B, T, H) at sequence positions (T,) shared or (B, T) per row -> post-norm hidden
+    states (B, T, H).
     """
-    rope = lm.rotary_emb(h, seq_positions[None])  # (1, T, head_dim) each
+    rope = lm.rotary_emb(h, seq_positions if seq_positions.dim() == 2 else seq_positions[None])  # (1|B, T, hd)
     for i, layer in enumerate(itertools.islice(lm.layers, num_layers)):  # slicing would build a ModuleList
         h = h + attention(layer.self_attn, layer.input_layernorm(h), rope, cache, i, mask)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -298,7 +299,8 @@ class JanusDraftLayer(nn.Module):
         cache: StaticKVCache | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        rope = self.rotary(h, (positions.to(h.device) + 1)[None])  # (1, T, head_dim) each
+        positions = positions.to(h.device) + 1
+        rope = self.rotary(h, positions if positions.dim() == 2 else positions[None])  # (1|R, T, head_dim)
         h = h + attention(self.self_attn, h, rope, cache, 0, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -315,11 +317,16 @@ class JanusDraftLayer(nn.Module):
 
 
 class JanusCache(StaticKVCache):
-    """The static KV cache plus the prompt length (image token ``i`` sits at ``prefix_len + i``)."""
+    """The static KV cache plus each image's prompt length (its image token ``i`` sits at position
+    ``prefix_lens[b] + i``; prompts are left-padded to the longest, the padding masked)."""
 
-    def __init__(self, prefix_len: int, **kwargs: Any) -> None:
+    def __init__(self, prefix_lens: torch.Tensor, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.prefix_len = prefix_len
+        self.prefix_lens = prefix_lens  # (B,)
+
+    def select(self, images) -> None:
+        super().select(images)
+        self.prefix_lens = self.prefix_lens[torch.tensor(list(images), device=self.prefix_lens.device)]
 
 
 # -- the adapter -----------------------------------------------------------------------------------------
@@ -434,38 +441,54 @@ class JanusPro(ImageARModel):
         return torch.stack([ids, torch.where(keep, ids, torch.full_like(ids, self.pad_id))])
 
     # -- the adapter interface -------------------------------------------------------------------------
-    def _new_cache(self, prefix_len: int, extra_slots: int) -> JanusCache:
+    def _new_cache(self, prefix_lens: torch.Tensor, width: int, extra_slots: int) -> JanusCache:
         text = self.janus.config.text_config
         return JanusCache(
-            prefix_len=prefix_len,
+            prefix_lens=prefix_lens,
             num_layers=self.active_layers,
-            batch=self.num_streams,
+            batch=prefix_lens.shape[0],
+            streams=self.num_streams,
             num_heads=text.num_key_value_heads,
-            max_len=prefix_len + self.num_image_tokens + extra_slots,
+            max_len=width + self.num_image_tokens + extra_slots,
             head_dim=self.lm.layers[0].self_attn.head_dim,
             dtype=self.lm.embed_tokens.weight.dtype,
             device=self.device,
         )
 
     def _output(self, hidden: torch.Tensor) -> TargetOutput:
+        """Hidden states of the cache rows (S·B, T, H) -> per-stream output (S, B, T, ·)."""
+        hidden = hidden.view(self.num_streams, -1, *hidden.shape[1:])
         return TargetOutput(logits=self.head(hidden), hidden=hidden)
 
     @torch.inference_mode()
-    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[JanusCache, TargetOutput]:
-        ids = self.stream_ids(prompt).to(self.device)  # (S, P)
-        cache = self._new_cache(ids.shape[1], extra_slots)
-        h = self.lm.embed_tokens(ids)  # (S, P, H)
-        mask = cache.begin_block(ids.shape[1])
-        positions = torch.arange(ids.shape[1], device=self.device)
-        hidden = run_layers(self.lm, h, positions, cache, mask, self.active_layers)
+    def prefill(self, prompts: list[str], extra_slots: int = 64) -> tuple[JanusCache, TargetOutput]:
+        streams = [self.stream_ids(p) for p in prompts]  # (S, P_b) each
+        lengths = torch.tensor([ids.shape[1] for ids in streams])
+        width = int(lengths.max())
+        s, b = self.num_streams, len(prompts)
+        ids = torch.full((s, b, width), self.pad_id, dtype=torch.long)  # left-padded to the longest prompt
+        for i, row in enumerate(streams):
+            ids[:, i, width - row.shape[1]:] = row
+        pad = (width - lengths)[:, None]  # (B, 1)
+        positions = (torch.arange(width)[None, :] - pad).clamp_min(0)  # (B, P): from 0 at each prompt's start
+        valid = torch.arange(width)[None, :] >= pad  # (B, P)
+        cache = self._new_cache(lengths.to(self.device), width, extra_slots)
+        cache.set_padding(valid.repeat(s, 1).to(self.device))
+        rows = ids.reshape(s * b, width).to(self.device)
+        h = self.lm.embed_tokens(rows)  # (S·B, P, H)
+        mask = cache.begin_block(width)
+        hidden = run_layers(self.lm, h, positions.repeat(s, 1).to(self.device), cache, mask, self.active_layers)
         return cache, self._output(hidden[:, -1:])
 
     @torch.inference_mode()
     def forward_block(self, cache, tokens, positions, tree_mask=None) -> TargetOutput:
-        h = self.embed(tokens.to(self.device)).unsqueeze(0).expand(self.num_streams, -1, -1)  # (S, T, H)
-        mask = cache.begin_block(tokens.shape[0], tree_mask)
-        hidden = run_layers(self.lm, h, positions.to(self.device) + cache.prefix_len, cache, mask,
-                            self.active_layers)
+        s = self.num_streams
+        h = self.embed(tokens.to(self.device))  # (B, T, H)
+        seq = positions.to(self.device) + cache.prefix_lens[:, None]  # (B, T)
+        if s > 1:
+            h, seq = h.repeat(s, 1, 1), seq.repeat(s, 1)
+        mask = cache.begin_block(tokens.shape[1], tree_mask)
+        hidden = run_layers(self.lm, h, seq, cache, mask, self.active_layers)
         return self._output(hidden)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

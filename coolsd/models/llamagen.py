@@ -123,15 +123,16 @@ def rope_2d_table(grid: int, head_dim: int, base: float, prefix: int) -> torch.T
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of ``x`` (B, T, H, D) by ``table`` (T, D/2, 2) of (cos, sin), in float32 (or the table's
-    wider dtype).
+    """Rotate pairs of ``x`` (B, T, H, D) by ``table`` (T, D/2, 2) shared or (B, T, D/2, 2) per row, of
+    (cos, sin), in float32 (or the table's wider dtype).
 
     One complex product ``(x0 + i x1)(cos + i sin)``: the reference's four real products, difference and sum
     (``x0 cos − x1 sin``, ``x1 cos + x0 sin``) in one kernel instead of ten (bitwise equal on CPU; on a GPU the
     compiler may fuse a product into the sum, a last-bit difference in float32).
     """
     xs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, T, H, D/2) complex
-    rot = torch.view_as_complex(table).view(1, xs.shape[1], 1, xs.shape[3])  # (1, T, 1, D/2)
+    rot = torch.view_as_complex(table)  # (T, D/2) or (B, T, D/2)
+    rot = rot.view(-1 if rot.dim() == 3 else 1, xs.shape[1], 1, xs.shape[3])  # (1 or B, T, 1, D/2)
     return torch.view_as_real(xs * rot).flatten(3).type_as(x)
 
 
@@ -345,7 +346,8 @@ class Transformer(Float32Rope):
         mask: torch.Tensor | None,
         num_layers: int | None = None,
     ) -> torch.Tensor:
-        """Input embeddings (B, T, dim) at sequence positions (T,) -> post-norm hidden states (B, T, dim).
+        """Input embeddings (B, T, dim) at sequence positions (T,) shared or (B, T) per row -> post-norm hidden
+        states (B, T, dim).
 
         ``num_layers`` runs only the first blocks (layer-skip drafting); ``None`` runs all.
         """
@@ -434,12 +436,13 @@ class LlamaGenAdapter(ImageARModel):
         self.to(device=target, dtype=resolve_dtype(dtype, target))
         self.vq.float()
 
-    def _new_cache(self, extra_slots: int) -> LlamaGenCache:
+    def _new_cache(self, batch: int, extra_slots: int) -> LlamaGenCache:
         c = self.cfg.cls_token_num
         return LlamaGenCache(
             prefix_len=c,
             num_layers=self.active_layers,
-            batch=self.num_streams,
+            batch=batch,
+            streams=self.num_streams,
             num_heads=self.cfg.n_kv_head or self.cfg.n_head,
             max_len=c + self.num_image_tokens + extra_slots,
             head_dim=self.cfg.dim // self.cfg.n_head,
@@ -453,14 +456,17 @@ class LlamaGenAdapter(ImageARModel):
         return self.gpt.tok_embeddings.weight.device
 
     def _output(self, hidden: torch.Tensor) -> TargetOutput:
+        """Hidden states of the cache rows (S·B, T, H) -> per-stream output (S, B, T, ·)."""
+        hidden = hidden.view(self.num_streams, -1, *hidden.shape[1:])
         return TargetOutput(logits=self.head(hidden), hidden=hidden)
 
     def _prefill_condition(
         self, h: torch.Tensor, key_valid: torch.Tensor | None, extra_slots: int
     ) -> tuple[LlamaGenCache, TargetOutput]:
-        """Run condition embeddings ``h`` (S, C, dim) through a fresh cache; ``key_valid`` (S, C) marks the
-        prefix slots other tokens may attend to (``None``: all). Returns the output of the last slot."""
-        cache = self._new_cache(extra_slots)
+        """Run condition embeddings ``h`` (S·B, C, dim), stream-major, through a fresh cache; ``key_valid``
+        (S·B, C) marks the prefix slots other tokens may attend to (``None``: all). Returns the output of
+        the last slot."""
+        cache = self._new_cache(h.shape[0] // self.num_streams, extra_slots)
         if key_valid is not None:
             cache.set_padding(key_valid)
         mask = cache.begin_block(h.shape[1])
@@ -471,12 +477,13 @@ class LlamaGenAdapter(ImageARModel):
 
     @torch.inference_mode()
     def forward_block(self, cache, tokens, positions, tree_mask=None) -> TargetOutput:
-        h = self.gpt.tok_embeddings(tokens.to(self.device)).unsqueeze(0)  # (1, T, dim)
-        h = h.expand(self.num_streams, -1, -1)
-        mask = cache.begin_block(tokens.shape[0], tree_mask)
-        hidden = self.gpt.forward_hidden(
-            h, positions.to(self.device) + cache.prefix_len, cache, mask, self.active_layers
-        )
+        s = self.num_streams
+        h = self.gpt.tok_embeddings(tokens.to(self.device))  # (B, T, dim)
+        seq = positions.to(self.device) + cache.prefix_len  # (B, T)
+        if s > 1:  # cache rows are stream-major: [images of stream 0; images of stream 1]
+            h, seq = h.repeat(s, 1, 1), seq.repeat(s, 1)
+        mask = cache.begin_block(tokens.shape[1], tree_mask)
+        hidden = self.gpt.forward_hidden(h, seq, cache, mask, self.active_layers)
         return self._output(hidden)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -490,7 +497,12 @@ class LlamaGenAdapter(ImageARModel):
 
     @torch.inference_mode()
     def decode_image(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.vq.decode_to_uint8(tokens.reshape(1, -1).to(self.device), self.grid)[0]
+        return self.decode_images(tokens.reshape(1, -1))[0]
+
+    @torch.inference_mode()
+    def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image tokens (B, N) -> uint8 images (B, C, H, W) in one VQ decoder pass."""
+        return self.vq.decode_to_uint8(tokens.to(self.device), self.grid)
 
     def make_draft_layer(self, norm_eps: float | None = None) -> DraftBlock:
         """A fresh ``DraftBlock`` of this GPT's width and heads (see ``ImageARModel.make_draft_layer``)."""
@@ -546,8 +558,8 @@ class LlamaGen(LlamaGenAdapter):
         raise ValueError(f"prompt {prompt!r} is not a class of this model; allowed: {allowed}")
 
     @torch.inference_mode()
-    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[LlamaGenCache, TargetOutput]:
-        label = torch.tensor([self.class_index(prompt)], device=self.device)
+    def prefill(self, prompts: list[str], extra_slots: int = 64) -> tuple[LlamaGenCache, TargetOutput]:
+        label = torch.tensor([self.class_index(p) for p in prompts], device=self.device)
         if self.num_streams == 2:
             label = torch.cat([label, torch.full_like(label, self.cfg.num_classes)])  # [cond; uncond]
         return self._prefill_condition(self.gpt.condition(label), None, extra_slots)

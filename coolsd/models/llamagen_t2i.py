@@ -388,21 +388,22 @@ class LlamaGenT2I(LlamaGenAdapter):
         return CaptionEncoder(encoder, tokenizer, max_length, cleaning).to(self.device)
 
     # -- the adapter interface -------------------------------------------------------------------------
-    def condition(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Condition embeddings (S, C, dim) and prefix key validity (S, C): ``[caption; uncond]`` halves."""
-        caption = self.text(prompt)
+    def condition(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Condition embeddings (S·B, C, dim) and prefix key validity (S·B, C), stream-major:
+        ``[captions; uncond]``. Each caption is encoded alone, so an image does not depend on its batch."""
+        captions = [self.text(p) for p in prompts]
         dtype = self.gpt.tok_embeddings.weight.dtype
-        valid = caption.valid.to(self.device)  # (1, C)
-        cond = caption.features.to(self.device, dtype) * valid[..., None]  # (1, C, D): c = emb * mask
+        valid = torch.cat([c.valid for c in captions]).to(self.device)  # (B, C)
+        cond = torch.cat([c.features for c in captions]).to(self.device, dtype) * valid[..., None]  # c = emb*mask
         if self.num_streams == 2:
-            uncond = self.gpt.cls_embedding.uncond_embedding[None]  # (1, C, D), not masked (reference)
+            uncond = self.gpt.cls_embedding.uncond_embedding[None].expand(len(prompts), -1, -1)  # not masked
             cond = torch.cat([cond, uncond.to(dtype)])
-            valid = valid.expand(2, -1)  # the unconditional half reuses the caption's mask
+            valid = valid.repeat(2, 1)  # the unconditional half reuses the caption's mask
         return self.gpt.condition(cond), valid
 
     @torch.inference_mode()
-    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[LlamaGenCache, TargetOutput]:
-        h, valid = self.condition(prompt)
+    def prefill(self, prompts: list[str], extra_slots: int = 64) -> tuple[LlamaGenCache, TargetOutput]:
+        h, valid = self.condition(prompts)
         return self._prefill_condition(h, valid, extra_slots)
 
 

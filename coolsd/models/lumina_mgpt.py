@@ -279,84 +279,116 @@ def expand_qk_norm(state: dict[str, torch.Tensor], num_heads: int,
 # -- image-unit cache -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ModelBlock:
-    """One forward block in model slots: image nodes plus the end-of-row slots inserted after row ends.
+    """One forward block in model slots for every image: its image nodes plus the end-of-row slots inserted
+    after row ends, padded to the longest image's block (padding rows come last and are never read).
 
-    ``node_rows`` (T,) row of each image node; ``row_end`` (T,) whether it is followed by an end-of-row row;
-    ``output_rows`` (T,) the row whose output is node i's next-token distribution (its end-of-row row at a row
-    end); ``offsets`` (Tm,) positions inside the image part; ``attention`` the mask ``begin_block`` returned.
+    ``ids_rows`` (B, Tm) which model row holds image node i (−1: padding); ``output_rows`` (B, T) the row whose
+    output is node i's next-token distribution (its end-of-row row at a row end); ``offsets`` (B, Tm)
+    positions inside the image part; ``node_rows``/``row_end`` per image as lists; ``attention`` the mask
+    ``begin_block`` returned.
     """
 
-    node_rows: list[int]
-    row_end: list[bool]
-    output_rows: list[int]
-    offsets: list[int]
+    node_rows: list[list[int]]
+    row_end: list[list[bool]]
+    output_rows: torch.Tensor
+    offsets: torch.Tensor
+    is_node: torch.Tensor
+    node_index: torch.Tensor
     attention: torch.Tensor | None
 
     @property
     def num_rows(self) -> int:
-        return len(self.offsets)
+        return int(self.offsets.shape[1])
 
 
 @dataclass
 class LuminaCache:
-    """The decoders' image-unit view of a model-slot ``StaticKVCache`` (see the module docstring).
+    """The decoders' image-unit view of a model-slot ``StaticKVCache`` for a batch (see the module docstring).
 
-    ``length`` counts image tokens (0 right after prefill). ``slot[i]`` is the model slot of image slot ``i``
-    and ``newline[i]`` whether slot ``slot[i] + 1`` holds its end-of-row token (always right after it).
-    ``position_base`` (S, 1) is the model position of image-part offset 0 in each CFG stream.
+    Per image ``b``: ``slot[b][i]`` is the model slot of image slot ``i`` and ``newline[b][i]`` whether slot
+    ``slot[b][i] + 1`` holds its end-of-row token (always right after it); ``lengths[b]`` counts image
+    tokens (0 right after prefill). ``position_base`` (S, B) is the model position of image-part offset 0 in
+    each CFG stream of each image.
     """
 
     kv: StaticKVCache
     prefix_len: int
     width: int
     position_base: torch.Tensor
-    slot: list[int] = field(default_factory=list)
-    newline: list[bool] = field(default_factory=list)
-    block: tuple[int, int, ModelBlock] | None = None  # (image start, model start, layout) of the latest block
+    slot: list[list[int]] = field(default_factory=list)
+    newline: list[list[bool]] = field(default_factory=list)
+    block: tuple[list[int], list[int], ModelBlock] | None = None  # (image starts, model starts, layout)
 
     @property
-    def length(self) -> int:
-        return len(self.slot)
+    def lengths(self) -> list[int]:
+        return [len(s) for s in self.slot]
 
-    def open_block(self, positions: list[int], tree_mask: torch.Tensor | None) -> ModelBlock:
-        """Lay out image nodes at ``positions`` in model slots, reserve them, build the mask (module doc)."""
+    def open_block(self, positions: list[list[int]], tree_mask: torch.Tensor | None) -> ModelBlock:
+        """Lay out each image's nodes at ``positions`` in model slots, reserve them, build the mask."""
         w = self.width
-        node_rows, row_end, output_rows, offsets = [], [], [], []
-        for p in positions:
-            node_rows.append(len(offsets))
-            offsets.append(p + p // w)
-            end = p % w == w - 1
-            row_end.append(end)
-            if end:
-                offsets.append(p + p // w + 1)
-            output_rows.append(len(offsets) - 1)
-        image_start, model_start = self.length, self.kv.length
+        b = len(positions)
+        t = len(positions[0])
+        layouts = []
+        for pos in positions:
+            node_rows, row_end, output_rows, offsets = [], [], [], []
+            for p in pos:
+                node_rows.append(len(offsets))
+                offsets.append(p + p // w)
+                end = p % w == w - 1
+                row_end.append(end)
+                if end:
+                    offsets.append(p + p // w + 1)
+                output_rows.append(len(offsets) - 1)
+            layouts.append((node_rows, row_end, output_rows, offsets))
+        tm = max(len(lay[3]) for lay in layouts)
+        device = self.kv.k.device
+        offsets = torch.tensor([lay[3] + [lay[3][-1]] * (tm - len(lay[3])) for lay in layouts], device=device)
+        is_node = torch.zeros(b, tm, dtype=torch.bool)
+        node_index = torch.zeros(b, tm, dtype=torch.long)
+        for i, lay in enumerate(layouts):
+            is_node[i, lay[0]] = True
+            node_index[i, lay[0]] = torch.arange(t)
+        image_starts, model_starts = self.lengths, list(self.kv.lengths)
         model_mask = None
         if tree_mask is not None:
-            model_mask = self._model_mask(tree_mask, node_rows, row_end, len(offsets))
-        attention = self.kv.begin_block(len(offsets), model_mask)
-        self.slot += [model_start + r for r in node_rows]
-        self.newline += row_end
-        block = ModelBlock(node_rows=node_rows, row_end=row_end, output_rows=output_rows, offsets=offsets,
-                           attention=attention)
-        self.block = (image_start, model_start, block)
+            masks = tree_mask.expand(b, -1, -1) if tree_mask.dim() == 2 else tree_mask
+            parts = [self._model_mask(i, masks[i], lay[0], lay[1], len(lay[3])) for i, lay in enumerate(layouts)]
+            window = max(part.shape[1] + (tm - part.shape[0]) for part in parts)
+            model_mask = torch.zeros(b, tm, window, dtype=torch.bool, device=device)
+            for i, part in enumerate(parts):
+                rows, cols = part.shape  # the row's own block and earlier blocks end at its window's end
+                pad = tm - rows  # padding rows of this image come after its own rows in the block
+                model_mask[i, :, : window - cols - pad] = True  # committed slots before its earlier blocks
+                model_mask[i, :rows, window - cols - pad: window - pad] = part
+                model_mask[i, rows:, window - pad:] = torch.eye(pad, dtype=torch.bool, device=device)
+        elif tm > min(len(lay[3]) for lay in layouts):
+            model_mask = None  # causal: padding rows come last, so no real row sees them
+        attention = self.kv.begin_block(tm, model_mask)
+        for i, lay in enumerate(layouts):
+            self.slot[i] += [model_starts[i] + r for r in lay[0]]
+            self.newline[i] += lay[1]
+        block = ModelBlock(node_rows=[lay[0] for lay in layouts], row_end=[lay[1] for lay in layouts],
+                           output_rows=torch.tensor([lay[2] for lay in layouts], device=device), offsets=offsets,
+                           is_node=is_node.to(device), node_index=node_index.to(device), attention=attention)
+        self.block = (image_starts, model_starts, block)
         return block
 
-    def _model_mask(self, tree_mask: torch.Tensor, node_rows: list[int], row_end: list[bool],
+    def _model_mask(self, i: int, tree_mask: torch.Tensor, node_rows: list[int], row_end: list[bool],
                     num_rows: int) -> torch.Tensor:
-        """Image-unit tree mask (T, K) over the last K image slots -> model-slot mask (Tm, Km)."""
+        """Image ``i``'s image-unit tree mask (T, K) over its last K image slots -> model-slot mask (Tm, Km)."""
+        slot, newline, length = self.slot[i], self.newline[i], len(self.slot[i])
         t, k = tree_mask.shape
         earlier = k - t  # image slots of earlier speculative blocks the mask covers
-        if earlier < 0 or earlier > self.length:
+        if earlier < 0 or earlier > length:
             raise ValueError(f"tree mask of shape {tuple(tree_mask.shape)} does not fit a block of {t} "
-                             f"tokens after {self.length} cached image tokens")
-        first = self.slot[self.length - earlier] if earlier else self.kv.length
-        known = self.kv.length - first  # model columns of the earlier blocks
+                             f"tokens after {length} cached image tokens")
+        first = slot[length - earlier] if earlier else self.kv.lengths[i]
+        known = self.kv.lengths[i] - first  # model columns of the earlier blocks
         pairs = []  # (image column, model column): each image slot stands for its token and its end of row
-        for c, s in enumerate(range(self.length - earlier, self.length)):
-            pairs.append((c, self.slot[s] - first))
-            if self.newline[s]:
-                pairs.append((c, self.slot[s] - first + 1))
+        for c, s_ in enumerate(range(length - earlier, length)):
+            pairs.append((c, slot[s_] - first))
+            if newline[s_]:
+                pairs.append((c, slot[s_] - first + 1))
         for a, (r, end) in enumerate(zip(node_rows, row_end)):
             pairs.append((earlier + a, known + r))
             if end:
@@ -374,37 +406,66 @@ class LuminaCache:
                 mask[r + 1, known + r + 1] = True  # ... which sees itself
         return mask
 
-    def keep(self, kept: int | torch.Tensor) -> None:
-        """Keep the first ``kept`` image tokens of the latest block, or the listed block indices."""
+    def keep(self, counts: list[int] | int, index: torch.Tensor | None = None) -> None:
+        """Keep the first ``counts[b]`` image tokens of each image's latest block, or its block indices."""
         if self.block is None:
             raise RuntimeError("keep() before any forward block")
-        image_start, model_start, block = self.block
-        t = len(block.node_rows)
-        if isinstance(kept, int):
+        image_starts, model_starts, block = self.block
+        b = len(self.slot)
+        if isinstance(counts, int):
+            counts = [counts] * b
+        t = block.output_rows.shape[1]
+        model_counts, model_index = [], []
+        listed = index.tolist() if index is not None else None
+        for i in range(b):
+            kept = counts[i]
             if not 0 <= kept <= t:
                 raise ValueError(f"keep({kept}) outside the latest block of {t} tokens")
-            rows = block.node_rows[kept - 1] + 1 + int(block.row_end[kept - 1]) if kept else 0
-            self.kv.keep(rows)
-            del self.slot[image_start + kept:], self.newline[image_start + kept:]
+            node_rows, row_end = block.node_rows[i], block.row_end[i]
+            start = image_starts[i]
+            if listed is None:
+                model_counts.append(node_rows[kept - 1] + 1 + int(row_end[kept - 1]) if kept else 0)
+                del self.slot[i][start + kept:], self.newline[i][start + kept:]
+                continue
+            rows, slots, newline = [], [], []
+            for j in listed[i][:kept]:
+                slots.append(model_starts[i] + len(rows))
+                rows.append(node_rows[j])
+                if row_end[j]:
+                    rows.append(node_rows[j] + 1)
+                newline.append(row_end[j])
+            model_counts.append(len(rows))
+            model_index.append(rows)
+            self.slot[i][start:] = slots
+            self.newline[i][start:] = newline
+        if listed is None:
+            self.kv.keep(model_counts)
             return
-        rows, slots, newline = [], [], []
-        for j in kept.tolist():
-            slots.append(model_start + len(rows))
-            rows.append(block.node_rows[j])
-            if block.row_end[j]:
-                rows.append(block.node_rows[j] + 1)
-            newline.append(block.row_end[j])
-        self.kv.keep(torch.tensor(rows, dtype=torch.long, device=self.kv.k.device))
-        self.slot[image_start:] = slots
-        self.newline[image_start:] = newline
+        width = max(model_counts) if model_counts else 0
+        padded = torch.tensor([r + [0] * (width - len(r)) for r in model_index], dtype=torch.long,
+                              device=self.kv.k.device).reshape(b, width)
+        self.kv.keep(model_counts, padded)
 
-    def rollback(self, length: int) -> None:
-        """Forget image slots from ``length`` on, with their end-of-row slots."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"rollback to {length} but cache holds {self.length} image tokens")
-        end = self.prefix_len if length == 0 else self.slot[length - 1] + 1 + int(self.newline[length - 1])
-        self.kv.rollback(end)
-        del self.slot[length:], self.newline[length:]
+    def rollback(self, lengths: list[int] | int) -> None:
+        """Forget each image's slots from ``lengths[b]`` on, with their end-of-row slots."""
+        if isinstance(lengths, int):
+            lengths = [lengths] * len(self.slot)
+        ends = []
+        for i, length in enumerate(lengths):
+            if not 0 <= length <= len(self.slot[i]):
+                raise ValueError(f"rollback to {length} but cache holds {len(self.slot[i])} image tokens")
+            ends.append(self.prefix_len if length == 0
+                        else self.slot[i][length - 1] + 1 + int(self.newline[i][length - 1]))
+            del self.slot[i][length:], self.newline[i][length:]
+        self.kv.rollback(ends)
+
+    def select(self, images: list[int]) -> None:
+        """Keep only the listed images."""
+        self.kv.select(images)
+        self.slot = [self.slot[i] for i in images]
+        self.newline = [self.newline[i] for i in images]
+        self.position_base = self.position_base[:, torch.tensor(list(images), device=self.position_base.device)]
+        self.block = None
 
 
 # -- the adapter ----------------------------------------------------------------------------------------
@@ -543,51 +604,58 @@ class LuminaMGPT(ImageARModel):
             h = chameleon_block(layer, h, cos, sin, kv, i, mask, self.swin)
         return stack.norm(h)
 
-    def _output(self, hidden: torch.Tensor) -> TargetOutput:
-        return TargetOutput(logits=self.head(hidden), hidden=hidden)
-
     # -- the adapter interface --------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[LuminaCache, TargetOutput]:
-        cond = self.prompt_ids(prompt)
-        header = len(self.image_header())
-        p, s = len(cond), self.num_streams
+    def prefill(self, prompts: list[str], extra_slots: int = 64) -> tuple[LuminaCache, TargetOutput]:
+        conds = [self.prompt_ids(p) for p in prompts]
+        header = self.image_header()
+        s, b = self.num_streams, len(prompts)
+        p = max(len(c) for c in conds)  # every stream of every image is left-padded to the longest prefix
         rows = self.grid[0]
         kv = StaticKVCache(
-            num_layers=self.active_layers, batch=s, num_heads=self.num_kv_heads,
+            num_layers=self.active_layers, batch=b, streams=s, num_heads=self.num_kv_heads,
             max_len=p + self.num_image_tokens + rows + 2 * extra_slots + 2, head_dim=self.head_dim,
             dtype=self.lm.lm_head.weight.dtype, device=self.device,
         )
-        ids = torch.tensor([cond], device=self.device)  # (1, P)
-        positions = torch.arange(p, device=self.device)[None]
-        bases = [p]
-        if s == 2:  # unconditional stream: only the image header, left-padded with masked slots
-            pad = p - header
-            uncond = [self.vocabulary.image_start] * pad + cond[-header:]
-            ids = torch.cat([ids, torch.tensor([uncond], device=self.device)])
-            own = torch.tensor([[0] * pad + list(range(header))], device=self.device)  # from 0 at the start
-            positions = torch.cat([positions, own])
-            valid = torch.ones(2, p, dtype=torch.bool)
-            valid[1, :pad] = False
-            kv.set_padding(valid)
-            bases.append(header)
+        streams = [conds]
+        if s == 2:  # unconditional stream: only the image header
+            streams.append([header] * b)
+        ids, positions, valid, bases = [], [], [], []
+        for stream in streams:
+            for seq in stream:
+                pad = p - len(seq)
+                ids.append([self.vocabulary.image_start] * pad + list(seq))
+                positions.append([0] * pad + list(range(len(seq))))  # from 0 at the stream's own start
+                valid.append([False] * pad + [True] * len(seq))
+                bases.append(len(seq))
+        kv.set_padding(torch.tensor(valid))
         mask = kv.begin_block(p)
-        hidden = self._hidden(ids, positions, kv, mask)
+        hidden = self._hidden(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
+                              kv, mask)
         cache = LuminaCache(kv=kv, prefix_len=p, width=self.grid[1],
-                            position_base=torch.tensor(bases, device=self.device)[:, None])
+                            position_base=torch.tensor(bases, device=self.device).view(s, b),
+                            slot=[[] for _ in range(b)], newline=[[] for _ in range(b)])
         return cache, self._output(hidden[:, -1:])
+
+    def _output(self, hidden: torch.Tensor) -> TargetOutput:
+        """Hidden states of the cache rows (S·B, T, H) -> per-stream output (S, B, T, ·)."""
+        hidden = hidden.view(self.num_streams, -1, *hidden.shape[1:])
+        return TargetOutput(logits=self.head(hidden), hidden=hidden)
 
     @torch.inference_mode()
     def forward_block(self, cache: LuminaCache, tokens: torch.Tensor, positions: torch.Tensor,
                       tree_mask: torch.Tensor | None = None) -> TargetOutput:
         block = cache.open_block(positions.tolist(), tree_mask)
         device = self.device
-        ids = torch.full((block.num_rows,), self.vocabulary.end_of_row, dtype=torch.long, device=device)
-        ids[torch.tensor(block.node_rows, device=device)] = self.code_to_bpe[tokens.to(device)]
-        offsets = torch.tensor(block.offsets, device=device)
-        model_positions = cache.position_base + offsets[None]  # (S, Tm)
-        hidden = self._hidden(ids.expand(self.num_streams, -1), model_positions, cache.kv, block.attention)
-        return self._output(hidden[:, torch.tensor(block.output_rows, device=device)])
+        s = self.num_streams
+        codes = self.code_to_bpe[tokens.to(device)].gather(1, block.node_index)  # (B, Tm)
+        ids = torch.where(block.is_node, codes, self.vocabulary.end_of_row)
+        model_positions = cache.position_base[:, :, None] + block.offsets[None]  # (S, B, Tm)
+        hidden = self._hidden(ids.repeat(s, 1), model_positions.flatten(0, 1), cache.kv, block.attention)
+        out = self._output(hidden)  # (S, B, Tm, ·)
+        gather = block.output_rows.view(1, *block.output_rows.shape, 1)
+        return TargetOutput(logits=out.logits.gather(2, gather.expand(s, -1, -1, out.logits.shape[-1])),
+                            hidden=out.hidden.gather(2, gather.expand(s, -1, -1, out.hidden.shape[-1])))
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.lm.model.embed_tokens(self.code_to_bpe[tokens])
@@ -661,7 +729,8 @@ class ChameleonDraftLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        pos = self.rope_positions(positions.to(h.device))[None]  # (1, T)
+        pos = self.rope_positions(positions.to(h.device))
+        pos = pos if pos.dim() == 2 else pos[None]  # (1 or R, T)
         cos, sin = rotary_cos_sin(pos, self.inv_freq, h.dtype)
         return chameleon_block(self, h, cos, sin, cache, 0, mask, self.swin)
 

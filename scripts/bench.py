@@ -215,18 +215,18 @@ class ForwardProbe:
 
     def __init__(self, model: ImageARModel, prompt: str, context: int, max_block: int) -> None:
         self.model = model
-        self.cache, _ = model.prefill(prompt, extra_slots=max_block + 1)
+        self.cache, _ = model.prefill([prompt], extra_slots=max_block + 1)
         if context:
-            tokens = torch.randint(model.codebook_size, (context,), device=model.device)
-            model.forward_block(self.cache, tokens, torch.arange(context, device=model.device))
-        self.base = self.cache.length
+            tokens = torch.randint(model.codebook_size, (1, context), device=model.device)
+            model.forward_block(self.cache, tokens, torch.arange(context, device=model.device)[None])
+        self.base = self.cache.lengths[0]
         self.context = context
 
     def block(self, tokens: int, tree: TreeShape | None) -> Callable[[], Any]:
         """A callable forwarding ``tokens`` random tokens after the context: a chain (causal) or ``tree``
         (root + its nodes, node positions by depth). Positions past the grid are clamped (costs only)."""
         model, last = self.model, self.model.num_image_tokens - 1
-        x = torch.randint(model.codebook_size, (tokens,), device=model.device)
+        x = torch.randint(model.codebook_size, (1, tokens), device=model.device)
         if tree is None:
             positions, mask = torch.arange(self.context, self.context + tokens, device=model.device), None
         else:
@@ -234,7 +234,7 @@ class ForwardProbe:
             positions = torch.tensor([self.context] + [self.context + d for d in depths_of(parents)],
                                      device=model.device)
             mask = ancestor_mask(parents).to(model.device)
-        positions = positions.clamp(max=last)
+        positions = positions.clamp(max=last)[None]
 
         def run():
             self.cache.rollback(self.base)
@@ -249,16 +249,16 @@ def drafter_probes(drafter: Any, model: ImageARModel, prompt: str, context: int,
     models (``ModelDrafter``) have networks; other drafters (Jacobi windows, none) return None (cost 0)."""
     if isinstance(drafter, ModelDrafter):
         step = ForwardProbe(drafter.model, prompt, context, max_block=1).block(1, None)
-        logits = step().logits[:, -1:]
+        logits = step().logits[:, :, -1:]
         return step, lambda: sample(stream_probs(logits, model.sampling)[0], gen)
     if isinstance(drafter, EagleDrafter):
-        _, out = model.prefill(prompt, extra_slots=1)
-        cache, pairs = drafter.new_cache(), max(context, 1)
-        features = out.hidden[:, -1:].expand(-1, pairs, -1).contiguous()  # (S, pairs, H)
+        _, out = model.prefill([prompt], extra_slots=1)
+        cache, pairs = drafter.new_cache(batch=1), max(context, 1)
+        features = out.hidden[:, 0, -1:].expand(-1, pairs, -1).contiguous()  # (S, pairs, H)
         tokens = torch.randint(model.codebook_size, (pairs,), device=model.device)
         drafter.head(features, tokens, torch.arange(-1, pairs - 1, device=model.device), cache,
                      cache.begin_block(pairs))
-        base = cache.length
+        base = cache.lengths[0]
         position = torch.tensor([pairs - 1], device=model.device)
 
         def step():
@@ -311,7 +311,7 @@ class CostModel:
             probes.add(f"tree/{name}", run)
             self.add_graph(f"graph_tree/{name}", run, timer)
         self.anatomy = {"target forward, T=1": call_anatomy(target.block(1, None))}
-        p1 = model.probs(target.block(1, None)())[-1]
+        p1 = model.probs(target.block(1, None)())[0, -1]
         probes.add("sample", lambda: sample(p1, gen))
         self.drafter_kinds: dict[str, bool] = {}
         for dec in decoders.values():
@@ -423,6 +423,35 @@ def run_interleaved(decoders: dict[str, Decoder], prompts: list[str], cfg: DictC
     return stats
 
 
+def measure_throughput(decoders: dict[str, Decoder], prompts: list[str], cfg: DictConfig,
+                       timer: Timer) -> dict[str, dict[str, Any]]:
+    """Images per second of every decoder at each batch size of ``throughput.batch_sizes``: at least
+    ``throughput.images`` images per (decoder, batch size) in whole batches, decoders interleaved batch by
+    batch; with peak GPU memory per (decoder, batch size) on CUDA."""
+    cuda = timer.cuda
+    out: dict[str, dict[str, Any]] = {name: {"img_s": {}, "peak_mem_mb": {}, "images": {}} for name in decoders}
+    offset = 0
+    for b in cfg.throughput.batch_sizes:
+        batches = -(-int(cfg.throughput.images) // b)
+        wall = {name: 0.0 for name in decoders}
+        peak = {name: 0.0 for name in decoders}
+        for _ in range(batches):
+            chunk = [prompts[(offset + k) % len(prompts)] for k in range(b)]
+            seeds = [cfg.seed + 10_000 + offset + k for k in range(b)]
+            offset += b
+            for name, dec in decoders.items():
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                wall[name] += timer.once(lambda dec=dec: dec.generate_batch(chunk, seeds))
+                if cuda:
+                    peak[name] = max(peak[name], torch.cuda.max_memory_allocated() / 2**20)
+        for name in decoders:
+            out[name]["img_s"][b] = batches * b / wall[name]
+            out[name]["images"][b] = batches * b
+            out[name]["peak_mem_mb"][b] = peak[name] if cuda else None
+    return out
+
+
 @dataclass(frozen=True)
 class DecoderResult:
     """One decoder's row (times in seconds; ``phase_s`` and ``iteration_s`` per iteration)."""
@@ -491,7 +520,21 @@ def summarize(name: str, stats: list, decoder: Decoder, costs: Costs, ar: dict[s
 
 
 # -- goals and the report ----------------------------------------------------------------------------------
-def check_goals(cfg: DictConfig, costs: Costs, results: dict[str, DecoderResult]) -> list[dict[str, Any]]:
+def record_gains(throughput: dict[str, dict[str, Any]]) -> dict[str, dict[str, tuple[int, float]]]:
+    """Per decoder: (largest B, img/s there ÷ img/s at B = 1) and (the best B, its gain); needs B = 1."""
+    gains = {}
+    for name, t in throughput.items():
+        rates = t["img_s"]
+        if 1 not in rates or len(rates) < 2:
+            continue
+        largest = max(rates)
+        best = max(rates, key=lambda b: rates[b])
+        gains[name] = {"at_largest": (largest, rates[largest] / rates[1]), "best": (best, rates[best] / rates[1])}
+    return gains
+
+
+def check_goals(cfg: DictConfig, costs: Costs, results: dict[str, DecoderResult],
+                throughput: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The issue's goals that this run can check (``goals`` in the config; null skips one)."""
     goals = cfg.goals
     out = []
@@ -518,6 +561,17 @@ def check_goals(cfg: DictConfig, costs: Costs, results: dict[str, DecoderResult]
             ratio = costs.graph_tree_forward_s[goals.tree] / costs.graph_forward_s[1]
             add(f"same, CUDA-graph replay <= {goals.max_tree_ratio}", ratio, goals.max_tree_ratio,
                 ratio <= goals.max_tree_ratio)
+    gains = record_gains(throughput)
+    if goals.min_ar_batch_gain is not None and "ar" in gains:
+        b, gain = gains["ar"]["at_largest"]
+        add(f"ar: img/s at B = {b} >= {goals.min_ar_batch_gain}x its batch-1 img/s", gain, goals.min_ar_batch_gain,
+            gain >= goals.min_ar_batch_gain)
+    if goals.min_batch_gain is not None:
+        for name, g in gains.items():
+            if name != "ar":
+                b, gain = g["best"]
+                add(f"{name}: best batched img/s (B = {b}) >= {goals.min_batch_gain}x its batch-1 img/s", gain,
+                    goals.min_batch_gain, gain >= goals.min_batch_gain)
     if goals.max_overhead_frac is not None:
         for name, r in results.items():
             add(f"{name}: overhead outside forwards <= {goals.max_overhead_frac:.0%} of an iteration",
@@ -594,6 +648,27 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
             f"{ms(r.iteration_s)} | {ms(r.phase_s['draft'])} | {ms(r.phase_s['verify'])} | "
             f"{ms(r.phase_s['accept'])} | {ms(r.phase_s['observe'])} | {ms(r.forwards_s)} | "
             f"{ms(r.overhead_s)} ({r.overhead_frac:.0%}) |")
+    throughput = record.get("throughput") or {}
+    if throughput:
+        sizes = sorted({int(b) for t in throughput.values() for b in t["img_s"]})
+        cuda = any(v is not None for t in throughput.values() for v in t["peak_mem_mb"].values())
+        lines += ["", "## Throughput (images per second; decoders interleaved batch by batch)", "",
+                  "| decoder | " + " | ".join(f"B={b}" for b in sizes) + " | best ÷ B=1 |"
+                  + (" peak GPU MB " + " / ".join(f"B={b}" for b in sizes) + " |" if cuda else ""),
+                  "|---|" + "---|" * len(sizes) + "---|" + ("---|" if cuda else "")]
+        gains = record_gains(throughput)
+        for name, t in throughput.items():
+            cells = [f"{t['img_s'][b]:.2f}" for b in sizes]
+            gain = gains.get(name, {}).get("best")
+            row = f"| {name} | " + " | ".join(cells) + f" | {gain[1]:.1f}x (B={gain[0]}) |" if gain else \
+                f"| {name} | " + " | ".join(cells) + " | – |"
+            if cuda:
+                row += " " + " / ".join(f"{t['peak_mem_mb'][b]:.0f}" for b in sizes) + " |"
+            lines.append(row)
+        images = {b: next(iter(throughput.values()))["images"][b] for b in sizes}
+        lines.append("")
+        lines.append("Images per decoder and batch size: " + ", ".join(f"B={b}: {n}" for b, n in images.items())
+                     + ". Latency (the table above) is measured at batch 1; throughput is a separate run.")
     if record["goals"]:
         lines += ["", "## Goals", "", "| goal | value | met |", "|---|---|---|"]
         lines += [f"| {g['goal']} | {g['value']:.3f} | {'yes' if g['met'] else 'no'} |"
@@ -640,9 +715,11 @@ def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
         compile_modules(model, list(cfg.compile_modules), cfg.compile_mode)
     decoders = build_decoders(cfg, model)
     prompts = instantiate(cfg.data).load(model, cfg.images)
+    timer = Timer(model.device)
     with torch.inference_mode():
-        cost = CostModel(cfg, model, decoders, prompts[0], Timer(model.device))
+        cost = CostModel(cfg, model, decoders, prompts[0], timer)
         stats = run_interleaved(decoders, prompts, cfg, cost)
+        throughput = measure_throughput(decoders, prompts, cfg, timer) if cfg.throughput.batch_sizes else {}
     costs = cost.costs()
     paper = dict(cfg.accepted_lengths or {})
     unknown = sorted(set(paper) - set(decoders))
@@ -672,7 +749,8 @@ def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
         "ar_graph_projection_s": ar_graph_projection(costs, results["ar"], model.num_image_tokens),
         "decoders": {k: asdict(v) for k, v in results.items()},
         "per_image": {k: [s.as_dict() for s in v] for k, v in stats.items()},
-        "goals": check_goals(cfg, costs, results),
+        "throughput": throughput,
+        "goals": check_goals(cfg, costs, results, throughput),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "git": git_commit(),
         "environment": environment(),

@@ -22,7 +22,8 @@ from coolsd.types import DecodeStats
 from tests.helpers import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["images=1", "warmup=0", "cost.repeats=2", "cost.burst=1", "cost.warmup=0", "cost.block_sizes=[1,2]"]
+SMALL = ["images=1", "warmup=0", "cost.repeats=2", "cost.burst=1", "cost.warmup=0", "cost.block_sizes=[1,2]",
+         "throughput.batch_sizes=[1,2]", "throughput.images=2"]
 
 
 def load_bench():
@@ -50,6 +51,9 @@ def test_cli_smoke_run_writes_table_and_record(tmp_path):
     record = json.loads((tmp_path / "tiny_cpu.json").read_text())
     assert (tmp_path / "tiny_cpu.md").read_text().startswith("# Benchmark: tiny_cpu")
     assert set(record["decoders"]) == {"ar", "sd", "sd_tree"}
+    assert "## Throughput" in proc.stdout  # img/s per batch size, and each gain over batch 1 among the goals
+    assert set(record["throughput"]["sd"]["img_s"]) == {"1", "2"}  # JSON keys
+    assert any("batch-1 img/s" in g["goal"] for g in record["goals"])
     tree = record["decoders"]["sd_tree"]
     assert tree["verify_tokens"] == 26 and tree["tree"] == "mc_sim_7b_63"
     assert record["decoders"]["sd"]["verify_tokens"] == 5

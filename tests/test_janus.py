@@ -26,7 +26,7 @@ from coolsd.drafters.eagle import EagleDrafter, EagleHead
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.janus_pro import JanusArch, JanusPro, layer_skip_copy, tiny_tokenizer
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
-from tests.helpers import CONFIGS
+from tests.helpers import CONFIGS, forward1, keep1, prefill1
 
 ROOT = CONFIGS.parent
 PROMPT = "a red cube on a table"
@@ -70,8 +70,8 @@ def hf_generate(model: JanusPro, prompt: str, seed: int) -> tuple[torch.Tensor, 
 
 def teacher_forced(model: JanusPro, prompt: str, tokens: torch.Tensor):
     """Our prefill + one block over ``tokens[:-1]``: logits (S, N, V) for tokens 0 .. N-1."""
-    cache, first = model.prefill(prompt)
-    out = model.forward_block(cache, tokens[:-1], torch.arange(tokens.shape[0] - 1))
+    cache, first = prefill1(model, prompt)
+    out = forward1(model, cache, tokens[:-1], torch.arange(tokens.shape[0] - 1))
     return torch.cat([first.logits, out.logits], dim=1), torch.cat([first.hidden, out.hidden], dim=1)
 
 
@@ -107,7 +107,7 @@ def test_guided_logits_equal_transformers_image_generation(janus, seed):
     torch.testing.assert_close(ours, theirs, **EXACT)
     cfg = ClassifierFreeGuidanceLogitsProcessor(5.0)  # HF's CFG on stacked [cond; uncond] halves
     guided = cfg(torch.zeros(1, 1), theirs[:, 0])  # (1, V); input_ids only fix the batch size
-    _, first = janus.prefill(PROMPT)
+    _, first = prefill1(janus, PROMPT)
     # the shared pipeline works in float32
     expected = torch.softmax(guided[0].float(), -1)
     torch.testing.assert_close(janus.probs(first)[0], expected, rtol=1e-5, atol=1e-7)
@@ -120,14 +120,14 @@ def test_cached_incremental_decoding_equals_an_uncached_full_forward(janus):
     tokens = torch.randint(janus.codebook_size, (janus.num_image_tokens,),
                            generator=torch.Generator().manual_seed(2))
     reference = hf_uncached_logits(janus, PROMPT, tokens)  # (S, N, V)
-    cache, first = janus.prefill(PROMPT)
+    cache, first = prefill1(janus, PROMPT)
     logits, start = [first.logits], 0
     for size in (1, 1, 3, 2, 5, 1, 8):  # uneven blocks, then one token at a time
         block = tokens[start : start + size]
-        logits.append(janus.forward_block(cache, block, torch.arange(start, start + size)).logits)
+        logits.append(forward1(janus, cache, block, torch.arange(start, start + size)).logits)
         start += size
     while start < tokens.shape[0] - 1:
-        logits.append(janus.forward_block(cache, tokens[start : start + 1], torch.tensor([start])).logits)
+        logits.append(forward1(janus, cache, tokens[start : start + 1], torch.tensor([start])).logits)
         start += 1
     torch.testing.assert_close(torch.cat(logits, dim=1), reference, **EXACT)
 
@@ -138,20 +138,20 @@ def test_tree_attention_matches_per_path_forwards(janus):
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(janus.codebook_size, (5,), generator=gen)
     nodes = torch.randint(janus.codebook_size, (len(parents),), generator=gen)
-    cache, _ = janus.prefill(PROMPT)
-    janus.forward_block(cache, prefix, torch.arange(5))
+    cache, _ = prefill1(janus, PROMPT)
+    forward1(janus, cache, prefix, torch.arange(5))
     cache.keep(5)
     root = torch.tensor([7])
     positions = torch.tensor([5] + [5 + d for d in depths_of(parents)])
-    tree_out = janus.forward_block(cache, torch.cat([root, nodes]), positions, ancestor_mask(parents))
+    tree_out = forward1(janus, cache, torch.cat([root, nodes]), positions, ancestor_mask(parents))
     for j in range(len(parents)):
         path, node = [], j
         while node >= 0:
             path.insert(0, node)
             node = parents[node]
-        ref_cache, _ = janus.prefill(PROMPT)
+        ref_cache, _ = prefill1(janus, PROMPT)
         seq = torch.cat([prefix, root, nodes[path]])
-        ref = janus.forward_block(ref_cache, seq, torch.arange(len(seq)))
+        ref = forward1(janus, ref_cache, seq, torch.arange(len(seq)))
         torch.testing.assert_close(tree_out.logits[:, j + 1], ref.logits[:, -1], **EXACT)
         torch.testing.assert_close(tree_out.hidden[:, j + 1], ref.hidden[:, -1], **EXACT)
 
@@ -160,15 +160,15 @@ def test_kv_compaction_then_forward_equals_uncached(janus):
     shape = TreeShape.load("mc_sim_7b_63")
     parents = shape.parents()
     nodes = torch.randint(janus.codebook_size, (len(parents),), generator=torch.Generator().manual_seed(3))
-    cache, _ = janus.prefill(PROMPT)
+    cache, _ = prefill1(janus, PROMPT)
     root = torch.tensor([11])
-    janus.forward_block(cache, torch.cat([root, nodes]), torch.tensor([0] + depths_of(parents)),
+    forward1(janus, cache, torch.cat([root, nodes]), torch.tensor([0] + depths_of(parents)),
                         ancestor_mask(parents))
     path = [1, 5, 13, 21]  # block indices of nodes [0], [0,0], [0,0,0], [0,0,0,0]
     assert [shape.paths[i - 1] for i in path] == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
-    cache.keep(torch.tensor([0] + path))
+    keep1(cache, torch.tensor([0] + path))
     nxt = torch.tensor([42, 43])
-    after = janus.forward_block(cache, nxt, torch.arange(5, 7))
+    after = forward1(janus, cache, nxt, torch.arange(5, 7))
     committed = torch.cat([root, nodes[[i - 1 for i in path]], nxt, torch.tensor([0])])
     reference = hf_uncached_logits(janus, PROMPT, committed)  # (S, 8, V): outputs of inputs 0..6 + prefill
     torch.testing.assert_close(after.logits, reference[:, -2:], **EXACT)
@@ -217,7 +217,7 @@ def test_pretrained_loading_reads_a_saved_checkpoint(monkeypatch, tmp_path):
     loaded = JanusPro(sampling={"cfg_scale": 5.0}, repo_id="deepseek-community/Janus-Pro-1B", device="cpu",
                       dtype="float32")
     assert torch.equal(loaded.prompt_ids(PROMPT), source.prompt_ids(PROMPT))
-    assert torch.equal(loaded.prefill(PROMPT)[1].logits, source.prefill(PROMPT)[1].logits)
+    assert torch.equal(prefill1(loaded, PROMPT)[1].logits, prefill1(source, PROMPT)[1].logits)
 
 
 # -- drafters --------------------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ def test_draft_layer_is_a_llama_layer_without_input_norm_at_pair_position_plus_o
         shifted = layer(h, positions + 37, None, None)
         torch.testing.assert_close(shifted, ours, rtol=1e-7, atol=1e-7)
         head = EagleHead(janus, init_seed=1)
-        cache = EagleDrafter(janus, head=head).new_cache()
+        cache = EagleDrafter(janus, head=head).new_cache(batch=1)  # one image: its two CFG rows are h's rows
         parts = []
         for lo, hi in ((0, 1), (1, 4), (4, 9)):
             mask = cache.begin_block(hi - lo)

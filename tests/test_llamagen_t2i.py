@@ -30,7 +30,7 @@ from coolsd.models.llamagen import layer_skip_copy
 from coolsd.models.llamagen_t2i import HashWordTokenizer, LlamaGenT2I, clean_caption
 from coolsd.sampling import guide
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
-from tests.helpers import CONFIGS
+from tests.helpers import CONFIGS, forward1, keep1, prefill1
 
 ROOT = CONFIGS.parent
 WORDS = ["a", "blue", "car", "parked", "in", "front", "of", "yellow", "brick", "wall", "photo", "the", "cat",
@@ -159,9 +159,9 @@ def test_first_token_and_teacher_forced_steps_match_the_reference(injected, prom
     model, t5, tok = injected
     tokens = torch.randint(1024, (6,), generator=torch.Generator().manual_seed(0))
     ref = reference_guided_logits(model, t5, tok, prompt, tokens, model.sampling.cfg_scale)
-    cache, first = model.prefill(prompt)
+    cache, first = prefill1(model, prompt)
     assert cache.has_padding == (prompt == SHORT)
-    steps = model.forward_block(cache, tokens, torch.arange(6))
+    steps = forward1(model, cache, tokens, torch.arange(6))
     ours = guide(torch.cat([first.logits, steps.logits], dim=1), model.sampling.cfg_scale)  # (7, V)
     torch.testing.assert_close(ours, ref.float(), rtol=1e-6, atol=1e-5)  # the head returns float32 logits
     assert model.text(prompt).num_tokens == (12 if prompt == SHORT else 16)
@@ -174,11 +174,11 @@ def test_first_token_and_teacher_forced_steps_match_the_reference(injected, prom
 def test_prefill_then_incremental_decode_equals_one_block(injected):
     model, _, _ = injected
     tokens = torch.randint(1024, (9,), generator=torch.Generator().manual_seed(1))
-    cache, _ = model.prefill(SHORT)
-    block = model.forward_block(cache, tokens, torch.arange(9))
-    cache, _ = model.prefill(SHORT)
-    singles = [model.forward_block(cache, tokens[i:i + 1], torch.tensor([i])) for i in range(9)]
-    assert cache.length == model.cfg.cls_token_num + 9
+    cache, _ = prefill1(model, SHORT)
+    block = forward1(model, cache, tokens, torch.arange(9))
+    cache, _ = prefill1(model, SHORT)
+    singles = [forward1(model, cache, tokens[i:i + 1], torch.tensor([i])) for i in range(9)]
+    assert cache.lengths[0] == model.cfg.cls_token_num + 9
     torch.testing.assert_close(torch.cat([o.logits for o in singles], 1), block.logits, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(torch.cat([o.hidden for o in singles], 1), block.hidden, rtol=1e-9, atol=1e-9)
     assert block.hidden.shape == (2, 9, model.hidden_size)
@@ -192,14 +192,14 @@ def test_cfg_halves(injected):
     unguided = layer_skip_copy(model, model.cfg.n_layer)
     unguided.sampling = single
     assert (model.num_streams, unguided.num_streams) == (2, 1)
-    _, both = model.prefill(SHORT)
-    _, cond = unguided.prefill(SHORT)
+    _, both = prefill1(model, SHORT)
+    _, cond = prefill1(unguided, SHORT)
     torch.testing.assert_close(both.logits[:1], cond.logits, rtol=1e-12, atol=1e-12)  # stream 0 = caption
     same_length = "the red dog on a blue sofa with a hat riding"  # also 11 words: the same mask
-    _, other = model.prefill(same_length)
+    _, other = prefill1(model, same_length)
     torch.testing.assert_close(other.logits[1], both.logits[1], rtol=1e-12, atol=1e-12)  # stream 1: uncond
     assert not torch.allclose(other.logits[0], both.logits[0])
-    _, shorter = model.prefill("a cat")  # the uncond half reuses the caption's mask
+    _, shorter = prefill1(model, "a cat")  # the uncond half reuses the caption's mask
     assert not torch.allclose(shorter.logits[1], both.logits[1])
     s = model.sampling.cfg_scale
     torch.testing.assert_close(guide(both.logits, s), both.logits[1] + s * (both.logits[0] - both.logits[1]))
@@ -223,21 +223,21 @@ def test_tree_attention_with_padded_prefix_matches_per_path_forwards(model):
     parents = shape.parents()
     g = torch.Generator().manual_seed(0)
     prefix, nodes = torch.randint(1024, (5,), generator=g), torch.randint(1024, (len(parents),), generator=g)
-    cache, _ = model.prefill(SHORT)
+    cache, _ = prefill1(model, SHORT)
     assert cache.has_padding
-    model.forward_block(cache, prefix, torch.arange(5))
+    forward1(model, cache, prefix, torch.arange(5))
     cache.keep(5)
     root = torch.tensor([7])
     positions = torch.tensor([5] + [5 + d for d in depths_of(parents)])
-    tree_out = model.forward_block(cache, torch.cat([root, nodes]), positions, ancestor_mask(parents))
+    tree_out = forward1(model, cache, torch.cat([root, nodes]), positions, ancestor_mask(parents))
     for j in range(len(parents)):
         path, node = [], j
         while node >= 0:
             path.insert(0, node)
             node = parents[node]
-        ref_cache, _ = model.prefill(SHORT)
+        ref_cache, _ = prefill1(model, SHORT)
         seq = torch.cat([prefix, root, nodes[path]])
-        ref = model.forward_block(ref_cache, seq, torch.arange(len(seq)))
+        ref = forward1(model, ref_cache, seq, torch.arange(len(seq)))
         torch.testing.assert_close(tree_out.logits[:, j + 1], ref.logits[:, -1], rtol=1e-9, atol=1e-9)
 
 
@@ -245,18 +245,18 @@ def test_kv_compaction_then_forward_equals_uncached(model):
     shape = TreeShape.load("mc_sim_7b_63")
     parents = shape.parents()
     nodes = torch.randint(1024, (len(parents),), generator=torch.Generator().manual_seed(3))
-    cache, _ = model.prefill(SHORT)
+    cache, _ = prefill1(model, SHORT)
     root = torch.tensor([11])
-    model.forward_block(cache, torch.cat([root, nodes]), torch.tensor([0] + depths_of(parents)),
+    forward1(model, cache, torch.cat([root, nodes]), torch.tensor([0] + depths_of(parents)),
                         ancestor_mask(parents))
     path = [1, 5, 13, 21]  # block indices of the nodes [0], [0,0], [0,0,0], [0,0,0,0]
     assert [shape.paths[i - 1] for i in path] == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
-    cache.keep(torch.tensor([0] + path))
+    keep1(cache, torch.tensor([0] + path))
     nxt = torch.tensor([42, 43])
-    after = model.forward_block(cache, nxt, torch.arange(5, 7))
+    after = forward1(model, cache, nxt, torch.arange(5, 7))
     committed = torch.cat([root, nodes[[i - 1 for i in path]], nxt])
-    ref_cache, _ = model.prefill(SHORT)
-    ref = model.forward_block(ref_cache, committed, torch.arange(len(committed)))
+    ref_cache, _ = prefill1(model, SHORT)
+    ref = forward1(model, ref_cache, committed, torch.arange(len(committed)))
     torch.testing.assert_close(after.logits, ref.logits[:, -2:], rtol=1e-9, atol=1e-9)
 
 
@@ -290,8 +290,8 @@ def test_official_key_names_load_strictly_from_a_weights_folder(model, tmp_path)
     loaded = tiny_t2i(pretrained=True, weights_dir=str(tmp_path), init_seed=99)
     for key, value in state.items():
         assert torch.equal(loaded.gpt.state_dict()[key], value), key
-    _, a = model.prefill(SHORT)
-    _, b = loaded.prefill(SHORT)
+    _, a = prefill1(model, SHORT)
+    _, b = prefill1(loaded, SHORT)
     torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
     torch.save({"model": {**state, "extra.weight": torch.zeros(1)}}, tmp_path / "t2i_XL_stage1_256.pt")
     with pytest.raises(RuntimeError, match="extra.weight"):
@@ -340,20 +340,22 @@ def test_tiny_random_text_encoder_is_deterministic(model):
     assert ids["attention_mask"][0].tolist() == [1] * 6 + [0] * 2
     assert HashWordTokenizer(512)(["w"] * 1, max_length=3)["input_ids"].shape == (1, 3)
     again = tiny_t2i()
-    _, a = model.prefill("a photo of a cat")
-    _, b = again.prefill("a photo of a cat")
+    _, a = prefill1(model, "a photo of a cat")
+    _, b = prefill1(again, "a photo of a cat")
     torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
 
 
 def test_eagle_draft_layer_for_t2i(model):
     from coolsd.drafters.eagle import EagleDrafter, EagleHead
 
+    from coolsd.rng import Streams
+
     drafter = EagleDrafter(model, head=EagleHead(model))
-    _, first = model.prefill(SHORT)
-    drafter.begin(SHORT, first, torch.tensor(3))
-    draft = drafter.propose(torch.tensor(3), 0, 3, torch.Generator().manual_seed(0))
-    assert draft.tokens.shape == (3,) and draft.q.shape == (3, model.codebook_size)
-    torch.testing.assert_close(draft.q.sum(-1), torch.ones(3, dtype=draft.q.dtype))
+    _, first = model.prefill([SHORT])
+    drafter.begin([SHORT], first, torch.tensor([3]), Streams([0], "cpu"))
+    draft = drafter.propose(torch.tensor([3]), torch.tensor([1]), torch.tensor([3]), 3)
+    assert draft.tokens.shape == (1, 3) and draft.q.shape == (1, 3, model.codebook_size)
+    torch.testing.assert_close(draft.q.sum(-1), torch.ones(1, 3, dtype=draft.q.dtype))
 
 
 def test_run_py_every_decoder_on_the_tiny_t2i_model(tmp_path):

@@ -40,7 +40,8 @@ from coolsd.models.lumina_mgpt import (
     tiny_vocabulary,
 )
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
-from tests.helpers import CONFIGS
+from coolsd.rng import Streams
+from tests.helpers import CONFIGS, forward1, keep1, prefill1
 
 ROOT = CONFIGS.parent
 TOL = {"rtol": 1e-9, "atol": 1e-9}
@@ -94,8 +95,8 @@ def codes(model, n: int, seed: int = 0) -> torch.Tensor:
 
 def chain_output(model, tokens: torch.Tensor):
     """Fresh prefill, then one causal block over ``tokens`` at positions 0..T-1."""
-    cache, _ = model.prefill(PROMPT)
-    return model.forward_block(cache, tokens, torch.arange(len(tokens)))
+    cache, _ = prefill1(model, PROMPT)
+    return forward1(model, cache, tokens, torch.arange(len(tokens)))
 
 
 # -- vocabulary and prompt -----------------------------------------------------------------------------------
@@ -134,8 +135,8 @@ def test_structural_tokens_and_both_cfg_streams_match_the_reference_sequences(mo
     image = image_part(model, x)
     cond = hf_logits(reference, cond_prefix + image)[:, model.code_to_bpe]  # (T, V) image-code logits
     uncond = hf_logits(reference, header + image)[:, model.code_to_bpe]
-    cache, first = model.prefill(PROMPT)
-    out = model.forward_block(cache, x, torch.arange(len(x)))
+    cache, first = prefill1(model, PROMPT)
+    out = forward1(model, cache, x, torch.arange(len(x)))
     w = model.grid[1]
     rows = [i + i // w + int(i % w == w - 1) for i in range(len(x))]  # row predicting token i + 1
     torch.testing.assert_close(first.logits[0, 0], cond[len(cond_prefix) - 1], **TOL)
@@ -146,7 +147,7 @@ def test_structural_tokens_and_both_cfg_streams_match_the_reference_sequences(mo
     expected = torch.softmax(uncond[[len(header) + r for r in rows]] * -2.0
                              + 3.0 * cond[[len(cond_prefix) + r for r in rows]], -1)
     torch.testing.assert_close(probs, expected.float(), rtol=1e-5, atol=1e-7)
-    assert cache.kv.length == len(cond_prefix) + len(image)  # one end-of-row slot per row, nothing else
+    assert cache.kv.lengths[0] == len(cond_prefix) + len(image)  # one end-of-row slot per row, nothing else
 
 
 def test_swin_norm_layers_match_transformers():
@@ -170,11 +171,11 @@ def test_cached_incremental_decoding_equals_one_full_forward(model):
     full = chain_output(model, x)
     for seed in range(3):
         g = torch.Generator().manual_seed(seed)
-        cache, _ = model.prefill(PROMPT)
+        cache, _ = prefill1(model, PROMPT)
         logits, hidden, t = [], [], 0
         while t < len(x):
             size = int(torch.randint(1, 6, (1,), generator=g))
-            out = model.forward_block(cache, x[t: t + size], torch.arange(t, min(t + size, len(x))))
+            out = forward1(model, cache, x[t: t + size], torch.arange(t, min(t + size, len(x))))
             logits.append(out.logits), hidden.append(out.hidden)
             t += size
         torch.testing.assert_close(torch.cat(logits, 1), full.logits, **TOL)
@@ -210,11 +211,11 @@ def test_tree_attention_matches_per_path_forwards(model):
     """A tree rooted at image position 2: depth 1 and depth 5 nodes end a row (width 4)."""
     parents, nodes, depths = tree_setup(model)
     prefix, root = codes(model, 2, seed=4), torch.tensor([7])
-    cache, _ = model.prefill(PROMPT)
-    model.forward_block(cache, prefix, torch.arange(2))
+    cache, _ = prefill1(model, PROMPT)
+    forward1(model, cache, prefix, torch.arange(2))
     cache.keep(2)
     positions = torch.tensor([2] + [2 + d for d in depths])
-    tree = model.forward_block(cache, torch.cat([root, nodes]), positions, ancestor_mask(parents))
+    tree = forward1(model, cache, torch.cat([root, nodes]), positions, ancestor_mask(parents))
     for j in range(len(parents)):
         seq = torch.cat([prefix, root, nodes[path_of(parents, j)]])
         ref = chain_output(model, seq)
@@ -230,11 +231,11 @@ def test_tree_in_two_blocks_with_a_mask_over_the_earlier_block(model):
     prefix, root = codes(model, 2, seed=4), torch.tensor([7])
     tokens = torch.cat([root, nodes])
     positions = torch.tensor([2] + [2 + d for d in depths])
-    cache, _ = model.prefill(PROMPT)
-    model.forward_block(cache, prefix, torch.arange(2))
+    cache, _ = prefill1(model, PROMPT)
+    forward1(model, cache, prefix, torch.arange(2))
     cache.keep(2)
-    model.forward_block(cache, tokens[:split], positions[:split], full[:split, :split])
-    late = model.forward_block(cache, tokens[split:], positions[split:], full[split:])
+    forward1(model, cache, tokens[:split], positions[:split], full[:split, :split])
+    late = forward1(model, cache, tokens[split:], positions[split:], full[split:])
     for row in range(split, len(tokens)):
         seq = torch.cat([prefix, root, nodes[path_of(parents, row - 1)]])
         torch.testing.assert_close(late.logits[:, row - split], chain_output(model, seq).logits[:, -1], **TOL)
@@ -244,14 +245,14 @@ def test_kv_compaction_then_forward_equals_uncached(model):
     parents, nodes, depths = tree_setup(model)
     shape = TreeShape.load("mc_sim_7b_63")
     root = torch.tensor([11])
-    cache, _ = model.prefill(PROMPT)
-    model.forward_block(cache, torch.cat([root, nodes]), torch.tensor([0] + depths), ancestor_mask(parents))
+    cache, _ = prefill1(model, PROMPT)
+    forward1(model, cache, torch.cat([root, nodes]), torch.tensor([0] + depths), ancestor_mask(parents))
     path = [1, 5, 13, 21]  # nodes [0], [0,0], [0,0,0], [0,0,0,0]: image positions 1..4, row end at 3
     assert [shape.paths[i - 1] for i in path] == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
-    cache.keep(torch.tensor([0] + path))
-    assert cache.length == 5 and cache.newline == [False, False, False, True, False]
+    keep1(cache, torch.tensor([0] + path))
+    assert cache.lengths[0] == 5 and cache.newline[0] == [False, False, False, True, False]
     nxt = torch.tensor([42, 43, 44])
-    after = model.forward_block(cache, nxt, torch.arange(5, 8))
+    after = forward1(model, cache, nxt, torch.arange(5, 8))
     committed = torch.cat([root, nodes[[i - 1 for i in path]], nxt])
     torch.testing.assert_close(after.logits, chain_output(model, committed).logits[:, -3:], **TOL)
 
@@ -262,27 +263,27 @@ def test_prefix_keep_and_rollback_across_a_row_end(model, kept):
     the same length, then continue: both equal an uncached forward of the committed tokens."""
     x = codes(model, 12, seed=5)
     for mode in ("keep", "rollback"):
-        cache, _ = model.prefill(PROMPT)
-        model.forward_block(cache, x[:1], torch.arange(1))
-        model.forward_block(cache, x[1:8], torch.arange(1, 8))
+        cache, _ = prefill1(model, PROMPT)
+        forward1(model, cache, x[:1], torch.arange(1))
+        forward1(model, cache, x[1:8], torch.arange(1, 8))
         if mode == "keep":
             cache.keep(kept)
         else:
-            model.forward_block(cache, x[8:10], torch.arange(8, 10))  # a later block, dropped too
+            forward1(model, cache, x[8:10], torch.arange(8, 10))  # a later block, dropped too
             cache.rollback(1 + kept)
-        assert cache.length == 1 + kept
+        assert cache.lengths[0] == 1 + kept
         n = 1 + kept
-        after = model.forward_block(cache, x[n: n + 3], torch.arange(n, n + 3))
+        after = forward1(model, cache, x[n: n + 3], torch.arange(n, n + 3))
         torch.testing.assert_close(after.logits, chain_output(model, x[: n + 3]).logits[:, -3:], **TOL)
 
 
 def test_rollback_to_the_prefix_and_errors(model):
     x = codes(model, 6, seed=6)
-    cache, _ = model.prefill(PROMPT)
-    model.forward_block(cache, x, torch.arange(6))
+    cache, _ = prefill1(model, PROMPT)
+    forward1(model, cache, x, torch.arange(6))
     cache.rollback(0)
-    assert cache.kv.length == cache.prefix_len
-    again = model.forward_block(cache, x, torch.arange(6))
+    assert cache.kv.lengths[0] == cache.prefix_len
+    again = forward1(model, cache, x, torch.arange(6))
     torch.testing.assert_close(again.logits, chain_output(model, x).logits, **TOL)
     with pytest.raises(ValueError, match="rollback"):
         cache.rollback(7)
@@ -316,13 +317,13 @@ def test_eagle_draft_layer_positions_and_cache(model):
     head = EagleHead(model, init_seed=2)
     assert head.layer.rope_positions(torch.arange(-1, 9)).tolist() == [0, 1, 2, 3, 5, 6, 7, 8, 10, 11]
     drafter = EagleDrafter(model, head=head)
-    _, out = model.prefill(PROMPT)
-    drafter.begin(PROMPT, out, torch.tensor(3))
+    _, out = model.prefill([PROMPT])
+    drafter.begin([PROMPT], out, torch.tensor([3]), Streams([0], "cpu"))
     g = torch.Generator().manual_seed(0)
     features = torch.randn(2, 7, model.hidden_size, generator=g, dtype=torch.float64)
     tokens, positions = codes(model, 7, seed=7), torch.arange(-1, 6)
-    cached = torch.cat([drafter.step(features[:, :3], tokens[:3], positions[:3]).features,
-                        drafter.step(features[:, 3:], tokens[3:], positions[3:]).features], 1)
+    cached = torch.cat([drafter.step(features[:, None, :3], tokens[None, :3], positions[None, :3]).features[:, 0],
+                        drafter.step(features[:, None, 3:], tokens[None, 3:], positions[None, 3:]).features[:, 0]], 1)
     with torch.no_grad():
         teacher = head(features, tokens, positions)  # causal pass without a cache
     torch.testing.assert_close(cached, teacher, **TOL)
@@ -547,7 +548,7 @@ def test_pretrained_path_reads_the_lumina_layout_offline(tmp_path, monkeypatch):
     assert torch.equal(loaded.codebook(), vq_state["quantize.embedding.weight"])
     assert loaded.prompt_ids(PROMPT) == source.prompt_ids(PROMPT)
     x = codes(loaded, 6)
-    out = loaded.forward_block(loaded.prefill(PROMPT)[0], x, torch.arange(6))
+    out = forward1(loaded, prefill1(loaded, PROMPT)[0], x, torch.arange(6))
     assert torch.isfinite(out.logits).all()
     assert loaded.decode_image(codes(loaded, loaded.num_image_tokens)).shape == (3, 24, 16)  # 4 px per code
     other = tiny_vocabulary(64, loaded.size_units, seed=9)  # the same names, other ids

@@ -89,7 +89,7 @@ class ModelDrafter(Drafter):
         tokens, qs = [], []
         for i in range(depth):
             if i:
-                out = self.model.forward_block(self.cache, tokens[-1][:, None], (t - 1 + i)[:, None])
+                out = self.model.forward_block(self.cache, tokens[-1][:, None], self._clamp(t - 1 + i)[:, None])
                 finite = finite & finite_images(out.logits)
                 q = stream_probs(out.logits, self.target.sampling)[:, -1]  # (B, V)
             tokens.append(sample(q, u[:, i]))
@@ -102,8 +102,14 @@ class ModelDrafter(Drafter):
         """Draft distributions (B, F, V) of the children of the requested tree nodes."""
         if request.root:  # feed the pending committed tokens (the root is the last)
             return self._feed_pending(self.device)
-        out = self.model.forward_block(self.cache, request.tokens, request.positions, tree_mask=request.mask)
+        out = self.model.forward_block(self.cache, request.tokens, self._clamp(request.positions),
+                                       tree_mask=request.mask)
         return DraftRows(q=stream_probs(out.logits, self.target.sampling), finite=finite_images(out.logits))
+
+    def _clamp(self, positions: torch.Tensor) -> torch.Tensor:
+        """Positions past the image (padding nodes of images whose drafts stop earlier) are clamped; their
+        outputs are never used."""
+        return positions.clamp(max=self.target.num_image_tokens - 1)
 
     def observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict) -> None:
         n = verdict.num_accepted.tolist()

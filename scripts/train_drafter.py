@@ -54,8 +54,8 @@ from tqdm import tqdm
 
 from baselines.exact import ExactRule
 from coolsd.decoding import Decoder
-from coolsd.drafters.eagle import EagleDrafter, EagleHead, save_eagle
-from coolsd.io import atomic_write_bytes
+from coolsd.drafters.eagle import CONFIG_FILE, EagleDrafter, EagleHead, save_eagle
+from coolsd.io import atomic_write_bytes, remove_stale_temps
 from coolsd.models.base import ImageARModel
 from coolsd.models.checkpoints import load_state_dict
 from coolsd.sampling import stream_probs
@@ -313,8 +313,7 @@ def generate_data(model: ImageARModel, data: DistillConfig, directory: str | os.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    for stray in directory.glob(".*.tmp"):  # a write killed mid-way (atomic writes never leave one otherwise)
-        stray.unlink()
+    remove_stale_temps(directory)  # a write killed mid-way (atomic writes never leave one otherwise)
     codes, labels = (None, None)
     if data.source == "images":
         codes, labels = load_image_codes(model, data.images_path)

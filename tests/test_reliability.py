@@ -155,3 +155,53 @@ def test_without_locks_only_old_temps_count_as_stale(tmp_path, monkeypatch):
     hours_ago = time.time() - 2 * cio.STALE_AFTER_S
     os.utime(old, (hours_ago, hours_ago))
     assert remove_stale_temps(tmp_path) == [old] and fresh.exists()
+
+
+def test_opening_a_records_folder_sweeps_it(tmp_path):
+    from eval.records import JsonlLog
+
+    stale = tmp_path / "records" / ".sd.jsonl.ab12cd34.tmp"
+    stale.parent.mkdir()
+    stale.write_bytes(b"{")
+    JsonlLog(tmp_path / "records" / "sd.jsonl", key="index")
+    assert not stale.exists()
+
+
+# -- 8. damaged record lines -------------------------------------------------------------------------------
+def test_a_corrupt_record_line_is_reported_and_counts_as_unfinished(tmp_path):
+    from eval.records import JsonlLog
+
+    path = tmp_path / "sd.jsonl"
+    path.write_bytes(b'{"index": 0, "x": 1}\n'
+                     b'{"index": 1, "tokens": [1, 2\x00\x00\x00\n'  # a damaged block, newline-terminated
+                     b'{"prompt": "no index"}\n'
+                     b'\xff\xfe not utf-8\n'
+                     b'{"index": 4, "x": 4}\n')
+    with pytest.warns(UserWarning) as caught:
+        log = JsonlLog(path, key="index")
+    assert sorted(log.done) == [0, 4]
+    messages = [str(w.message) for w in caught]
+    for line in (2, 3, 4):
+        assert any(f"{path}:{line}:" in m and "generated again" in m for m in messages), messages
+    log.append({"index": 1, "x": 11})
+    with pytest.warns(UserWarning):
+        assert sorted(JsonlLog(path, key="index").done) == [0, 1, 4]
+
+
+def test_a_run_regenerates_the_image_of_a_corrupt_record_line(tmp_path):
+    args = [sys.executable, "run.py", *LOOKUP, "compare=none", "decoder=sd", "eval.num_prompts=3",
+            "eval.warmup=0", f"hydra.run.dir={tmp_path}"]
+    subprocess.run(args, cwd=ROOT, env=env(), check=True, capture_output=True, timeout=300)
+    log = tmp_path / "records" / "sd.jsonl"
+    lines = log.read_text().splitlines()
+    original = json.loads(lines[1])
+    log.write_text("\n".join([lines[0], lines[1][:40] + "#garbage", lines[2]]) + "\n")
+    proc = subprocess.run(args, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{log}:2:" in proc.stderr
+    from eval.records import load_records
+
+    with pytest.warns(UserWarning, match=re.escape(f"{log}:2:")):
+        records = load_records(tmp_path / "records", "sd")
+    assert sorted(records) == [0, 1, 2] and records[1]["tokens"] == original["tokens"]
+    assert json.loads((tmp_path / "run.json").read_text())["per_decoder"]["sd"]["num_images"] == 3

@@ -30,11 +30,12 @@ from typing import Callable
 import torch
 
 from baselines.exact import ratio_acceptance
+from coolsd import validate
 from coolsd.acceptance import AcceptanceRule
 from coolsd.decoding import Decoder
 from coolsd.drafters.base import Drafter
 from coolsd.models.base import ImageARModel
-from coolsd.neighbours import latent_neighbours
+from coolsd.neighbours import METRICS, latent_neighbours
 from coolsd.sampling import normalize
 
 RESAMPLE = ("reference", "reference_q", "optimal")
@@ -131,6 +132,15 @@ class LanternRule(AcceptanceRule):
         return 0.5 * float((out - p).abs().sum())
 
 
+def check_options(name, draft_len, k, resample, neighbour_metric, tree, dynamic_tree, track_tv, sync_phases) -> None:
+    """Types and ranges of the options LANTERN and LANTERN++ share (their budgets are checked by each)."""
+    validate.decoder_options(name=name, draft_len=draft_len, tree=tree, dynamic_tree=dynamic_tree,
+                             track_tv=track_tv, sync_phases=sync_phases)
+    validate.integer("decoder.k", k, minimum=1)
+    validate.choice("decoder.resample", resample, RESAMPLE)
+    validate.choice("decoder.neighbour_metric", neighbour_metric, METRICS)
+
+
 def lantern_rule(model: ImageARModel, k: int, mode: str, budget: float, resample: str,
                  neighbour_metric: str, neighbour_cache: str | None) -> LanternRule:
     """Build the rule with the model's neighbour table (k + 1 columns for the reference zeroing)."""
@@ -153,6 +163,8 @@ class Lantern(Decoder):
                  neighbour_metric: str = "l2_raw", neighbour_cache: str | None = None,
                  tree: str | None = None, dynamic_tree: dict | None = None,
                  track_tv: bool = True, sync_phases: bool = False) -> None:
+        check_options(name, draft_len, k, resample, neighbour_metric, tree, dynamic_tree, track_tv, sync_phases)
+        validate.number("decoder.delta", delta, minimum=0.0, maximum=1.0)
         rule = lantern_rule(model, k, "additive", delta, resample, neighbour_metric, neighbour_cache)
         super().__init__(name=name, model=model, rule=rule, draft_len=draft_len, drafter=drafter, tree=tree,
                          dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases)
@@ -166,6 +178,8 @@ class LanternPP(Decoder):
                  neighbour_metric: str = "l2_raw", neighbour_cache: str | None = None,
                  tree: str | None = None, dynamic_tree: dict | None = None,
                  track_tv: bool = True, sync_phases: bool = False) -> None:
+        check_options(name, draft_len, k, resample, neighbour_metric, tree, dynamic_tree, track_tv, sync_phases)
+        validate.number("decoder.lam", lam, minimum=1.0)
         rule = lantern_rule(model, k, "multiplicative", lam, resample, neighbour_metric, neighbour_cache)
         super().__init__(name=name, model=model, rule=rule, draft_len=draft_len, drafter=drafter, tree=tree,
                          dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases)

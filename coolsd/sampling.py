@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from coolsd import validate
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -27,12 +29,10 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        validate.number("sampling.cfg_scale", self.cfg_scale)
+        validate.number("sampling.temperature", self.temperature, minimum=0.0)
+        validate.integer("sampling.top_k", self.top_k, minimum=0)  # 0 = off
+        validate.number("sampling.top_p", self.top_p, minimum=0.0, maximum=1.0, min_open=True)
 
 
 def guide(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:

@@ -33,6 +33,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from coolsd import validate
 from coolsd.decoding import Decoder
 from coolsd.io import atomic_write_bytes
 from eval.records import JsonlLog, atomic_write_json, environment, git_commit, load_records, save_png
@@ -61,6 +62,8 @@ class EvalSuite:
     metrics: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        validate.eval_options(self.num_prompts, self.warmup, self.seed, self.save_images, self.threads,
+                              self.speed_prompts)
         if self.num_prompts < 1:
             raise ValueError(f"eval.num_prompts must be >= 1, got {self.num_prompts}")
         if self.warmup < 0:

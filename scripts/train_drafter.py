@@ -700,14 +700,14 @@ def run(cfg: DictConfig, model: ImageARModel | None = None) -> TrainResult | Non
             raise RuntimeError(f"drafter data in {data_dir} is incomplete; generate it in one process first: "
                                + again)
         if info.world == 1:
-            generate_data(model, data, data_dir, prompt_set.load(model, data.num_samples), model_config,
+            generate_data(model, data, data_dir, prompt_set.load(model, None), model_config,
                           progress=train_cfg.progress)
         if cfg.stage == "data":
             return None
     manifest = read_manifest(data_dir)
     if manifest is None or not _data_complete(data_dir, data):
         raise FileNotFoundError(f"drafter training data not found or incomplete in {data_dir}; run " + again)
-    val_prompts = cycle(list(val.prompts) if val.prompts else prompt_set.load(model, val.num_images),
+    val_prompts = cycle(list(val.prompts) if val.prompts else prompt_set.load(model, None),
                         val.num_images)
     return train(cfg, model, data, train_cfg, val, wandb_cfg, info, manifest, data_dir, out_dir, val_prompts)
 

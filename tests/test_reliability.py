@@ -205,3 +205,147 @@ def test_a_run_regenerates_the_image_of_a_corrupt_record_line(tmp_path):
         records = load_records(tmp_path / "records", "sd")
     assert sorted(records) == [0, 1, 2] and records[1]["tokens"] == original["tokens"]
     assert json.loads((tmp_path / "run.json").read_text())["per_decoder"]["sd"]["num_images"] == 3
+
+
+# -- 5. prompt counts --------------------------------------------------------------------------------------
+def test_a_short_prompt_set_is_an_error_naming_the_key_and_the_file(tmp_path):
+    from eval.prompts import CocoCaptions, FilePrompts, PartiPrompts
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\na dog\n\na bird\n")
+    assert FilePrompts(str(prompts)).load(None, 3) == ["a cat", "a dog", "a bird"]
+    assert FilePrompts(str(prompts)).load(None, None) == ["a cat", "a dog", "a bird"]
+    with pytest.raises(ValueError, match=r"eval\.num_prompts=5.*" + re.escape(str(prompts)) + r".* only 3 prompts"):
+        FilePrompts(str(prompts)).load(None, 5)
+    parti = tmp_path / "PartiPrompts.tsv"
+    parti.write_text("Prompt\tCategory\tChallenge\tNote\nA red cube\tArtifacts\tBasic\t\nA lion\tAnimals\tBasic\t\n")
+    with pytest.raises(ValueError, match=r"eval\.num_prompts=5.*" + re.escape(str(parti)) + r".*only 2 prompts"):
+        PartiPrompts(str(parti)).load(None, 5)
+    with pytest.raises(ValueError, match=r"images=2.*category 'Animals'.*only 1 prompt;"):
+        PartiPrompts(str(parti), category="Animals").load(None, 2, key="images")
+    coco = tmp_path / "captions_val2017.json"
+    coco.write_text(json.dumps({"annotations": [{"image_id": 1, "id": 1, "caption": "a cat"}]}))
+    with pytest.raises(ValueError, match=r"eval\.num_prompts=2.*" + re.escape(str(coco)) + r".*only 1 prompt;"):
+        CocoCaptions(str(coco)).load(None, 2)
+    coco.write_text(json.dumps({"annotations": []}))
+    with pytest.raises(ValueError, match=re.escape(str(coco)) + ".*no captions"):
+        CocoCaptions(str(coco)).load(None, 1)
+    coco.write_text("{not json")
+    with pytest.raises(ValueError, match=re.escape(str(coco)) + ".*not a COCO captions file"):
+        CocoCaptions(str(coco)).load(None, 1)
+
+
+def test_a_run_with_too_few_prompts_fails_before_generating(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a\nb\nc\n")
+    proc = subprocess.run([sys.executable, "run.py", "model=lookup", "drafter=lookup", "logger=none", "data=file",
+                           f"data.path={prompts}", "eval.num_prompts=5", f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "eval.num_prompts=5" in proc.stderr and str(prompts) in proc.stderr
+    assert not (tmp_path / "run" / "run.json").exists() and not (tmp_path / "run" / "records").exists()
+
+
+# -- 6. config types and ranges ----------------------------------------------------------------------------
+def compose_with(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@contextlib.contextmanager
+def fails_naming(key: str):
+    """A TypeError or ValueError (Hydra wraps it when instantiating) whose message starts with ``key``."""
+    with pytest.raises(Exception, match=re.escape(key) + " must ") as caught:
+        yield
+    assert isinstance(caught.value.__cause__ or caught.value, (TypeError, ValueError))
+
+
+DECODER_CASES = [
+    ("coolsd", "decoder.delta=abc", "decoder.delta"),
+    ("coolsd", "decoder.delta=0", "decoder.delta"),
+    ("coolsd", "decoder.nu=fast", "decoder.nu"),
+    ("coolsd", "decoder.mu=[1]", "decoder.mu"),
+    ("coolsd", "decoder.schedule=cosine", "decoder.schedule"),
+    ("coolsd", "decoder.dynamic_tree.depth=2.5", "decoder.dynamic_tree.depth"),
+    ("lantern", "decoder.delta=abc", "decoder.delta"),
+    ("lantern", "decoder.delta=1.5", "decoder.delta"),
+    ("lantern", "decoder.k=2.5", "decoder.k"),
+    ("lantern", "decoder.k=abc", "decoder.k"),
+    ("lantern", "decoder.dynamic_tree.top_k=abc", "decoder.dynamic_tree.top_k"),
+    ("lantern", "+decoder.dynamic_tree.width=3", "decoder.dynamic_tree"),
+    ("lantern_pp", "decoder.lam=abc", "decoder.lam"),
+    ("lantern_pp", "decoder.lam=0.5", "decoder.lam"),
+    ("lantern_pp", "decoder.resample=best", "decoder.resample"),
+    ("sd", "decoder.track_tv=maybe", "decoder.track_tv"),
+    ("sd", "drafter.extra_slots=1.5", "drafter.extra_slots"),
+    *[(name, "decoder.draft_len=2.5", "decoder.draft_len") for name in ("ar", "sd", "sjd", "coolsd", "lantern",
+                                                                        "lantern_pp")],
+    *[(name, "decoder.draft_len=abc", "decoder.draft_len") for name in ("sd", "coolsd", "lantern")],
+]
+
+
+@pytest.mark.parametrize("decoder,override,key", DECODER_CASES, ids=[f"{d}:{o}" for d, o, _ in DECODER_CASES])
+def test_bad_decoder_values_fail_at_construction_naming_the_key(decoder, override, key):
+    model = instantiate(compose_with(["model=tiny"]).model)
+    extra = ["drafter=eagle", "drafter.checkpoint=not_read"] if "extra_slots" in override else []
+    cfg = compose_with(["model=tiny", f"decoder={decoder}", *extra, override])
+    with fails_naming(key):
+        instantiate(cfg.decoder, model=model)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("eval.num_prompts=abc", "eval.num_prompts"), ("eval.num_prompts=2.5", "eval.num_prompts"),
+    ("eval.warmup=-1", "eval.warmup"), ("eval.seed=x", "eval.seed"), ("eval.threads=0", "eval.threads"),
+    ("eval.speed_prompts=1.5", "eval.speed_prompts"), ("eval.save_images=3", "eval.save_images"),
+])
+def test_bad_eval_values_name_the_key(override, key):
+    cfg = compose_with(["eval=quick", override])
+    with fails_naming(key):
+        instantiate(cfg.eval)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("model.sampling.temperature=hot", "sampling.temperature"), ("model.sampling.top_k=2.5", "sampling.top_k"),
+    ("model.sampling.top_p=abc", "sampling.top_p"), ("model.sampling.cfg_scale=nan", "sampling.cfg_scale"),
+])
+def test_bad_sampling_values_name_the_key(override, key):
+    cfg = compose_with(["model=tiny", override])
+    with fails_naming(key):
+        instantiate(cfg.model)
+
+
+def test_checker_messages_say_what_is_allowed():
+    from coolsd import validate
+
+    with pytest.raises(TypeError, match=r"decoder\.draft_len must be an integer >= 0, got 2\.5 \(float\)"):
+        validate.integer("decoder.draft_len", 2.5, minimum=0)
+    with pytest.raises(ValueError, match=r"decoder\.delta must be a number in \[0, 1\], got 2"):
+        validate.number("decoder.delta", 2, minimum=0, maximum=1)
+    with pytest.raises(TypeError, match="must be an integer"):
+        validate.integer("k", True)
+    assert validate.number("x", 3) == 3.0 and validate.integer("y", None, optional=True) is None
+
+
+# -- 7. tree files ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("content,problem", [
+    ("{not json", "not valid JSON"),
+    ('{"name": "t"}', "no `paths`"),
+    ("[[0], [1]]", "no `paths`"),
+    ('{"paths": []}', "non-empty list"),
+    ('{"paths": [[0], [-1]]}', "integers >= 0"),
+    ('{"paths": [[0], [1.5]]}', "integers >= 0"),
+    ('{"paths": [[0], []]}', "non-empty list of child ranks"),
+    ('{"paths": [[0], [1], [0]]}', "more than once"),
+    ('{"paths": [[0], [0, 0], [0, 0]]}', "more than once"),
+    ('{"paths": [[0], [2]]}', "skips a sibling"),
+])
+def test_bad_tree_files_fail_naming_the_file(tmp_path, content, problem):
+    path = tmp_path / "my_tree.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ".*" + re.escape(problem)):
+        TreeShape.load(str(path))
+
+
+def test_a_good_tree_file_still_loads(tmp_path):
+    path = tmp_path / "small.json"
+    path.write_text('{"name": "small", "paths": [[1], [0], [0, 0]]}')
+    assert TreeShape.load(str(path)).paths == ((0,), (1,), (0, 0))

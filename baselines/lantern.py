@@ -17,7 +17,10 @@ Resampling after rejecting ``x`` (``resample``):
   ``p̃ ≥ p``, ``G*`` here equals the vanilla residual ``norm([p − q]_+)``.
 
 The one-step TV of the reference residuals, which depend on the rejected token, is computed exactly by
-summing the per-token residuals with scatter-adds over the neighbour table (O(V·k)).
+summing the per-token residuals with scatter-adds over the neighbour table (O(V·k)). The residual entries
+are the ones ``residual()`` samples from (same dtype, same operations); their masses and sums are taken in
+float64, where the subtraction ``R − Σ_{y∈Z(x)} r(y)`` cannot leave float32 rounding (~6e-8) in place of an
+empty residual, and a residual counts as empty by ``residual()``'s own test (``coolsd.sampling.EMPTY_MASS``).
 
 Example: ``python run.py decoder=lantern decoder.k=1000 decoder.delta=0.1``;
 ``python run.py decoder=lantern_pp decoder.k=10 decoder.lam=5``.
@@ -36,7 +39,7 @@ from coolsd.decoding import Decoder
 from coolsd.drafters.base import Drafter
 from coolsd.models.base import ImageARModel
 from coolsd.neighbours import METRICS, latent_neighbours
-from coolsd.sampling import normalize
+from coolsd.sampling import EMPTY_MASS, normalize
 
 RESAMPLE = ("reference", "reference_q", "optimal")
 MODES = ("additive", "multiplicative")
@@ -104,32 +107,33 @@ class LanternRule(AcceptanceRule):
         return normalize((p - q).clamp_min(0.0), fallback=torch.full_like(p, 1.0 / p.shape[-1]))
 
     def one_step_tv(self, p: torch.Tensor, q: torch.Tensor, depth: int) -> float:
-        """Exact TV of ``q f + Σ_x q(x)(1 − f(x)) G_x`` to ``p``, with the token-dependent ``G_x``."""
+        """Exact TV of ``q f + Σ_x q(x)(1 − f(x)) G_x`` to ``p``, with the token-dependent ``G_x`` of
+        ``residual()`` (its entries in ``p``'s dtype, their masses and sums in float64)."""
         v = p.shape[-1]
         tokens = torch.arange(v, device=p.device)
         p_tilde, m_star = self.relaxed(p, tokens)
         f = ratio_acceptance(p_tilde, q)
-        out = q * f
-        reject = q * (1.0 - f)  # (V,) probability of drafting x and rejecting it
-        r = (p - q).clamp_min(0.0)
+        r = (p - q).clamp_min(0.0)  # (V,) the residual numerator as residual() computes it
+        p64, r64 = p.double(), r.double()
+        out = (q * f).double()
+        reject = (q * (1.0 - f)).double()  # (V,) probability of drafting x and rejecting it
         if self.resample == "optimal":
-            out = out + reject.sum() * normalize(r, fallback=p)
-            return 0.5 * float((out - p).abs().sum())
+            out = out + reject.sum() * normalize(r, fallback=p).double()
+            return 0.5 * float((out - p64).abs().sum())
         zeroing = m_star >= 1  # (V,) which rejected tokens zero their neighbourhood
         z = self.table(p.device)[:, : self.k + 1]  # (V, k+1)
-        if self.resample == "reference":
-            # residual mass left after zeroing p on Z(x): R − Σ_{y∈Z(x)} r(y)
-            change = -r  # per-token change of the residual numerator when y is zeroed
-        else:
-            change = p - r  # zeroing q(y) turns r(y) into p(y)
-        mass = r.sum() + zeroing * change[z].sum(-1)  # (V,) normaliser of each G_x
-        ok = mass > 1e-12
-        c = torch.where(ok, reject / mass.clamp_min(1e-12), torch.zeros_like(mass))
-        hits = torch.zeros(v, dtype=p.dtype, device=p.device).index_add_(
+        # the numerator's entry at y ∈ Z(x) once G_x zeroes it: [0 − q(y)]_+ = 0 (reference: p zeroed) or
+        # [p(y) − 0]_+ = p(y) (reference_q: q zeroed); elsewhere it stays r(y)
+        zeroed = torch.zeros_like(r64) if self.resample == "reference" else p64
+        change = zeroed - r64
+        mass = r64.sum() + zeroing * change[z].sum(-1)  # (V,) normaliser of each G_x
+        ok = mass > EMPTY_MASS
+        c = torch.where(ok, reject / mass.clamp_min(EMPTY_MASS), torch.zeros_like(mass))
+        hits = torch.zeros(v, dtype=torch.float64, device=p.device).index_add_(
             0, z[zeroing].flatten(), c[zeroing].repeat_interleave(z.shape[1]))
-        out = out + c.sum() * r + hits * change
+        out = out + c.sum() * r64 + hits * change
         out = out + reject[~ok].sum() / v  # empty residual: uniform, as in the reference
-        return 0.5 * float((out - p).abs().sum())
+        return 0.5 * float((out - p64).abs().sum())
 
 
 def check_options(name, draft_len, k, resample, neighbour_metric, tree, dynamic_tree, track_tv, sync_phases) -> None:

@@ -85,9 +85,13 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return out.reshape(probs.shape[:-1])
 
 
+#: A residual whose total mass is at most this is empty: ``normalize`` returns its fallback instead.
+EMPTY_MASS = 1e-12
+
+
 def normalize(mass: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """Renormalise a non-negative vector (V,); if its total is (numerically) zero return ``fallback``."""
     total = mass.sum()
-    if float(total) <= 1e-12:
+    if float(total) <= EMPTY_MASS:
         return fallback
     return mass / total

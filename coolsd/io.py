@@ -7,7 +7,8 @@ shards and their manifest, caches) goes through ``atomic_write_bytes``:
 * **Mode**: the temporary file is created with mode ``0o666`` masked by the process umask, exactly as
   ``open(path, "w")`` would (0644 under the usual umask 022, 0600 under 077; a folder's default ACL applies
   too), so results on a shared cluster are as readable as the user's other files. (``tempfile.mkstemp``
-  creates 0600 files, and a rename keeps the mode.)
+  creates 0600 files, and a rename keeps the mode.) The per-image record files, appended line by line
+  with ``open(path, "a")`` (``eval.records.JsonlLog``), follow the umask the same way.
 * **Temporaries** are named ``.{name}.{8 hex digits}.tmp`` beside ``name``. While one is written its writer
   holds an exclusive ``flock`` on it; the kernel drops the lock when the writer exits, killed or not.
   ``remove_stale_temps(folder)`` deletes the temporaries of that pattern that no live writer holds (another

@@ -17,7 +17,10 @@ Resampling after rejecting ``x`` (``resample``):
   ``p̃ ≥ p``, ``G*`` here equals the vanilla residual ``norm([p − q]_+)``.
 
 The one-step TV of the reference residuals, which depend on the rejected token, is computed exactly by
-summing the per-token residuals with scatter-adds over the neighbour table (O(V·k)).
+summing the per-token residuals with scatter-adds over the neighbour table (O(V·k)). The residual entries
+are the ones ``residual()`` samples from (same dtype, same operations); their masses and sums are taken in
+float64, where the subtraction ``R − Σ_{y∈Z(x)} r(y)`` cannot leave float32 rounding (~6e-8) in place of an
+empty residual, and a residual counts as empty by ``residual()``'s own test (``coolsd.sampling.EMPTY_MASS``).
 
 Example: ``python run.py decoder=lantern decoder.k=1000 decoder.delta=0.1``;
 ``python run.py decoder=lantern_pp decoder.k=10 decoder.lam=5``.
@@ -29,12 +32,13 @@ from typing import Callable
 
 import torch
 
+from coolsd import validate
 from coolsd.acceptance import AcceptanceRule, ratio_acceptance, vanilla_residual
 from coolsd.decoding import Decoder
 from coolsd.drafters.base import Drafter
 from coolsd.models.base import ImageARModel
-from coolsd.neighbours import latent_neighbours
-from coolsd.sampling import normalize
+from coolsd.neighbours import METRICS, latent_neighbours
+from coolsd.sampling import EMPTY_MASS, normalize
 
 RESAMPLE = ("reference", "reference_q", "optimal")
 MODES = ("additive", "multiplicative")
@@ -140,7 +144,7 @@ class LanternRule(AcceptanceRule):
         total = r.sum(-1, keepdim=True)
         outside = (total - r[:, z].sum(-1)).clamp_min(0.0)  # (N, V): Σ_{y ∉ Z(x)} r(y), exact to ~1e-16
         mass = torch.where(zeroing, outside + inside[:, z].sum(-1), total)  # (N, V) normaliser of each G_x
-        ok = mass > 1e-12
+        ok = mass > EMPTY_MASS
         c = torch.where(ok, reject / mass.clamp_min(1e-300), torch.zeros_like(mass))
         cz = c * zeroing
         hits = torch.zeros_like(p).scatter_add_(-1, z.flatten()[None].expand(p.shape[0], -1),
@@ -149,6 +153,15 @@ class LanternRule(AcceptanceRule):
         out = out + c.sum(-1, keepdim=True) * r + hits * change
         out = out + (reject * ~ok).sum(-1, keepdim=True) / v  # empty residual: uniform, as in the reference
         return 0.5 * (out - p).abs().sum(-1)
+
+
+def check_options(name, draft_len, k, resample, neighbour_metric, tree, dynamic_tree, track_tv, sync_phases) -> None:
+    """Types and ranges of the options LANTERN and LANTERN++ share (their budgets are checked by each)."""
+    validate.decoder_options(name=name, draft_len=draft_len, tree=tree, dynamic_tree=dynamic_tree,
+                             track_tv=track_tv, sync_phases=sync_phases)
+    validate.integer("decoder.k", k, minimum=1)
+    validate.choice("decoder.resample", resample, RESAMPLE)
+    validate.choice("decoder.neighbour_metric", neighbour_metric, METRICS)
 
 
 def lantern_rule(model: ImageARModel, k: int, mode: str, budget: float, resample: str,
@@ -173,6 +186,8 @@ class Lantern(Decoder):
                  neighbour_metric: str = "l2_raw", neighbour_cache: str | None = None,
                  tree: str | None = None, dynamic_tree: dict | None = None,
                  track_tv: bool = True, sync_phases: bool = False) -> None:
+        check_options(name, draft_len, k, resample, neighbour_metric, tree, dynamic_tree, track_tv, sync_phases)
+        validate.number("decoder.delta", delta, minimum=0.0, maximum=1.0)
         rule = lantern_rule(model, k, "additive", delta, resample, neighbour_metric, neighbour_cache)
         super().__init__(name=name, model=model, rule=rule, draft_len=draft_len, drafter=drafter, tree=tree,
                          dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases)
@@ -186,6 +201,8 @@ class LanternPP(Decoder):
                  neighbour_metric: str = "l2_raw", neighbour_cache: str | None = None,
                  tree: str | None = None, dynamic_tree: dict | None = None,
                  track_tv: bool = True, sync_phases: bool = False) -> None:
+        check_options(name, draft_len, k, resample, neighbour_metric, tree, dynamic_tree, track_tv, sync_phases)
+        validate.number("decoder.lam", lam, minimum=1.0)
         rule = lantern_rule(model, k, "multiplicative", lam, resample, neighbour_metric, neighbour_cache)
         super().__init__(name=name, model=model, rule=rule, draft_len=draft_len, drafter=drafter, tree=tree,
                          dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases)

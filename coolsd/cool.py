@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from coolsd import validate
 from coolsd.acceptance import AcceptanceRule, ratio_acceptance
 from coolsd.decoding import Decoder
 from coolsd.drafters.base import Drafter
@@ -60,6 +61,8 @@ class CoolSD(Decoder):
                  schedule: str = "exponential", nu: float = 0.7, mu: str | float = "mean",
                  tree: str | None = None, dynamic_tree: dict | None = None,
                  track_tv: bool = True, sync_phases: bool = False) -> None:
+        validate.decoder_options(name=name, draft_len=draft_len, tree=tree, dynamic_tree=dynamic_tree,
+                                 track_tv=track_tv, sync_phases=sync_phases)
         # ω_i runs over draft positions, i.e. tree depths: its length is the chain length or the tree's depth
         levels = resolve_tree(tree, dynamic_tree)
         length = draft_len if levels is None else (levels.depth if isinstance(levels, TreeShape) else levels.depth + 1)

@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from coolsd import validate
 from coolsd.acceptance import AcceptanceRule, summed_tv, verify_chain, verify_tree
 from coolsd.drafters.base import Drafter, NullDrafter
 from coolsd.models.base import ImageARModel
@@ -66,6 +67,8 @@ class Decoder:
         track_tv: bool = True,
         sync_phases: bool = False,
     ) -> None:
+        validate.decoder_options(name=name, draft_len=draft_len, tree=tree, dynamic_tree=dynamic_tree,
+                                 track_tv=track_tv, sync_phases=sync_phases)
         if draft_len < 0:
             raise ValueError(f"decoder.draft_len must be >= 0, got {draft_len}")
         if draft_len > 0 and drafter is None:

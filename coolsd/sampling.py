@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from coolsd import validate
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -27,12 +29,10 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        validate.number("sampling.cfg_scale", self.cfg_scale)
+        validate.number("sampling.temperature", self.temperature, minimum=0.0)
+        validate.integer("sampling.top_k", self.top_k, minimum=0)  # 0 = off
+        validate.number("sampling.top_p", self.top_p, minimum=0.0, maximum=1.0, min_open=True)
 
 
 def guide(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
@@ -93,11 +93,15 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return out.reshape(probs.shape[:-1])
 
 
+#: A residual whose total mass is at most this is empty: ``normalize`` returns its fallback instead.
+EMPTY_MASS = 1e-12
+
+
 def normalize(mass: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """Renormalise non-negative rows (..., V); a row whose total is (numerically) zero becomes ``fallback``.
 
-    Row-wise and without a host sync (the threshold is 1e-12, as in every rule's residual).
+    Row-wise and without a host sync (the threshold is ``EMPTY_MASS``, as in every rule's residual).
     """
     total = mass.sum(-1, keepdim=True)
-    ok = total > 1e-12
-    return torch.where(ok, mass / total.clamp_min(1e-12), fallback)
+    ok = total > EMPTY_MASS
+    return torch.where(ok, mass / total.clamp_min(EMPTY_MASS), fallback)

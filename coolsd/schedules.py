@@ -20,32 +20,34 @@ import math
 
 import torch
 
+from coolsd import validate
+
 SCHEDULES = ("exponential", "linear", "uniform")
 
 
 def resolve_mu(mu: str | float, nu: float, draft_len: int) -> float:
     """The offset μ of the exponential schedule for ``mu`` in {``mean``, ``first``, a number}."""
+    if isinstance(mu, bool) or not isinstance(mu, (str, int, float)):
+        raise TypeError(f"decoder.mu must be 'mean', 'first' or a number, got {mu!r} ({type(mu).__name__})")
     if isinstance(mu, str):
         if mu == "mean":
             return math.log(sum(math.exp(-nu * j) for j in range(1, draft_len + 1)) / draft_len)
         if mu == "first":
             return -nu
         try:
-            return float(mu)
+            mu = float(mu)
         except ValueError:
             raise ValueError(f"decoder.mu must be 'mean', 'first' or a number, got {mu!r}") from None
-    return float(mu)
+    return validate.number("decoder.mu", mu)
 
 
 def omega_table(schedule: str, delta: float, draft_len: int, nu: float = 0.7,
                 mu: str | float = "mean") -> torch.Tensor:
     """ω_1..ω_L as a float64 tensor (L,)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"decoder.schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if delta <= 0:
-        raise ValueError(f"decoder.delta must be > 0, got {delta}")
-    if draft_len < 1:
-        raise ValueError(f"the schedule needs draft_len >= 1, got {draft_len}")
+    validate.choice("decoder.schedule", schedule, SCHEDULES)
+    delta = validate.number("decoder.delta", delta, minimum=0.0, min_open=True)
+    draft_len = validate.integer("decoder.draft_len", draft_len, minimum=1)
+    nu = validate.number("decoder.nu", nu)
     i = torch.arange(1, draft_len + 1, dtype=torch.float64)
     if schedule == "uniform":
         return torch.full_like(i, delta)

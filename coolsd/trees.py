@@ -24,12 +24,15 @@ Example: ``python run.py decoder=sd decoder.tree=mc_sim_7b_63``; ``decoder.tree=
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
+from coolsd import validate
 from coolsd.rng import DRAFT, sample
 from coolsd.types import Draft
 
@@ -52,12 +55,35 @@ class TreeShape:
             known = sorted(p.stem for p in TREE_DIR.glob("*.json"))
             raise ValueError(f"decoder.tree={name_or_path!r} is neither a known shape {known + ['dynamic']} "
                              f"nor a JSON file")
-        data = json.loads(path.read_text())
-        return cls.from_paths(data.get("name", path.stem), data["paths"])
+        fix = 'a tree file is {"name": "<name>", "paths": [[0], [1], [0, 0], ...]} (see coolsd/trees/*.json)'
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"decoder.tree file {path} is not valid JSON ({e}); {fix}") from None
+        if not isinstance(data, dict) or "paths" not in data:
+            raise ValueError(f"decoder.tree file {path} has no `paths` list; {fix}")
+        try:
+            return cls.from_paths(str(data.get("name", path.stem)), data["paths"])
+        except ValueError as e:
+            raise ValueError(f"decoder.tree file {path}: {e}; {fix}") from None
 
     @classmethod
     def from_paths(cls, name: str, paths: Sequence[Sequence[int]]) -> "TreeShape":
-        ordered = tuple(sorted((tuple(int(c) for c in p) for p in paths), key=lambda p: (len(p), p)))
+        """Validate and order ``paths``: non-empty lists of child ranks (integers >= 0), each path once,
+        every parent and every lower-ranked sibling present."""
+        if not isinstance(paths, (list, tuple)) or not paths:
+            raise ValueError(f"tree {name!r}: `paths` must be a non-empty list of paths, got {paths!r}")
+        parsed = []
+        for p in paths:
+            if (not isinstance(p, (list, tuple)) or not p
+                    or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in p)):
+                raise ValueError(f"tree {name!r}: path {p!r} is not a non-empty list of child ranks "
+                                 "(integers >= 0)")
+            parsed.append(tuple(p))
+        ordered = tuple(sorted(parsed, key=lambda p: (len(p), p)))
+        duplicates = sorted(p for p, n in Counter(parsed).items() if n > 1)
+        if duplicates:
+            raise ValueError(f"tree {name!r}: paths {[list(p) for p in duplicates]} are listed more than once")
         known = set(ordered)
         for p in ordered:
             if p[:-1] and p[:-1] not in known:
@@ -87,8 +113,8 @@ class DynamicTree:
     total_tokens: int = 58
 
     def __post_init__(self) -> None:
-        if self.top_k < 1 or self.depth < 1 or self.total_tokens < 1:
-            raise ValueError(f"decoder.dynamic_tree values must be >= 1, got {self}")
+        for key in ("top_k", "depth", "total_tokens"):
+            validate.integer(f"decoder.dynamic_tree.{key}", getattr(self, key), minimum=1)
 
 
 def resolve_tree(tree: str | None, dynamic_tree: dict | None) -> TreeShape | DynamicTree | None:
@@ -96,7 +122,8 @@ def resolve_tree(tree: str | None, dynamic_tree: dict | None) -> TreeShape | Dyn
     if tree is None:
         return None
     if tree == "dynamic":
-        return DynamicTree(**dict(dynamic_tree or {}))
+        spec = validate.mapping("decoder.dynamic_tree", dynamic_tree, validate.DYNAMIC_TREE_KEYS, optional=True)
+        return DynamicTree(**(spec or {}))
     return TreeShape.load(tree)
 
 

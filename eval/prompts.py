@@ -2,6 +2,11 @@
 
 (The MS-COCO 2017 captions protocol, longest caption per image, is added by the evaluation suite.)
 
+``load(model, num_prompts, key)`` returns exactly ``num_prompts`` prompts, or every prompt of the set once
+for ``num_prompts=None``. Class names and config-listed prompts are cycled; a file or a dataset with fewer
+prompts than asked for is an error naming ``key`` (the config key that asked, ``eval.num_prompts`` for a
+run), the set's size and its file — never a silently shorter run.
+
 Example: ``python run.py data=file data.path=my_prompts.txt eval.num_prompts=100``.
 """
 from __future__ import annotations
@@ -9,6 +14,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from coolsd.models.base import ImageARModel
+
+NUM_PROMPTS_KEY = "eval.num_prompts"
+
+
+def first(prompts: list[str], num_prompts: int | None, source: str, key: str) -> list[str]:
+    """The first ``num_prompts`` of ``prompts`` (all for None); an error naming ``key`` if there are fewer."""
+    if num_prompts is None:
+        return prompts
+    if len(prompts) < num_prompts:
+        n = len(prompts)
+        raise ValueError(f"{key}={num_prompts}, but {source} holds only {n} prompt{'s' if n != 1 else ''}; set "
+                         f"{key}={n} to use each of them once, or choose a larger prompt set")
+    return prompts[:num_prompts]
+
+
+def cycled(prompts: list[str], num_prompts: int | None) -> list[str]:
+    """``num_prompts`` prompts cycling through ``prompts`` (each once for None)."""
+    if num_prompts is None:
+        return list(prompts)
+    return [prompts[i % len(prompts)] for i in range(num_prompts)]
 
 
 def class_names_of(source: ImageARModel | list[str] | None) -> list[str]:
@@ -22,12 +47,13 @@ def class_names_of(source: ImageARModel | list[str] | None) -> list[str]:
 class ClassPrompts:
     """Cycle through the model's class names (``model.class_names``): class 0, 1, ..., 0, 1, ..."""
 
-    def load(self, model: ImageARModel | list[str] | None, num_prompts: int) -> list[str]:
+    def load(self, model: ImageARModel | list[str] | None, num_prompts: int | None,
+             key: str = NUM_PROMPTS_KEY) -> list[str]:
         names = class_names_of(model)
         if not names:
             raise ValueError("data=classes needs a class-conditional model with model.class_names; "
                              "use data=file data.path=<prompts.txt> for text prompts")
-        return [names[i % len(names)] for i in range(num_prompts)]
+        return cycled(names, num_prompts)
 
 
 class FilePrompts:
@@ -36,24 +62,26 @@ class FilePrompts:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def load(self, model: ImageARModel, num_prompts: int) -> list[str]:
+    def load(self, model: ImageARModel, num_prompts: int | None, key: str = NUM_PROMPTS_KEY) -> list[str]:
         path = Path(self.path).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"prompt file not found: {path} (set data.path)")
         prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         if not prompts:
-            raise ValueError(f"prompt file {path} has no prompts")
-        return prompts[:num_prompts]
+            raise ValueError(f"prompt file {path} has no prompts (set data.path to a file with one prompt per line)")
+        return first(prompts, num_prompts, f"the prompt file {path} (data.path)", key)
 
 
 class FixedPrompts:
-    """Prompts listed in the config itself (``data.prompts``)."""
+    """Prompts listed in the config itself (``data.prompts``), cycled."""
 
     def __init__(self, prompts: list[str]) -> None:
         self.prompts = list(prompts)
+        if not self.prompts:
+            raise ValueError("data.prompts is empty; list at least one prompt")
 
-    def load(self, model: ImageARModel, num_prompts: int) -> list[str]:
-        return [self.prompts[i % len(self.prompts)] for i in range(num_prompts)]
+    def load(self, model: ImageARModel, num_prompts: int | None, key: str = NUM_PROMPTS_KEY) -> list[str]:
+        return cycled(self.prompts, num_prompts)
 
 
 COCO_URL = "http://images.cocodataset.org/annotations/annotations_trainval2017.zip"
@@ -83,10 +111,16 @@ class CocoCaptions:
             raise FileNotFoundError(
                 f"MS-COCO captions not found at {path}. Download {COCO_URL}, unzip it and point data.path at "
                 f"annotations/captions_val2017.json (e.g. export COCO_DIR=<folder holding annotations/>)")
-        data = json.loads(path.read_text(encoding="utf-8"))
-        by_image: dict[int, list[str]] = {}
-        for ann in data["annotations"]:
-            by_image.setdefault(int(ann["image_id"]), []).append(" ".join(ann["caption"].split()))
+        hint = "point data.path at MS-COCO's annotations/captions_val2017.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            by_image: dict[int, list[str]] = {}
+            for ann in data["annotations"]:
+                by_image.setdefault(int(ann["image_id"]), []).append(" ".join(ann["caption"].split()))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} is not a COCO captions file ({type(e).__name__}: {e}); {hint}") from None
+        if not by_image:
+            raise ValueError(f"{path} holds no captions (its `annotations` list is empty); {hint}")
         ids = sorted(by_image)
         if self.selection == "longest":
             return [(i, max(by_image[i], key=len)) for i in ids]
@@ -94,8 +128,10 @@ class CocoCaptions:
         rng.shuffle(ids)
         return [(i, rng.choice(by_image[i])) for i in ids]
 
-    def load(self, model: ImageARModel, num_prompts: int) -> list[str]:
-        return [caption for _, caption in self.captions()[:num_prompts]]
+    def load(self, model: ImageARModel, num_prompts: int | None, key: str = NUM_PROMPTS_KEY) -> list[str]:
+        captions = [caption for _, caption in self.captions()]
+        return first(captions, num_prompts, f"the COCO captions file {Path(self.path).expanduser()} (data.path)",
+                     key)
 
 
 class PartiPrompts:
@@ -104,13 +140,22 @@ class PartiPrompts:
     def __init__(self, path: str, category: str | None = None) -> None:
         self.path, self.category = path, category
 
-    def load(self, model: ImageARModel, num_prompts: int) -> list[str]:
+    def load(self, model: ImageARModel, num_prompts: int | None, key: str = NUM_PROMPTS_KEY) -> list[str]:
         import csv
 
         path = Path(self.path).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"PartiPrompts not found at {path}. Download {PARTI_URL} and set data.path")
         with open(path, encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t"))
-        prompts = [r["Prompt"].strip() for r in rows if self.category in (None, r.get("Category"))]
-        return prompts[:num_prompts]
+            reader = csv.DictReader(f, delimiter="\t")
+            if "Prompt" not in (reader.fieldnames or []):
+                raise ValueError(f"{path} has no `Prompt` column (columns: {reader.fieldnames}); point data.path "
+                                 f"at PartiPrompts.tsv ({PARTI_URL})")
+            rows = list(reader)
+        prompts = [(r["Prompt"] or "").strip() for r in rows if self.category in (None, r.get("Category"))]
+        prompts = [p for p in prompts if p]
+        source = f"PartiPrompts {path} (data.path)" + (f" in category {self.category!r} (data.category)"
+                                                         if self.category is not None else "")
+        if not prompts:
+            raise ValueError(f"{source} holds no prompts; check data.category and data.path")
+        return first(prompts, num_prompts, source, key)

@@ -2,7 +2,10 @@
 
 Outputs are written to a temporary file in the same folder and renamed into place, so a crash never leaves
 a half-written image or record. Per-image records are appended one JSON line at a time and flushed; on
-restart an unterminated last line (a crash mid-write) is ignored and the image is generated again.
+restart an unterminated last line (a crash mid-write) is ignored and the image is generated again. A
+complete line that is not a JSON record with the log's key (a damaged disk block, a hand edit) is reported
+with its file and line number and skipped: that image counts as unfinished and is generated again, every
+other record is kept.
 
 Example: every ``python run.py`` writes ``run.json`` and ``records/<decoder>.jsonl`` in its output folder.
 """
@@ -12,12 +15,13 @@ import json
 import os
 import platform
 import subprocess
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
 import torch
 
-from coolsd.io import atomic_write_bytes
+from coolsd.io import atomic_write_bytes, remove_stale_temps
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -41,24 +45,42 @@ def save_png(path: str | os.PathLike, image: torch.Tensor) -> None:
 
 
 class JsonlLog:
-    """Append-only JSON-lines file of finished items; ``done`` maps a key to its record."""
+    """Append-only JSON-lines file of finished items; ``done`` maps a key to its record.
 
-    def __init__(self, path: str | os.PathLike, key: str) -> None:
+    ``repair``: the process that appends to the file (its owner) also cuts an unterminated tail off the
+    file and clears stale temporaries of its folder; a reader of another process's file (``repair=False``,
+    e.g. rank 0 reading a live rank's records) only ignores that tail, as the owner may be writing it.
+    """
+
+    def __init__(self, path: str | os.PathLike, key: str, repair: bool = True) -> None:
         self.path = Path(path)
         self.key = key
         self.done: dict[Any, dict] = {}
+        if repair:
+            remove_stale_temps(self.path.parent)
         if self.path.exists():
-            self._load()
+            self._load(repair)
 
-    def _load(self) -> None:
+    def _load(self, repair: bool) -> None:
         raw = self.path.read_bytes()
         complete = raw[: raw.rfind(b"\n") + 1]  # drop an unterminated tail left by a crash
-        if len(complete) != len(raw):
+        if repair and len(complete) != len(raw):
             atomic_write_bytes(self.path, complete)
-        for line in complete.decode().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                self.done[rec[self.key]] = rec
+        for number, line in enumerate(complete.split(b"\n")[:-1], start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line.decode("utf-8"))
+            except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+                problem = f"is not JSON ({e})"
+            else:
+                if isinstance(rec, dict) and isinstance(rec.get(self.key), (int, str)):
+                    self.done[rec[self.key]] = rec
+                    continue
+                problem = f"is not a record with an {self.key!r} key"
+            # one location for every caller, so a process reports each damaged line once
+            warnings.warn(f"{self.path}:{number}: this line {problem}; skipping it, so its item counts as "
+                          "unfinished and is generated again (the other records are kept)", stacklevel=1)
 
     def append(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,5 +128,5 @@ def load_records(records_dir: Path, name: str) -> dict[int, dict]:
     """Every finished record of a decoder, from the single-process file and all rank files."""
     done: dict[int, dict] = {}
     for path in sorted(records_dir.glob(f"{name}.jsonl")) + sorted(records_dir.glob(f"{name}.rank*.jsonl")):
-        done.update(JsonlLog(path, key="index").done)
+        done.update(JsonlLog(path, key="index", repair=False).done)
     return done

@@ -4,7 +4,10 @@ Example: ``python run.py`` prints both at the end and writes the table to ``tabl
 """
 from __future__ import annotations
 
+import io
 from typing import Any
+
+from coolsd.io import atomic_write_bytes
 
 COLUMNS = (
     ("decoder", "decoder", "{}"),
@@ -77,7 +80,9 @@ def speed_quality_plot(per_decoder: dict[str, dict[str, Any]], path_png, n_image
     fig.suptitle(f"speed vs quality, {n_images} images per decoder", fontsize=10)
     fig.tight_layout()
     path_png = Path(path_png)
-    fig.savefig(path_png, dpi=120)
-    fig.savefig(path_png.with_suffix(".pdf"))
+    for path, options in ((path_png, {"format": "png", "dpi": 120}), (path_png.with_suffix(".pdf"), {"format": "pdf"})):
+        buf = io.BytesIO()
+        fig.savefig(buf, **options)
+        atomic_write_bytes(path, buf.getvalue())
     plt.close(fig)
     return True

@@ -36,6 +36,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from coolsd import validate
 from coolsd.decoding import Decoder
 from coolsd.fingerprint import TOKEN_CODE_VERSION, differing_keys, json_digest, weights_digest
 from coolsd.io import atomic_write_bytes
@@ -77,22 +78,11 @@ class EvalSuite:
     metrics: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for key in ("num_prompts", "warmup", "seed", "batch_size"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"eval.{key} must be an integer, got {value!r}")
-        for key in ("threads", "speed_prompts"):
-            value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"eval.{key} must be null or an integer >= 1, got {value!r}")
-        if self.num_prompts < 1:
-            raise ValueError(f"eval.num_prompts must be >= 1, got {self.num_prompts}")
-        if self.warmup < 0:
-            raise ValueError(f"eval.warmup must be >= 0, got {self.warmup}")
-        if self.batch_size < 1:
-            raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
-        if self.resume not in RESUME:
-            raise ValueError(f"eval.resume must be one of {RESUME}, got {self.resume!r}")
+        validate.eval_options(self.num_prompts, self.warmup, self.seed, self.save_images, self.threads,
+                              self.speed_prompts)
+        validate.integer("eval.batch_size", self.batch_size, minimum=1)
+        validate.choice("eval.resume", self.resume, RESUME)
+        validate.boolean("eval.reuse_ar", self.reuse_ar)
         if self.metrics and not self.save_images:
             raise ValueError("eval.metrics score the saved images: set eval.save_images=true or eval.metrics=[]")
 

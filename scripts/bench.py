@@ -714,7 +714,7 @@ def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
     if cfg.compile:
         compile_modules(model, list(cfg.compile_modules), cfg.compile_mode)
     decoders = build_decoders(cfg, model)
-    prompts = instantiate(cfg.data).load(model, cfg.images)
+    prompts = instantiate(cfg.data).load(model, cfg.images, key="images")
     timer = Timer(model.device)
     with torch.inference_mode():
         cost = CostModel(cfg, model, decoders, prompts[0], timer)

@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from coolsd.io import atomic_write_bytes
 from coolsd.models.llamagen_t2i import LlamaGenT2I
 from coolsd.sampling import stream_probs
 
@@ -137,7 +138,7 @@ def main() -> None:
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        atomic_write_bytes(args.out, (text + "\n").encode())
 
 
 if __name__ == "__main__":

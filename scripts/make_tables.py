@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import io
 import json
 import math
 import sys
@@ -633,9 +634,10 @@ def make_plots(frame: pd.DataFrame, figures: Path, name: str) -> list[Path]:
     def save(fig, stem: str) -> None:
         for ext in ("png", "pdf"):
             path = figures / f"{name}_{stem}.{ext}"
-            path.parent.mkdir(parents=True, exist_ok=True)
             metadata = {"CreationDate": None} if ext == "pdf" else None  # reproducible PDFs
-            fig.savefig(path, dpi=150, bbox_inches="tight", metadata=metadata)
+            buf = io.BytesIO()
+            fig.savefig(buf, format=ext, dpi=150, bbox_inches="tight", metadata=metadata)
+            atomic_write_bytes(path, buf.getvalue())
             written.append(path)
         plt.close(fig)
 

@@ -15,7 +15,8 @@
    sequence is trained on its unconditional stream with probability ``train.uncond_prob`` (LANTERN: 0.1).
 3. **Validation**: teacher-forced agreement ``1 − TV(p, q)`` on held-out shards and the real mean accepted
    length of ``Decoder('sd', ExactRule(), draft_len)`` with this drafter on held-out prompts and seeds,
-   before training and after.
+   before training and after. Step checkpoints carry the "before" metrics, so a resumed run reports and
+   writes the original ones (``training.before`` in the drafter's ``config.json``).
 
 Written after jadohu/LANTERN ``entrypoints/train_drafter/{main,data_utils}.py`` and
 ``entrypoints/generate_train_data.py`` (EAGLE's recipe), without their quirks: here gradient accumulation
@@ -54,8 +55,8 @@ from tqdm import tqdm
 
 from baselines.exact import ExactRule
 from coolsd.decoding import Decoder
-from coolsd.drafters.eagle import EagleDrafter, EagleHead, save_eagle
-from coolsd.io import atomic_write_bytes
+from coolsd.drafters.eagle import CONFIG_FILE, EagleDrafter, EagleHead, save_eagle
+from coolsd.io import atomic_write_bytes, remove_stale_temps
 from coolsd.models.base import ImageARModel
 from coolsd.models.checkpoints import load_state_dict
 from coolsd.fingerprint import file_digest, weights_digest
@@ -295,8 +296,7 @@ def generate_data(model: ImageARModel, data: DistillConfig, directory: str | os.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    for stray in directory.glob(".*.tmp"):  # a write killed mid-way (atomic writes never leave one otherwise)
-        stray.unlink()
+    remove_stale_temps(directory)  # a write killed mid-way (atomic writes never leave one otherwise)
     codes, labels = (None, None)
     if data.source == "images":
         codes, labels = load_image_codes(model, data.images_path)
@@ -582,6 +582,13 @@ def save_checkpoint(out_dir: Path, step: int, head: EagleHead, optimizer, schedu
     return final
 
 
+def stored_before(path: Path) -> dict[str, float] | None:
+    """The pre-training validation metrics a step checkpoint carries (None: written without them)."""
+    training = json.loads((path / CONFIG_FILE).read_text()).get("training", {})
+    before = training.get("before")
+    return dict(before) if isinstance(before, dict) else None
+
+
 def load_checkpoint(path: Path, head: EagleHead, optimizer, scheduler) -> tuple[int, int]:
     """Restore head weights, optimizer, scheduler and RNG from ``path``; return (step, data cursor)."""
     head.load_state_dict(load_state_dict(path / "model.safetensors"), strict=True)
@@ -680,14 +687,14 @@ def run(cfg: DictConfig, model: ImageARModel | None = None) -> TrainResult | Non
             raise RuntimeError(f"drafter data in {data_dir} is incomplete; generate it in one process first: "
                                + again)
         if info.world == 1:
-            generate_data(model, data, data_dir, prompt_set.load(model, data.num_samples), model_config,
+            generate_data(model, data, data_dir, prompt_set.load(model, None), model_config,
                           progress=train_cfg.progress)
         if cfg.stage == "data":
             return None
     manifest = read_manifest(data_dir)
     if manifest is None or not _data_complete(data_dir, data):
         raise FileNotFoundError(f"drafter training data not found or incomplete in {data_dir}; run " + again)
-    val_prompts = cycle(list(val.prompts) if val.prompts else prompt_set.load(model, val.num_images),
+    val_prompts = cycle(list(val.prompts) if val.prompts else prompt_set.load(model, None),
                         val.num_images)
     return train(cfg, model, data, train_cfg, val, wandb_cfg, info, manifest, data_dir, out_dir, val_prompts)
 
@@ -719,15 +726,12 @@ def train(cfg: DictConfig, model: ImageARModel, data: DistillConfig, train_cfg: 
     if latest is not None and not cfg.resume:
         raise FileExistsError(f"{out_dir} holds checkpoints of an earlier run ({latest.name}); pass resume=true "
                               "to continue it, or choose another out_dir")
-    if latest is not None:
-        start, cursor = load_checkpoint(latest, head, optimizer, scheduler)
     train_names, val_names = split_shards(manifest, data.val_shards)
     sizes = [manifest["shards"][n]["stop"] - manifest["shards"][n]["start"] for n in train_names]
-    stream = ShardStream(data_dir, train_names, sizes, train_cfg.batch_size, cfg.seed, train_cfg.uncond_prob,
-                         rank=info.rank, world=info.world, device=device, cursor=cursor)
     autocast = train_cfg.bf16 and device.type == "cuda"
-    training_info = {"data_dir": str(data_dir), "source": data.source, "num_samples": data.num_samples,
-                     "total_steps": train_cfg.steps, "train": asdict(train_cfg)}
+    training_info: dict[str, Any] = {"data_dir": str(data_dir), "source": data.source,
+                                     "num_samples": data.num_samples, "total_steps": train_cfg.steps,
+                                     "train": asdict(train_cfg)}
     result = TrainResult(out_dir=out_dir, steps=train_cfg.steps)
     if info.main:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -742,8 +746,19 @@ def train(cfg: DictConfig, model: ImageARModel, data: DistillConfig, train_cfg: 
             dist.barrier()
         return metrics
 
-    if val.at_start and start == 0:
+    # the pre-training validation (`before`) travels with every step checkpoint, so a resumed run reports it
+    if latest is not None:
+        before = stored_before(latest)
+        if before is None:
+            # written before checkpoints stored `before`: the untrained head (same init_seed) measures it again
+            before = evaluate(0) if val.at_start else {}
+        result.before = before
+        start, cursor = load_checkpoint(latest, head, optimizer, scheduler)
+    elif val.at_start:
         result.before = evaluate(0)
+    training_info["before"] = result.before
+    stream = ShardStream(data_dir, train_names, sizes, train_cfg.batch_size, cfg.seed, train_cfg.uncond_prob,
+                         rank=info.rank, world=info.world, device=device, cursor=cursor)
     bar = tqdm(total=train_cfg.steps, initial=start, desc="train drafter",
                disable=not (info.main and train_cfg.progress))
     head.train()

@@ -75,6 +75,12 @@ def save_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     atomic_write_bytes(path, save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}))
 
 
+def save_npz(path: Path, **arrays: np.ndarray) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write_bytes(path, buf.getvalue())
+
+
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -158,7 +164,7 @@ def encode_all(vq: VQModel, images: np.ndarray, batch: int = 1000) -> np.ndarray
 
 def make_tokens(args, train, test) -> None:
     vq = load_vq(args)
-    np.savez(args.work / "tokens.npz", train=encode_all(vq, train[0]), train_labels=train[1],
+    save_npz(args.work / "tokens.npz", train=encode_all(vq, train[0]), train_labels=train[1],
              test=encode_all(vq, test[0]), test_labels=test[1])
 
 
@@ -247,7 +253,7 @@ def train_drafter(args) -> None:
     # drafter's data afresh (train_drafter.py refuses stale samples; regenerating them takes about a minute).
     shutil.rmtree(args.work / "drafter_data", ignore_errors=True)
     codes_path = args.work / "drafter_codes.npz"
-    np.savez(codes_path, codes=tok["train"][pick].astype(np.int64), labels=tok["train_labels"][pick])
+    save_npz(codes_path, codes=tok["train"][pick].astype(np.int64), labels=tok["train_labels"][pick])
     cmd = [sys.executable, "scripts/train_drafter.py", "model=embedded", *model_overrides(args),
            f"out_dir={args.out / 'drafter'}", "distill.source=images", f"distill.images_path={codes_path}",
            f"distill.num_samples={args.drafter_samples}", f"distill.dir={args.work / 'drafter_data'}",

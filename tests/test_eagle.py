@@ -332,6 +332,45 @@ def test_training_resumes_exactly_after_an_interruption(tiny_model, tmp_path, mo
     assert straight.steps == 12 and (tmp_path / "a" / "steps" / "step_0000012" / "trainer.pt").is_file()
 
 
+def test_a_resumed_training_reports_the_original_pre_training_validation(tiny_model, tmp_path, monkeypatch):
+    """`before` (the validation at step 0) travels with the step checkpoints: a resumed run reports and
+    writes the original one, not `{}` (printed as `before nan`)."""
+    import shutil
+
+    codes = random_codes(tmp_path / "codes.safetensors", 8, tiny_model)
+    common = ["distill.source=images", f"distill.images_path={codes}", f"distill.dir={tmp_path / 'data'}",
+              "distill.num_samples=8", "distill.shard_size=4", "distill.storage_dtype=float32", "train.steps=6",
+              "train.batch_size=2", "train.checkpoint_every=3", "train.val_every=1000", "train.lr=1e-3",
+              "train.warmup_steps=2", "val.at_start=true", "val.num_images=1", "val.max_samples=2"]
+    straight = td.run(compose_train(*common, f"out_dir={tmp_path / 'a'}"), model=tiny_model)
+    assert set(straight.before) == {"val/accepted_length", "val/agreement"}
+    real_step, calls = td.train_step, []
+
+    def crash_after_four(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 4:
+            raise KeyboardInterrupt
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(td, "train_step", crash_after_four)
+    with pytest.raises(KeyboardInterrupt):
+        td.run(compose_train(*common, f"out_dir={tmp_path / 'b'}"), model=tiny_model)
+    monkeypatch.setattr(td, "train_step", real_step)
+    latest = td.latest_checkpoint(tmp_path / "b")
+    assert latest.name == "step_0000003" and td.stored_before(latest) == straight.before
+    # a checkpoint written before `before` was stored: measured again on the untrained head
+    shutil.copytree(tmp_path / "b", tmp_path / "c")
+    old = td.latest_checkpoint(tmp_path / "c") / "config.json"
+    config = json.loads(old.read_text())
+    del config["training"]["before"]
+    old.write_text(json.dumps(config))
+    for name in ("b", "c"):
+        resumed = td.run(compose_train(*common, f"out_dir={tmp_path / name}", "resume=true"), model=tiny_model)
+        assert resumed.before == straight.before, name
+        written = json.loads((tmp_path / name / "config.json").read_text())["training"]["before"]
+        assert written == straight.before, name
+
+
 def train_tiny(tmp_path: Path, init_std: float) -> td.TrainResult:
     """300 CPU steps on 256 random-code sequences teacher-forced through the tiny model (float32)."""
     model = tiny_llamagen("float32")

@@ -37,7 +37,7 @@ def write_coco(path: Path) -> None:
 def test_coco_selections_are_deterministic(tmp_path):
     path = tmp_path / "captions_val2017.json"
     write_coco(path)
-    longest = CocoCaptions(str(path), "longest").load(None, 10)
+    longest = CocoCaptions(str(path), "longest").load(None, None)  # every image's caption
     assert longest == ["a black cat on a red mat", "two birds in the sky", "a brown dog running"]
     a = CocoCaptions(str(path), "random", seed=3).load(None, 3)
     assert a == CocoCaptions(str(path), "random", seed=3).load(None, 3)
@@ -50,8 +50,9 @@ def test_coco_selections_are_deterministic(tmp_path):
 def test_parti_prompts(tmp_path):
     path = tmp_path / "PartiPrompts.tsv"
     path.write_text("Prompt\tCategory\tChallenge\tNote\nA red cube\tArtifacts\tBasic\t\nA lion\tAnimals\tBasic\t\n")
-    assert PartiPrompts(str(path)).load(None, 5) == ["A red cube", "A lion"]
-    assert PartiPrompts(str(path), category="Animals").load(None, 5) == ["A lion"]
+    assert PartiPrompts(str(path)).load(None, 2) == ["A red cube", "A lion"]
+    assert PartiPrompts(str(path)).load(None, None) == ["A red cube", "A lion"]
+    assert PartiPrompts(str(path), category="Animals").load(None, 1) == ["A lion"]
 
 
 def make_images(folder: Path, n: int, seed: int, kind: str) -> list[Path]:

@@ -261,3 +261,49 @@ def test_coolsd_decoder_reduces_to_sd_through_the_loop():
         assert torch.equal(a.tokens, b.tokens) and b.stats.tv_per_step == 0.0
     assert output_distribution(cool.rule, torch.tensor([[0.5, 0.5]]), torch.tensor([[0.9, 0.1]]),
                                torch.tensor([1])).sum() > 0.99
+
+
+def brute_force_tv_float64(rule, p: torch.Tensor, q: torch.Tensor, depth: int) -> tuple[float, int]:
+    """The sampler's one-step TV: ``q f + Σ_x q(x)(1 − f(x)) residual(x)`` with ``residual()`` itself for every
+    rejected token (in ``p``'s dtype, as sampled), summed in float64; and how many of those residuals were
+    empty (``residual()`` returned its uniform fallback)."""
+    d = torch.tensor(depth)
+    f = torch.stack([rule.accept_prob(p[None], q[None], torch.tensor([x]), d[None])[0] for x in range(len(p))])
+    out = (q * f).double()
+    uniform = torch.full_like(p, 1.0 / len(p))
+    empty = 0
+    for x in range(len(p)):
+        if q[x] > 0 and f[x] < 1:
+            g_x = residual1(rule, p, q, x, depth)
+            empty += int(torch.equal(g_x, uniform))
+            out = out + float(q[x]) * (1.0 - float(f[x])) * g_x.double()
+    return 0.5 * float((out - p.double()).abs().sum()), empty
+
+
+@pytest.mark.parametrize("resample", ["reference", "reference_q"])
+@pytest.mark.parametrize("mode,budget", [("additive", 0.4), ("multiplicative", 5.0)])
+@pytest.mark.parametrize("v,k", [(8, 6), (50, 48), (50, 40)])
+def test_lantern_tv_equals_brute_force_in_float32_on_near_empty_residuals(v, k, mode, budget, resample):
+    """float32 p, q as on a GPU. With k = V − 2 the reference zeroing removes every code but x, so the
+    residual of a rejected x is empty (residual() samples uniformly); subtracting the zeroed mass from the
+    total in float32 left ~6e-8 there and the diagnostic kept a distribution the sampler never uses."""
+    rule = LanternRule(neighbour_table(v, seed=2), k=k, mode=mode, budget=budget, resample=resample)
+    g = torch.Generator().manual_seed(0)
+    empty = 0
+    for trial in range(24):
+        logits = torch.randn(v, generator=g) * (3.0 if trial % 4 else 12.0)  # some entries ~1e-20
+        if trial % 2:  # a top-k-filtered p: exact zeros
+            keep = torch.rand(v, generator=g) < 0.3
+            keep[int(torch.randint(v, (1,), generator=g))] = True
+            logits = logits.masked_fill(~keep, float("-inf"))
+        p = torch.softmax(logits, -1)
+        if trial % 3 == 0:  # deterministic drafts (a dynamic tree's q ≡ 1 on the drafted token)
+            q = torch.nn.functional.one_hot(torch.randint(v, (1,), generator=g), v).float()[0]
+        else:
+            q = torch.softmax(torch.randn(v, generator=g) * 3.0, -1)
+        assert p.dtype == q.dtype == torch.float32
+        expected, n_empty = brute_force_tv_float64(rule, p, q, 1)
+        empty += n_empty
+        assert abs(tv1(rule, p, q, 1) - expected) < 1e-6, (trial, tv1(rule, p, q, 1), expected)
+    if resample == "reference" and k == v - 2:
+        assert empty > 0  # the case above was exercised

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from coolsd import validate
 from coolsd.drafters.base import Drafter, empty_draft
 from coolsd.io import atomic_write_bytes
 from coolsd.kv_cache import StaticKVCache
@@ -290,8 +291,7 @@ class EagleDrafter(Drafter):
         if (checkpoint is None) == (head is None):
             raise ValueError("EagleDrafter needs exactly one of drafter.checkpoint (a directory written by "
                              "scripts/train_drafter.py, or hub:<owner>/<repo>) and head; " + TRAIN_HINT)
-        if extra_slots < 1:
-            raise ValueError(f"drafter.extra_slots must be >= 1 (the longest draft), got {extra_slots}")
+        validate.integer("drafter.extra_slots", extra_slots, minimum=1)  # >= the longest draft or tree block
         self.target = target
         self.head = load_eagle(target, checkpoint) if head is None else head
         self.extra_slots = extra_slots

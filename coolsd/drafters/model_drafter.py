@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from coolsd import validate
 from coolsd.drafters.base import Drafter, empty_draft
 from coolsd.models.base import ImageARModel
 from coolsd.rng import DRAFT, sample
@@ -30,8 +31,8 @@ class ModelDrafter(Drafter):
     def __init__(self, target: ImageARModel, draft_model: Callable[..., ImageARModel] | ImageARModel,
                  tree_slots: int = 256) -> None:
         """``tree_slots``: cache room beyond the image for the nodes of one draft tree (EAGLE-2: 58)."""
+        self.tree_slots = validate.integer("drafter.tree_slots", tree_slots, minimum=1)
         self.target = target
-        self.tree_slots = tree_slots
         self.model = draft_model if isinstance(draft_model, ImageARModel) else draft_model(target=target)
         if self.model.codebook_size != target.codebook_size:
             raise ValueError(f"draft model codebook ({self.model.codebook_size}) differs from the target's "

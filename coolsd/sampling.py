@@ -8,6 +8,12 @@ Order and tie handling follow LlamaGen ``autoregressive/models/generate.py`` (to
 logit; top-p keeps the smallest prefix whose mass reaches ``top_p``, always at least one token).
 Temperature 0 means greedy: the distribution is one-hot on the arg-max.
 
+When guidance runs at all is a named rule, ``cfg_rule``: ``not_one`` (the general rule, the default: two
+streams whenever ``cfg_scale != 1``, so a scale below 1 interpolates towards the unconditional stream, as
+transformers' ``ClassifierFreeGuidanceLogitsProcessor`` and Lumina-mGPT's CFG processor do) or
+``above_one`` (FoundationVision/LlamaGen ``generate.py``: guidance only when ``cfg_scale > 1``; at 0.5 it
+samples the conditional stream alone). Each model config names its reference's rule.
+
 Example: ``python run.py model.sampling.temperature=0`` runs every decoder greedily.
 """
 from __future__ import annotations
@@ -15,6 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+CFG_RULES = ("not_one", "above_one")
 
 
 @dataclass(frozen=True)
@@ -25,14 +34,25 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    cfg_rule: str = "not_one"
 
     def __post_init__(self) -> None:
+        if self.cfg_rule not in CFG_RULES:
+            raise ValueError(f"sampling.cfg_rule must be one of {CFG_RULES}, got {self.cfg_rule!r}")
         if self.temperature < 0:
             raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+
+
+    @property
+    def guided(self) -> bool:
+        """Whether classifier-free guidance runs (two streams) under ``cfg_rule`` (see the module doc)."""
+        if self.cfg_rule == "above_one":
+            return self.cfg_scale > 1.0
+        return self.cfg_scale != 1.0
 
 
 def guide(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:

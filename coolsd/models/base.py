@@ -22,6 +22,16 @@ from coolsd.sampling import SamplingConfig, stream_probs
 from coolsd.types import TargetOutput
 
 
+#: What an EAGLE drafter is fed before the first image token (``coolsd.drafters.eagle``): ``last`` = the
+#: prefill's last hidden state only; ``all`` = every prefix slot (LANTERN's LlamaGen drafters).
+PREFIX_CONVENTIONS = ("last", "all")
+
+
+def check_prefix(prefix: str) -> None:
+    if prefix not in PREFIX_CONVENTIONS:
+        raise ValueError(f"drafter prefix must be one of {PREFIX_CONVENTIONS}, got {prefix!r}")
+
+
 class BlockCache(Protocol):
     """A cache of one prompt's decoding state, block-addressed (see ``coolsd.kv_cache.StaticKVCache``)."""
 
@@ -53,8 +63,11 @@ class ImageARModel(nn.Module, abc.ABC):
 
     @property
     def num_streams(self) -> int:
-        """2 when classifier-free guidance is on (conditional + unconditional streams), else 1."""
-        return 2 if self.sampling.cfg_scale != 1.0 else 1
+        """2 when classifier-free guidance is on (conditional + unconditional streams), else 1.
+
+        Whether it is on follows ``sampling.cfg_rule`` (``coolsd.sampling``: ``not_one`` or LlamaGen's
+        ``above_one``)."""
+        return 2 if self.sampling.guided else 1
 
     @property
     def device(self) -> torch.device:
@@ -69,7 +82,9 @@ class ImageARModel(nn.Module, abc.ABC):
         """Encode the prompt into a fresh cache; return it and the output at the last prefix position.
 
         ``extra_slots`` is the largest block a decoder will forward beyond the image tokens (tree nodes).
-        The returned output has ``T == 1``: its logits give the distribution of image token 0.
+        The returned output has ``T == 1``: its logits give the distribution of image token 0. Adapters
+        whose EAGLE drafters may be fed the whole prefix (``prefix: all``) also return
+        ``prefix_hidden`` (S, C, H), the hidden states of every prefix slot.
         """
 
     @abc.abstractmethod
@@ -103,19 +118,32 @@ class ImageARModel(nn.Module, abc.ABC):
         """Image tokens (N,) in raster order -> uint8 image (3, H, W)."""
 
     @torch.inference_mode()
-    def teacher_force(self, prompts: list[str], tokens: torch.Tensor) -> torch.Tensor:
+    def teacher_force(self, prompts: list[str], tokens: torch.Tensor, prefix: str = "last") -> torch.Tensor:
         """Hidden states ``f_{-1} .. f_{N-1}`` (B, S, N+1, H) of whole token sequences (B, N) under ``prompts``.
 
-        ``f_{-1}`` is the prefill's last hidden state. Used to make drafter training data; adapters may
-        override this per-sample default with a batched pass.
+        ``f_{-1}`` is the prefill's last hidden state. ``prefix="all"``: every prefix slot's hidden state
+        instead of the last one only, (B, S, C+N, H) (the prefill's ``prefix_hidden``; the EAGLE drafter's
+        ``prefix: all`` convention). Used to make drafter training data; adapters may override this
+        per-sample default with a batched pass.
         """
+        check_prefix(prefix)
         out = []
         n = tokens.shape[1]
         for prompt, seq in zip(prompts, tokens):
             cache, first = self.prefill(prompt, extra_slots=0)
             block = self.forward_block(cache, seq.to(self.device), torch.arange(n, device=self.device))
-            out.append(torch.cat([first.hidden, block.hidden], dim=1))
+            out.append(torch.cat([self.prefix_states(first, prefix), block.hidden], dim=1))
         return torch.stack(out)
+
+    def prefix_states(self, prefill: TargetOutput, prefix: str) -> torch.Tensor:
+        """The prefix hidden states an EAGLE drafter is fed first: (S, 1, H) for ``last``, (S, C, H) for ``all``."""
+        if prefix == "last":
+            return prefill.hidden[:, -1:]
+        if prefill.prefix_hidden is None:
+            raise ValueError(f"drafter prefix=all needs the hidden states of every prefix slot, but "
+                             f"{type(self).__name__}.prefill returns only the last one (prefix_hidden is None); "
+                             "use drafter.prefix=last (head.prefix=last for scripts/train_drafter.py)")
+        return prefill.prefix_hidden
 
     def probs(self, out: TargetOutput) -> torch.Tensor:
         """Guided next-token distributions (T, V) of a forward's output, through the shared pipeline."""

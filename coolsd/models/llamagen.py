@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import ImageARModel
+from coolsd.models.base import ImageARModel, check_prefix
 from coolsd.models.vq import VQConfig, VQModel
 from coolsd.sampling import SamplingConfig
 from coolsd.types import TargetOutput
@@ -209,7 +209,9 @@ class DraftBlock(Float32Rope):
     cell of ``x_{t+1}``, i.e. cell ``t + 1`` (the prefill pair, ``t = -1``, gets cell 0). This is the
     reference drafter's ``cls_token_num = 119`` table for a 120-slot prefix: a one-position shift against
     the target, which rotates input ``x_t`` with cell ``t``. Pairs past the last cell (tree drafting near
-    the end of the image) get the reference's all-zero padding rows.
+    the end of the image) get the reference's all-zero padding rows. The other prefix pairs of the
+    ``prefix: all`` convention (prefix slot ``j`` of ``C`` at pair position ``j − C``, so ``t <= −2``) get
+    the all-zero rotation too: the reference table's 119 zero rows, which zero their queries and keys.
 
     Example: ``LlamaGen.make_draft_layer()``; ``python scripts/train_drafter.py model=tiny`` trains one.
     """
@@ -237,7 +239,9 @@ class DraftBlock(Float32Rope):
         cache: StaticKVCache | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        cells = (positions.to(self.freqs_cis.device) + 1).clamp(max=self.num_cells)  # (T,)
+        positions = positions.to(self.freqs_cis.device)
+        cells = (positions + 1).clamp(max=self.num_cells)  # (T,); past the grid: the zero row
+        cells = torch.where(positions < -1, self.num_cells, cells)  # prefix pairs: the zero row
         rope = self.freqs_cis[cells]
         h = h + self.attention(h, rope, cache, 0, mask)
         return h + self.feed_forward(self.ffn_norm(h))
@@ -466,8 +470,9 @@ class LlamaGenAdapter(ImageARModel):
         mask = cache.begin_block(h.shape[1])
         hidden = self.gpt.forward_hidden(
             h, torch.arange(h.shape[1], device=self.device), cache, mask, self.active_layers
-        )
-        return cache, self._output(hidden[:, -1:])
+        )  # (S, C, dim)
+        last = hidden[:, -1:]
+        return cache, TargetOutput(logits=self.head(last), hidden=last, prefix_hidden=hidden)
 
     @torch.inference_mode()
     def forward_block(self, cache, tokens, positions, tree_mask=None) -> TargetOutput:
@@ -553,8 +558,10 @@ class LlamaGen(LlamaGenAdapter):
         return self._prefill_condition(self.gpt.condition(label), None, extra_slots)
 
     @torch.inference_mode()
-    def teacher_force(self, prompts: list[str], tokens: torch.Tensor) -> torch.Tensor:
-        """Batched: every stream of every sequence in one causal pass (no cache) -> (B, S, N+1, H)."""
+    def teacher_force(self, prompts: list[str], tokens: torch.Tensor, prefix: str = "last") -> torch.Tensor:
+        """Batched: every stream of every sequence in one causal pass (no cache) -> (B, S, N+1, H), or
+        (B, S, C+N, H) with every condition slot for ``prefix="all"`` (see ``ImageARModel.teacher_force``)."""
+        check_prefix(prefix)
         b = tokens.shape[0]
         labels = torch.tensor([self.class_index(p) for p in prompts], device=self.device)
         if self.num_streams == 2:
@@ -563,7 +570,8 @@ class LlamaGen(LlamaGenAdapter):
         h = torch.cat([self.gpt.condition(labels), self.gpt.tok_embeddings(seq)], dim=1)  # (S*B, C+N, dim)
         hidden = self.gpt.forward_hidden(h, torch.arange(h.shape[1], device=self.device), None, None,
                                          self.active_layers)
-        hidden = hidden[:, self.cfg.cls_token_num - 1 :]  # (S*B, N+1, dim): f_{-1} .. f_{N-1}
+        if prefix == "last":
+            hidden = hidden[:, self.cfg.cls_token_num - 1 :]  # (S*B, N+1, dim): f_{-1} .. f_{N-1}
         return hidden.view(self.num_streams, b, *hidden.shape[1:]).transpose(0, 1)
 
 

@@ -176,8 +176,13 @@ def load_pretrained(repo_id: str, revision: str | None, dtype: torch.dtype) -> t
             + (f" --revision {revision}" if revision else "")
             + " ; or set model.pretrained=false for a random-weight model"
         ) from err
-    model = JanusForConditionalGeneration.from_pretrained(path, dtype=dtype, use_safetensors=True,
-                                                          trust_remote_code=False)
+    model, info = JanusForConditionalGeneration.from_pretrained(path, dtype=dtype, use_safetensors=True,
+                                                                trust_remote_code=False, output_loading_info=True)
+    problems = {k: sorted(map(str, info.get(k) or ())) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(problems.values()):  # from_pretrained only warns; a renamed or reshaped parameter must not load
+        raise ValueError(f"{repo_id} ({path}) does not match transformers' Janus classes: "
+                         + ", ".join(f"{k} {v[:6]} ({len(v)})" for k, v in problems.items())
+                         + "; check the transformers version (requirements.txt) and model.revision")
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     return model, tokenizer
 

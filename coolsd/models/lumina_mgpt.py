@@ -67,7 +67,7 @@ from transformers.models.chameleon.modeling_chameleon import (
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import ImageARModel
 from coolsd.models.chameleon_vqgan import ChameleonVQGAN, ChameleonVQGANConfig, load_vqgan
-from coolsd.models.checkpoints import MissingWeightsError, hub_file
+from coolsd.models.checkpoints import MissingWeightsError, hub_file, missing_together, strict_load
 from coolsd.models.llamagen import resolve_device
 from coolsd.sampling import SamplingConfig
 from coolsd.types import TargetOutput
@@ -486,10 +486,19 @@ class LuminaMGPT(ImageARModel):
         self.grid = (self.size_units[0] * CODES_PER_SIZE_UNIT, self.size_units[1] * CODES_PER_SIZE_UNIT)
         target_device = resolve_device(device)
         target_dtype = resolve_model_dtype(dtype, target_device)
-        if pretrained:
-            files = chameleon_tokenizer_files(tokenizer_dir)
+        if pretrained:  # every file is looked up before anything is built; one error lists what is missing
+            errors = []
+            try:
+                files = chameleon_tokenizer_files(tokenizer_dir)
+            except MissingWeightsError as err:
+                errors.append(str(err))
+            try:
+                lm_config, shards = lumina_lm_files(hub_repo, revision)
+            except MissingWeightsError as err:
+                errors.append(str(err))
+            missing_together("Lumina-mGPT files are missing (looked up before building the model)", errors)
             tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(files["text_tokenizer.json"]))
-            self.lm = load_lumina_lm(hub_repo, revision, target_dtype, target_device)
+            self.lm = build_lumina_lm(lm_config, read_lumina_state(shards, target_dtype, target_device), hub_repo)
             vqgan = load_vqgan(files["vqgan.yaml"], files["vqgan.ckpt"])
         else:
             init = random_init if isinstance(random_init, RandomInit) else RandomInit(**(random_init or {}))
@@ -711,34 +720,50 @@ def random_lumina(init: RandomInit, vocab: Mapping[str, int]) -> tuple[Chameleon
     return lm, vqgan.eval()
 
 
-def load_lumina_lm(repo: str, revision: str | None, dtype: torch.dtype, device: torch.device) -> ChameleonLM:
-    """Lumina-mGPT's language model from the hub (safetensors shards; VQ-encoder entries are skipped)."""
-    from safetensors import safe_open
-
+def lumina_lm_files(repo: str, revision: str | None) -> tuple[ChameleonConfig, list[str]]:
+    """The config and the local safetensors shards of Lumina-mGPT's language model (downloaded when online);
+    a ``MissingWeightsError`` names the first file that is not available."""
     config = ChameleonConfig.from_json_file(hub_file(repo, "config.json", revision=revision))
     if not getattr(config, "vocabulary_map", None):
         raise ValueError(f"{repo}/config.json has no vocabulary_map; is it a Chameleon / Lumina-mGPT "
                          "checkpoint?")
     index_path = hub_file(repo, "model.safetensors.index.json", revision=revision)
     shards = sorted(set(json.loads(Path(index_path).read_text())["weight_map"].values()))
-    with torch.device("meta"):
-        lm = ChameleonLM(config)
+    return config, [hub_file(repo, shard, revision=revision) for shard in shards]
+
+
+def read_lumina_state(shards: Sequence[str], dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    """The language model's tensors of the shards (the VQ encoder's ``model.vqmodel.*`` entries skipped)."""
+    from safetensors import safe_open
+
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
-        with safe_open(hub_file(repo, shard, revision=revision), framework="pt", device="cpu") as f:
+        with safe_open(shard, framework="pt", device="cpu") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                if not key.startswith("model.vqmodel."):
+                if not key.startswith(VQ_ENCODER_PREFIX):
                     state[key] = f.get_tensor(key).to(device=device, dtype=dtype)
+    return state
+
+
+#: Lumina-mGPT's checkpoints hold Chameleon's VQ encoder under this prefix; generation never runs it.
+VQ_ENCODER_PREFIX = "model.vqmodel."
+
+
+def build_lumina_lm(config: ChameleonConfig, state: dict[str, torch.Tensor], source: str) -> ChameleonLM:
+    """A ``ChameleonLM`` of ``config`` holding ``state`` (checkpoint key names; per-shard qk-norm rows are
+    expanded per head, ``model.vqmodel.*`` is skipped), built on the meta device and loaded strictly."""
+    with torch.device("meta"):
+        lm = ChameleonLM(config)
+    state = {k: v for k, v in state.items() if not k.startswith(VQ_ENCODER_PREFIX)}
     state = expand_qk_norm(state, config.num_attention_heads, config.num_key_value_heads)
-    expected = lm.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
-    if missing or unexpected or wrong:
-        raise ValueError(f"{repo} does not match transformers' Chameleon layout: missing {missing[:6]}, "
-                         f"unexpected {unexpected[:6]}, wrong shapes {wrong[:6]}")
-    lm.load_state_dict(state, strict=True, assign=True)
+    strict_load(lm, state, source, "is it a Lumina-mGPT (Chameleon) checkpoint of this size?", assign=True)
     return lm
+
+
+def load_lumina_lm(repo: str, revision: str | None, dtype: torch.dtype, device: torch.device) -> ChameleonLM:
+    """Lumina-mGPT's language model from the hub (safetensors shards; VQ-encoder entries are skipped)."""
+    config, shards = lumina_lm_files(repo, revision)
+    return build_lumina_lm(config, read_lumina_state(shards, dtype, device), repo)
 
 
 def layer_skip_copy(target: LuminaMGPT, num_layers: int) -> LuminaMGPT:

@@ -103,7 +103,7 @@ class Decoder:
             torch.cuda.synchronize()
         start = time.perf_counter()
 
-        cache, out = model.prefill(prompt, extra_slots=self.max_nodes + 1)
+        cache, out = model.prefill(prompt, extra_slots=self.max_nodes + 1, generator=gen)
         tokens = torch.empty(n_tokens, dtype=torch.long, device=device)
         tokens[0] = sample(model.probs(out)[-1], gen)
         rec.target_forwards += 1

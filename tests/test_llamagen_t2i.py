@@ -213,6 +213,80 @@ def test_cfg_halves(injected):
     torch.testing.assert_close(guide(both.logits, s), both.logits[1] + s * (both.logits[0] - both.logits[1]))
 
 
+def test_cfg_only_above_one_is_llamagens_rule(injected):
+    """``sampling.cfg_rule=above_one`` (generate.py: ``if cfg_scale > 1.0``) samples the caption stream alone
+    at scale 0.5; ``not_one`` guides towards the unconditional stream there. At 2.0 both guide."""
+    model, t5, tok = injected
+    assert model.sampling.cfg_rule == "above_one"
+    for name in ("llamagen_t2i_256", "llamagen_t2i_512", "llamagen_t2i_256_lantern", "tiny", "embedded"):
+        assert OmegaConf.load(CONFIGS / "model" / f"{name}.yaml").sampling.cfg_rule == "above_one", name
+    probs = {}
+    for rule in ("above_one", "not_one"):
+        copy = layer_skip_copy(model, model.cfg.n_layer)
+        copy.sampling = dataclasses.replace(model.sampling, cfg_scale=0.5, cfg_rule=rule)
+        _, out = copy.prefill(SHORT)
+        probs[rule] = copy.probs(out)[0]
+    assert (probs["above_one"] - probs["not_one"]).abs().sum() > 0.1
+    empty = torch.zeros(0, dtype=torch.long)
+    caption_only = F.linear(reference_hidden(model, t5, tok, SHORT, empty)[0, -1], model.gpt.output.weight)
+    torch.testing.assert_close(probs["above_one"], torch.softmax(caption_only, -1).float(), rtol=1e-5, atol=1e-8)
+    guided = reference_guided_logits(model, t5, tok, SHORT, empty, 0.5)[0]
+    torch.testing.assert_close(probs["not_one"], torch.softmax(guided, -1).float(), rtol=1e-5, atol=1e-8)
+    with pytest.raises(ValueError, match="cfg_rule"):
+        dataclasses.replace(model.sampling, cfg_rule="positive")
+
+
+def test_attention_kernel_tf32_and_pixel_rounding_plumbing(injected, monkeypatch):
+    """``attention_kernel=math`` runs the decode forwards (and the EAGLE drafter's) on the math SDPA kernel only,
+    the prefill on PyTorch's dispatch, as generate.py; ``tf32`` sets the CUDA flags of sample_t2i.py; the VQ
+    image is saved as torchvision's save_image does (``half_up``). CPU plumbing only: the effect on CUDA bf16
+    logits was not measured."""
+    from coolsd.drafters.eagle import EagleDrafter, EagleHead
+    from coolsd.models.base import set_tf32
+
+    model, _, _ = injected
+    assert (model.attention_kernel, model.tf32, model.pixel_rounding) == ("math", True, "half_up")
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    cache, first = model.prefill(SHORT)
+    assert set(seen) == {(True, True)}  # prefill: PyTorch's choice
+    seen.clear()
+    model.forward_block(cache, torch.tensor([1, 2]), torch.arange(2))
+    drafter = EagleDrafter(model, head=EagleHead(model))
+    drafter.begin(SHORT, first, torch.tensor(1))
+    drafter.propose(torch.tensor(1), 0, 1, torch.Generator().manual_seed(0))
+    assert set(seen) == {(False, True)}  # decode forwards and drafter steps: math only
+    seen.clear()
+    auto = layer_skip_copy(model, model.cfg.n_layer)
+    auto.attention_kernel = "auto"
+    auto.forward_block(auto.prefill(SHORT)[0], torch.tensor([1]), torch.arange(1))
+    assert set(seen) == {(True, True)}
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        set_tf32(torch.device("cuda"), True)
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        set_tf32(torch.device("cuda"), False)  # PyTorch's defaults (Janus, Lumina-mGPT)
+        assert not torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        set_tf32(torch.device("cpu"), True)  # nothing on a CPU
+        assert not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+    codes = torch.randint(model.codebook_size, (model.num_image_tokens,), generator=torch.Generator().manual_seed(1))
+    half_up = model.decode_image(codes)
+    auto.pixel_rounding = "truncate"
+    truncated = auto.decode_image(codes)
+    diff = half_up.int() - truncated.int()
+    assert set(diff.unique().tolist()) == {0, 1} and 0.3 < diff.float().mean() < 0.7  # +1 where frac >= 0.5
+    with pytest.raises(ValueError, match="attention_kernel"):
+        tiny_t2i(attention_kernel="flash")
+
+
 def test_rope_table_has_zero_caption_rows_and_stays_float32():
     model = tiny_t2i(dtype="float32")
     c, grid, d = model.cfg.cls_token_num, model.grid[0], model.cfg.dim // model.cfg.n_head

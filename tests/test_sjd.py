@@ -75,7 +75,7 @@ class RowModel(ImageARModel):
         above = prefix[i - self.grid[1]] if i >= self.grid[1] else 0
         return (above + 3 * i) % self.codebook_size
 
-    def prefill(self, prompt, extra_slots=64):
+    def prefill(self, prompt, extra_slots=64, generator=None):
         return TokenCache(self.num_image_tokens + extra_slots), self.rows([[]])
 
     def forward_block(self, cache, tokens, positions, tree_mask=None):

@@ -57,7 +57,7 @@ from torch import nn
 from coolsd.drafters.base import Drafter
 from coolsd.io import atomic_write_bytes
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import ImageARModel, check_prefix
+from coolsd.models.base import ImageARModel, attention_context, check_prefix
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, load_state_dict
 from coolsd.sampling import sample, stream_probs
 from coolsd.trees import Expansion, TreeShape, draft_dynamic_tree, draft_static_tree
@@ -374,7 +374,8 @@ class EagleDrafter(Drafter):
         costly part on large codebooks.
         """
         mask = self.cache.begin_block(tokens.shape[0], tree_mask)
-        f_hat = self.head(features, tokens, positions, self.cache, mask)  # (S, T, H)
+        with attention_context(getattr(self.target, "attention_kernel", "auto")):  # the target's decode kernel
+            f_hat = self.head(features, tokens, positions, self.cache, mask)  # (S, T, H)
         logits = self.head.logits(f_hat[:, -1:] if last_only else f_hat)
         q = stream_probs(logits, self.target.sampling)  # (T, V)
         return DraftStep(features=f_hat, q=q)

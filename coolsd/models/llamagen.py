@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import ImageARModel, check_prefix
+from coolsd.models.base import ImageARModel, attention_context, check_prefix, check_reference_options, set_tf32
 from coolsd.models.vq import VQConfig, VQModel
 from coolsd.sampling import SamplingConfig
 from coolsd.types import TargetOutput
@@ -431,12 +431,17 @@ class LlamaGenAdapter(ImageARModel):
         self.hidden_size = self.cfg.dim
         self.active_layers = self.cfg.n_layer
 
-    def _place(self, device: str, dtype: str) -> None:
-        """Eval mode on ``device`` in ``dtype`` (``auto``: bf16 on CUDA, float32 otherwise); the VQ in fp32."""
+    def _place(self, device: str, dtype: str, attention_kernel: str = "math", tf32: bool = True,
+               pixel_rounding: str = "half_up") -> None:
+        """Eval mode on ``device`` in ``dtype`` (``auto``: bf16 on CUDA, float32 otherwise); the VQ in fp32;
+        the reference options (``attention_kernel``, ``tf32``, ``pixel_rounding``: ``coolsd.models.base``)."""
+        check_reference_options(attention_kernel, pixel_rounding)
         target = resolve_device(device)
         self.eval()
         self.to(device=target, dtype=resolve_dtype(dtype, target))
         self.vq.float()
+        self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
+        set_tf32(target, tf32)
 
     def _new_cache(self, extra_slots: int) -> LlamaGenCache:
         c = self.cfg.cls_token_num
@@ -479,9 +484,10 @@ class LlamaGenAdapter(ImageARModel):
         h = self.gpt.tok_embeddings(tokens.to(self.device)).unsqueeze(0)  # (1, T, dim)
         h = h.expand(self.num_streams, -1, -1)
         mask = cache.begin_block(tokens.shape[0], tree_mask)
-        hidden = self.gpt.forward_hidden(
-            h, positions.to(self.device) + cache.prefix_len, cache, mask, self.active_layers
-        )
+        with attention_context(self.attention_kernel):  # LlamaGen decodes with the math kernel
+            hidden = self.gpt.forward_hidden(
+                h, positions.to(self.device) + cache.prefix_len, cache, mask, self.active_layers
+            )
         return self._output(hidden)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -495,7 +501,7 @@ class LlamaGenAdapter(ImageARModel):
 
     @torch.inference_mode()
     def decode_image(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.vq.decode_to_uint8(tokens.reshape(1, -1).to(self.device), self.grid)[0]
+        return self.vq.decode_to_uint8(tokens.reshape(1, -1).to(self.device), self.grid, self.pixel_rounding)[0]
 
     def make_draft_layer(self, norm_eps: float | None = None) -> DraftBlock:
         """A fresh ``DraftBlock`` of this GPT's width and heads (see ``ImageARModel.make_draft_layer``)."""
@@ -527,7 +533,12 @@ class LlamaGen(LlamaGenAdapter):
         zero_init_output: bool = True,
         device: str = "auto",
         dtype: str = "float32",
+        attention_kernel: str = "math",
+        tf32: bool = True,
+        pixel_rounding: str = "half_up",
     ) -> None:
+        """Reference options (defaults = FoundationVision/LlamaGen's sampling scripts; ``coolsd.models.base``):
+        ``attention_kernel`` ``math`` for decode forwards, ``tf32`` on CUDA, ``pixel_rounding`` ``half_up``."""
         super().__init__()
         self._build(gpt, vq, sampling, gpt_size, init_seed, init_std, zero_init_output)
         self.class_names = list(class_names)
@@ -540,7 +551,7 @@ class LlamaGen(LlamaGenAdapter):
             from coolsd.models.vq import load_vq_checkpoint
 
             load_vq_checkpoint(self.vq, vq_checkpoint)
-        self._place(device, dtype)
+        self._place(device, dtype, attention_kernel, tf32, pixel_rounding)
 
     def class_index(self, prompt: str) -> int:
         if prompt in self.class_names:
@@ -551,7 +562,8 @@ class LlamaGen(LlamaGenAdapter):
         raise ValueError(f"prompt {prompt!r} is not a class of this model; allowed: {allowed}")
 
     @torch.inference_mode()
-    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[LlamaGenCache, TargetOutput]:
+    def prefill(self, prompt: str, extra_slots: int = 64,
+                generator: torch.Generator | None = None) -> tuple[LlamaGenCache, TargetOutput]:
         label = torch.tensor([self.class_index(prompt)], device=self.device)
         if self.num_streams == 2:
             label = torch.cat([label, torch.full_like(label, self.cfg.num_classes)])  # [cond; uncond]

@@ -346,6 +346,9 @@ class LlamaGenT2I(LlamaGenAdapter):
         zero_init_output: bool = True,
         device: str = "auto",
         dtype: str = "auto",
+        attention_kernel: str = "math",
+        tf32: bool = True,
+        pixel_rounding: str = "half_up",
     ) -> None:
         """``text_encoder``: a hub id or local folder of a T5 encoder (with ``tokenizer=None`` its tokenizer
         comes from the same place), ``tiny_random`` (tests), or a built ``T5EncoderModel``-like module or a
@@ -353,7 +356,10 @@ class LlamaGenT2I(LlamaGenAdapter):
         ``pretrained``: load the official GPT and VQ files (``weights_dir`` is looked in first, then
         ``hub_repo``); false keeps the seeded random initialisation (tests, plumbing). Every file (GPT, VQ,
         text encoder) is looked up before anything is built, and one ``MissingWeightsError`` lists what is
-        missing, so a run without weights fails in a second instead of after building a 775M-parameter GPT."""
+        missing, so a run without weights fails in a second instead of after building a 775M-parameter GPT.
+        Reference options (defaults = ``sample_t2i.py``; ``coolsd.models.base``): ``attention_kernel=math``
+        for the decode forwards, ``tf32=true`` on CUDA, ``pixel_rounding=half_up``; CFG only above 1 is
+        ``sampling.cfg_rule=above_one`` (the model configs set it)."""
         super().__init__()
         self.hub_repo, self.weights_dir = hub_repo, weights_dir
         files = self._look_up(pretrained, gpt_file, vq_file, text_encoder, text_encoder_revision)
@@ -361,7 +367,7 @@ class LlamaGenT2I(LlamaGenAdapter):
         if pretrained:
             load_gpt_checkpoint(self.gpt, files[gpt_file], strict=True)
             self._load_vq(files[vq_file])
-        self._place(device, dtype)
+        self._place(device, dtype, attention_kernel, tf32, pixel_rounding)
         self.text = self._caption_encoder(text_encoder, tokenizer, text_encoder_revision, caption_cleaning)
         if self.text.hidden_size != self.cfg.caption_dim:
             raise ValueError(f"the text encoder's width ({self.text.hidden_size}) differs from "
@@ -448,7 +454,8 @@ class LlamaGenT2I(LlamaGenAdapter):
         return self.gpt.condition(cond), valid
 
     @torch.inference_mode()
-    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[LlamaGenCache, TargetOutput]:
+    def prefill(self, prompt: str, extra_slots: int = 64,
+                generator: torch.Generator | None = None) -> tuple[LlamaGenCache, TargetOutput]:
         h, valid = self.condition(prompt)
         return self._prefill_condition(h, valid, extra_slots)
 

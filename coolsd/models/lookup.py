@@ -92,7 +92,8 @@ class LookupModel(ImageARModel):
         logits = self.table[idx][:, : self.num_streams].permute(1, 0, 2).contiguous()  # (S, T, V)
         return TargetOutput(logits=logits, hidden=logits.clone())
 
-    def prefill(self, prompt: str, extra_slots: int = 64) -> tuple[TokenCache, TargetOutput]:
+    def prefill(self, prompt: str, extra_slots: int = 64,
+                generator: torch.Generator | None = None) -> tuple[TokenCache, TargetOutput]:
         cache = TokenCache(self.num_image_tokens + extra_slots)
         return cache, self._rows([[]])
 

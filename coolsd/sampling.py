@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 CFG_RULES = ("not_one", "above_one")
 
 

@@ -605,7 +605,7 @@ def test_prefix_all_training_pairs_are_what_the_drafter_sees_when_decoding(model
     hidden = model.teacher_force([SHORT], gen.tokens[None], prefix="all")[0]  # (S, C+N, H)
     assert hidden.shape == (2, c + n, model.hidden_size)
     torch.testing.assert_close(hidden[:, c - 1:], model.teacher_force([SHORT], gen.tokens[None])[0])
-    features, tokens, targets = td.training_pairs(hidden, gen.tokens)
+    features, tokens, _ = td.training_pairs(hidden, gen.tokens)
     assert torch.equal(tokens[: c - 1], torch.zeros(c - 1, dtype=torch.long)) and torch.equal(tokens[c - 1:], gen.tokens)
     with torch.no_grad():
         f_hat = head(features, tokens, td.pair_positions(n, "cpu", c))[:, -n:]  # pair j -> token j + 1

@@ -234,7 +234,7 @@ def test_the_sampled_header_follows_the_reference_and_a_mismatch_is_explicit(ref
     model.header_mismatch = "force"
     monkeypatch.setattr(lm, "sample", ScriptedSample(wrong))
     with pytest.warns(UserWarning, match="continuing with the configured header"):
-        cache, out = model.prefill(PROMPT, generator=gen)
+        _, out = model.prefill(PROMPT, generator=gen)
     assert model.header_mismatches[-1]["prompt"] == PROMPT
     _, forced = tiny_lumina(top_k=20).prefill(PROMPT)
     torch.testing.assert_close(out.logits, forced.logits, **TOL)  # the configured header's context

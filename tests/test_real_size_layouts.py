@@ -21,6 +21,7 @@ Published values that could not be re-read here (no network) are Janus-Pro's and
 ``config.json`` sizes; they are the DeepSeek-LLM 1.3B / 7B and Chameleon-7B sizes those repositories and
 their papers state (noted where used). About 20 s on 2 CPU cores.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,52 +61,104 @@ def broken(shapes: Shapes) -> tuple[Shapes, Shapes]:
 
 
 # -- LlamaGen T2I-XL (FoundationVision/LlamaGen autoregressive/models/gpt.py) ------------------------------------
-GPT_XL = {"dim": 1280, "n_layer": 36, "n_head": 20, "vocab_size": 16384, "caption_dim": 2048, "cls_token_num": 120,
-          "multiple_of": 256}  # GPT_XL + the T2I arguments of sample_t2i.py
+GPT_XL = {
+    "dim": 1280,
+    "n_layer": 36,
+    "n_head": 20,
+    "vocab_size": 16384,
+    "caption_dim": 2048,
+    "cls_token_num": 120,
+    "multiple_of": 256,
+}  # GPT_XL + the T2I arguments of sample_t2i.py
 
 
-def llamagen_gpt_keys(dim: int, n_layer: int, n_head: int, vocab_size: int, caption_dim: int, cls_token_num: int,
-                      multiple_of: int) -> Shapes:
+def llamagen_gpt_keys(
+    dim: int,
+    n_layer: int,
+    n_head: int,
+    vocab_size: int,
+    caption_dim: int,
+    cls_token_num: int,
+    multiple_of: int,
+) -> Shapes:
     """``Transformer(ModelArgs(model_type="t2i"))``'s state dict: ``CaptionEmbedder`` (``cap_proj`` = MLP fc1/fc2
     without bias, the ``uncond_embedding`` buffer of 120 x caption_dim), ``tok_embeddings``, blocks with a fused
     ``wqkv`` (n_kv_head = n_head), SwiGLU ``w1/w2/w3`` of ``find_multiple(int(2 * 4 * dim / 3), multiple_of)``,
     two RMSNorms each, the final ``norm`` and ``output``; ``freqs_cis`` is a plain attribute (not saved)."""
     hidden = int(2 * 4 * dim / 3)
     hidden = hidden if hidden % multiple_of == 0 else hidden + multiple_of - hidden % multiple_of
-    keys: Shapes = {"cls_embedding.cap_proj.fc1.weight": (dim, caption_dim),
-                    "cls_embedding.cap_proj.fc2.weight": (dim, dim),
-                    "cls_embedding.uncond_embedding": (cls_token_num, caption_dim),
-                    "tok_embeddings.weight": (vocab_size, dim), "norm.weight": (dim,), "output.weight": (vocab_size, dim)}
+    keys: Shapes = {
+        "cls_embedding.cap_proj.fc1.weight": (dim, caption_dim),
+        "cls_embedding.cap_proj.fc2.weight": (dim, dim),
+        "cls_embedding.uncond_embedding": (cls_token_num, caption_dim),
+        "tok_embeddings.weight": (vocab_size, dim),
+        "norm.weight": (dim,),
+        "output.weight": (vocab_size, dim),
+    }
     for i in range(n_layer):
         p = f"layers.{i}."
-        keys.update({p + "attention.wqkv.weight": (3 * dim, dim), p + "attention.wo.weight": (dim, dim),
-                     p + "feed_forward.w1.weight": (hidden, dim), p + "feed_forward.w3.weight": (hidden, dim),
-                     p + "feed_forward.w2.weight": (dim, hidden), p + "attention_norm.weight": (dim,),
-                     p + "ffn_norm.weight": (dim,)})
+        keys.update(
+            {
+                p + "attention.wqkv.weight": (3 * dim, dim),
+                p + "attention.wo.weight": (dim, dim),
+                p + "feed_forward.w1.weight": (hidden, dim),
+                p + "feed_forward.w3.weight": (hidden, dim),
+                p + "feed_forward.w2.weight": (dim, hidden),
+                p + "attention_norm.weight": (dim,),
+                p + "ffn_norm.weight": (dim,),
+            }
+        )
     return keys
 
 
 # flan-t5-xl config.json (google/flan-t5-xl): the text encoder as LlamaGen's language/t5.py uses it
-FLAN_T5_XL = {"vocab_size": 32128, "d_model": 2048, "d_kv": 64, "d_ff": 5120, "num_layers": 24, "num_heads": 32,
-              "relative_attention_num_buckets": 32, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False,
-              "layer_norm_epsilon": 1e-6}
+FLAN_T5_XL = {
+    "vocab_size": 32128,
+    "d_model": 2048,
+    "d_kv": 64,
+    "d_ff": 5120,
+    "num_layers": 24,
+    "num_heads": 32,
+    "relative_attention_num_buckets": 32,
+    "feed_forward_proj": "gated-gelu",
+    "tie_word_embeddings": False,
+    "layer_norm_epsilon": 1e-6,
+}
 
 
-def t5_encoder_keys(vocab_size: int, d_model: int, d_kv: int, d_ff: int, num_layers: int, num_heads: int,
-                    relative_attention_num_buckets: int, **_) -> Shapes:
+def t5_encoder_keys(
+    vocab_size: int,
+    d_model: int,
+    d_kv: int,
+    d_ff: int,
+    num_layers: int,
+    num_heads: int,
+    relative_attention_num_buckets: int,
+    **_,
+) -> Shapes:
     """The encoder half of a T5 v1.1 / Flan-T5 checkpoint (gated-GELU ``wi_0``/``wi_1``, no biases, relative
     attention bias in block 0 only), plus ``shared`` (the token embedding)."""
     inner = d_kv * num_heads
     keys: Shapes = {"shared.weight": (vocab_size, d_model), "encoder.final_layer_norm.weight": (d_model,)}
     for i in range(num_layers):
         p = f"encoder.block.{i}.layer."
-        keys.update({p + "0.SelfAttention.q.weight": (inner, d_model), p + "0.SelfAttention.k.weight": (inner, d_model),
-                     p + "0.SelfAttention.v.weight": (inner, d_model), p + "0.SelfAttention.o.weight": (d_model, inner),
-                     p + "0.layer_norm.weight": (d_model,), p + "1.DenseReluDense.wi_0.weight": (d_ff, d_model),
-                     p + "1.DenseReluDense.wi_1.weight": (d_ff, d_model),
-                     p + "1.DenseReluDense.wo.weight": (d_model, d_ff), p + "1.layer_norm.weight": (d_model,)})
-    keys["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (relative_attention_num_buckets,
-                                                                                     num_heads)
+        keys.update(
+            {
+                p + "0.SelfAttention.q.weight": (inner, d_model),
+                p + "0.SelfAttention.k.weight": (inner, d_model),
+                p + "0.SelfAttention.v.weight": (inner, d_model),
+                p + "0.SelfAttention.o.weight": (d_model, inner),
+                p + "0.layer_norm.weight": (d_model,),
+                p + "1.DenseReluDense.wi_0.weight": (d_ff, d_model),
+                p + "1.DenseReluDense.wi_1.weight": (d_ff, d_model),
+                p + "1.DenseReluDense.wo.weight": (d_model, d_ff),
+                p + "1.layer_norm.weight": (d_model,),
+            }
+        )
+    keys["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (
+        relative_attention_num_buckets,
+        num_heads,
+    )
     return keys
 
 
@@ -121,7 +174,9 @@ def flan_t5_xl():
     assert tied == ("encoder.embed_tokens.weight",)
     assert_layout(encoder, shapes, aliases=tied)
     state = meta_state(shapes)
-    strict_load(encoder, {**state, "encoder.embed_tokens.weight": state["shared.weight"]}, "google/flan-t5-xl")
+    strict_load(
+        encoder, {**state, "encoder.embed_tokens.weight": state["shared.weight"]}, "google/flan-t5-xl"
+    )
     return encoder
 
 
@@ -156,8 +211,12 @@ def xl_targets(tmp_path_factory, flan_t5_xl):
     for size in (256, 512):
         cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / f"llamagen_t2i_{size}.yaml"))
         cfg.pop("_target_"), cfg.pop("defaults", None)
-        cfg.update(device="meta", weights_dir=str(folder), text_encoder=flan_t5_xl,
-                   tokenizer=HashWordTokenizer(32128))
+        cfg.update(
+            device="meta",
+            weights_dir=str(folder),
+            text_encoder=flan_t5_xl,
+            tokenizer=HashWordTokenizer(32128),
+        )
         with torch.device("meta"):
             models[size] = LlamaGenT2I(**cfg)
     return models, folder
@@ -185,12 +244,31 @@ def test_a_renamed_or_reshaped_llamagen_parameter_fails(xl_targets, tmp_path):
 
 # -- LANTERN's LlamaGen drafters (jadohu/LANTERN data/configs, models/drafters/cnets_llamagen.py) -----------------
 LANTERN_CONFIGS = {  # data/configs/llamagen_t2i_config.json / llamagen_t2i2_config.json (as released beside the weights)
-    "t2i": {"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-            "hidden_size": 1280, "caption_dim": 2048, "class_dropout_p": 0.0, "initializer_range": 0.02,
-            "intermediate_size": 3584, "max_position_embeddings": 2048, "model_type": "llama",
-            "num_attention_heads": 20, "num_hidden_layers": 1, "num_key_value_heads": 20, "pretraining_tp": 1,
-            "rms_norm_eps": 1e-06, "rope_scaling": None, "tie_word_embeddings": False, "torch_dtype": "float16",
-            "transformers_version": "4.32.0.dev0", "use_cache": True, "vocab_size": 16384, "input_type": "t2i"},
+    "t2i": {
+        "architectures": ["LlamaForCausalLM"],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": 1280,
+        "caption_dim": 2048,
+        "class_dropout_p": 0.0,
+        "initializer_range": 0.02,
+        "intermediate_size": 3584,
+        "max_position_embeddings": 2048,
+        "model_type": "llama",
+        "num_attention_heads": 20,
+        "num_hidden_layers": 1,
+        "num_key_value_heads": 20,
+        "pretraining_tp": 1,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "transformers_version": "4.32.0.dev0",
+        "use_cache": True,
+        "vocab_size": 16384,
+        "input_type": "t2i",
+    },
 }
 LANTERN_CONFIGS["t2i2"] = {**LANTERN_CONFIGS["t2i"], "input_type": "t2i2"}
 
@@ -200,20 +278,34 @@ def lantern_drafter_keys(config: dict) -> Shapes:
     ``LlamaDecoderLayer`` with index 0 (no ``input_layernorm``); the rotary tables are not saved."""
     h, heads, kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
     d, inter = h // heads, config["intermediate_size"]
-    keys: Shapes = {"embed_tokens.weight": (config["vocab_size"], h), "fc.weight": (h, 2 * h), "fc.bias": (h,)}
+    keys: Shapes = {
+        "embed_tokens.weight": (config["vocab_size"], h),
+        "fc.weight": (h, 2 * h),
+        "fc.bias": (h,),
+    }
     for layer in range(config["num_hidden_layers"]):
         p = f"layers.{layer}."
-        keys.update({p + "self_attn.q_proj.weight": (heads * d, h), p + "self_attn.k_proj.weight": (kv * d, h),
-                     p + "self_attn.v_proj.weight": (kv * d, h), p + "self_attn.o_proj.weight": (h, heads * d),
-                     p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                     p + "mlp.down_proj.weight": (h, inter), p + "post_attention_layernorm.weight": (h,)})
+        keys.update(
+            {
+                p + "self_attn.q_proj.weight": (heads * d, h),
+                p + "self_attn.k_proj.weight": (kv * d, h),
+                p + "self_attn.v_proj.weight": (kv * d, h),
+                p + "self_attn.o_proj.weight": (h, heads * d),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
         if layer:
             keys[p + "input_layernorm.weight"] = (h,)
     return keys
 
 
-@pytest.mark.parametrize("repo, size, input_type", [("jadohu/llamagen_drafter", 256, "t2i"),
-                                                    ("jadohu/llamagen2_drafter", 512, "t2i2")])
+@pytest.mark.parametrize(
+    "repo, size, input_type",
+    [("jadohu/llamagen_drafter", 256, "t2i"), ("jadohu/llamagen2_drafter", 512, "t2i2")],
+)
 def test_lanterns_released_drafters_load_strictly(xl_targets, tmp_path, repo, size, input_type):
     from coolsd.drafters.eagle import EagleDrafter
 
@@ -244,20 +336,38 @@ def test_lanterns_released_drafters_load_strictly(xl_targets, tmp_path, repo, si
 
 # -- Janus-Pro (deepseek-ai/Janus -> transformers' convert_janus_weights_to_hf.py) ----------------------------------
 JANUS_PRO = {  # deepseek-ai/Janus-Pro-{1B,7B}/config.json (DeepSeek-LLM 1.3B / 7B language models; SigLIP-L/16-384)
-    "1B": {"language_config": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
-                               "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 102400,
-                               "max_position_embeddings": 16384},
-           "aligner": {"depth": 2, "input_dim": 1024, "n_embed": 2048},
-           "gen_aligner": {"depth": 2, "input_dim": 8, "n_embed": 2048},
-           "gen_head": {"image_token_embed": 2048, "image_token_size": 16384, "n_embed": 2048},
-           "gen_vision": {"image_token_size": 16384, "n_embed": 8}, "image_size": 384},
-    "7B": {"language_config": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 30,
-                               "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 102400,
-                               "max_position_embeddings": 16384},
-           "aligner": {"depth": 2, "input_dim": 1024, "n_embed": 4096},
-           "gen_aligner": {"depth": 2, "input_dim": 8, "n_embed": 4096},
-           "gen_head": {"image_token_embed": 4096, "image_token_size": 16384, "n_embed": 4096},
-           "gen_vision": {"image_token_size": 16384, "n_embed": 8}, "image_size": 384},
+    "1B": {
+        "language_config": {
+            "hidden_size": 2048,
+            "intermediate_size": 5632,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "vocab_size": 102400,
+            "max_position_embeddings": 16384,
+        },
+        "aligner": {"depth": 2, "input_dim": 1024, "n_embed": 2048},
+        "gen_aligner": {"depth": 2, "input_dim": 8, "n_embed": 2048},
+        "gen_head": {"image_token_embed": 2048, "image_token_size": 16384, "n_embed": 2048},
+        "gen_vision": {"image_token_size": 16384, "n_embed": 8},
+        "image_size": 384,
+    },
+    "7B": {
+        "language_config": {
+            "hidden_size": 4096,
+            "intermediate_size": 11008,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "vocab_size": 102400,
+            "max_position_embeddings": 16384,
+        },
+        "aligner": {"depth": 2, "input_dim": 1024, "n_embed": 4096},
+        "gen_aligner": {"depth": 2, "input_dim": 8, "n_embed": 4096},
+        "gen_head": {"image_token_embed": 4096, "image_token_size": 16384, "n_embed": 4096},
+        "gen_vision": {"image_token_size": 16384, "n_embed": 8},
+        "image_size": 384,
+    },
 }
 SIGLIP_L16_384 = {"width": 1024, "layers": 24, "heads": 16, "mlp_ratio": 4, "patch_size": 16}  # siglip_vit.py
 
@@ -269,46 +379,101 @@ def janus_original_keys(cfg: dict) -> Shapes:
     ``layers.0`` and ``layers.2``), the LlamaGen VQ-16 ``gen_vision_model``, ``gen_head`` (``vision_head``),
     ``gen_embed`` and the ``LlamaForCausalLM`` language model."""
     keys: Shapes = {}
-    w, mlp, lm = SIGLIP_L16_384["width"], SIGLIP_L16_384["width"] * SIGLIP_L16_384["mlp_ratio"], cfg["language_config"]
+    w, mlp, lm = (
+        SIGLIP_L16_384["width"],
+        SIGLIP_L16_384["width"] * SIGLIP_L16_384["mlp_ratio"],
+        cfg["language_config"],
+    )
     tokens = (cfg["image_size"] // SIGLIP_L16_384["patch_size"]) ** 2
     vt = "vision_model.vision_tower."
-    keys.update({vt + "patch_embed.proj.weight": (w, 3, 16, 16), vt + "patch_embed.proj.bias": (w,),
-                 vt + "pos_embed": (1, tokens, w), vt + "norm.weight": (w,), vt + "norm.bias": (w,)})
+    keys.update(
+        {
+            vt + "patch_embed.proj.weight": (w, 3, 16, 16),
+            vt + "patch_embed.proj.bias": (w,),
+            vt + "pos_embed": (1, tokens, w),
+            vt + "norm.weight": (w,),
+            vt + "norm.bias": (w,),
+        }
+    )
     for i in range(SIGLIP_L16_384["layers"]):
         b = f"{vt}blocks.{i}."
         for norm in ("norm1", "norm2"):
             keys.update({b + norm + ".weight": (w,), b + norm + ".bias": (w,)})
-        keys.update({b + "attn.qkv.weight": (3 * w, w), b + "attn.qkv.bias": (3 * w,), b + "attn.proj.weight": (w, w),
-                     b + "attn.proj.bias": (w,), b + "mlp.fc1.weight": (mlp, w), b + "mlp.fc1.bias": (mlp,),
-                     b + "mlp.fc2.weight": (w, mlp), b + "mlp.fc2.bias": (w,)})
+        keys.update(
+            {
+                b + "attn.qkv.weight": (3 * w, w),
+                b + "attn.qkv.bias": (3 * w,),
+                b + "attn.proj.weight": (w, w),
+                b + "attn.proj.bias": (w,),
+                b + "mlp.fc1.weight": (mlp, w),
+                b + "mlp.fc1.bias": (mlp,),
+                b + "mlp.fc2.weight": (w, mlp),
+                b + "mlp.fc2.bias": (w,),
+            }
+        )
     pool = vt + "attn_pool."  # AttentionPoolLatent (dropped by the conversion)
-    keys.update({pool + "latent": (1, 1, w), pool + "q.weight": (w, w), pool + "q.bias": (w,),
-                 pool + "kv.weight": (2 * w, w), pool + "kv.bias": (2 * w,), pool + "proj.weight": (w, w),
-                 pool + "proj.bias": (w,), pool + "norm.weight": (w,), pool + "norm.bias": (w,),
-                 pool + "mlp.fc1.weight": (mlp, w), pool + "mlp.fc1.bias": (mlp,), pool + "mlp.fc2.weight": (w, mlp),
-                 pool + "mlp.fc2.bias": (w,)})
+    keys.update(
+        {
+            pool + "latent": (1, 1, w),
+            pool + "q.weight": (w, w),
+            pool + "q.bias": (w,),
+            pool + "kv.weight": (2 * w, w),
+            pool + "kv.bias": (2 * w,),
+            pool + "proj.weight": (w, w),
+            pool + "proj.bias": (w,),
+            pool + "norm.weight": (w,),
+            pool + "norm.bias": (w,),
+            pool + "mlp.fc1.weight": (mlp, w),
+            pool + "mlp.fc1.bias": (mlp,),
+            pool + "mlp.fc2.weight": (w, mlp),
+            pool + "mlp.fc2.bias": (w,),
+        }
+    )
     for name, proj in (("aligner", cfg["aligner"]), ("gen_aligner", cfg["gen_aligner"])):
         n, d = proj["n_embed"], proj["input_dim"]
-        keys.update({f"{name}.layers.0.weight": (n, d), f"{name}.layers.0.bias": (n,),
-                     f"{name}.layers.2.weight": (n, n), f"{name}.layers.2.bias": (n,)})
+        keys.update(
+            {
+                f"{name}.layers.0.weight": (n, d),
+                f"{name}.layers.0.bias": (n,),
+                f"{name}.layers.2.weight": (n, n),
+                f"{name}.layers.2.bias": (n,),
+            }
+        )
     keys.update({f"gen_vision_model.{k}": s for k, s in llamagen_vq_keys((1, 1, 2, 2, 4)).items()})
     head = cfg["gen_head"]
-    keys.update({"gen_head.output_mlp_projector.weight": (head["image_token_embed"], head["n_embed"]),
-                 "gen_head.output_mlp_projector.bias": (head["image_token_embed"],),
-                 "gen_head.vision_head.weight": (head["image_token_size"], head["image_token_embed"]),
-                 "gen_head.vision_head.bias": (head["image_token_size"],),
-                 "gen_embed.weight": (cfg["gen_vision"]["image_token_size"], cfg["gen_vision"]["n_embed"])})
+    keys.update(
+        {
+            "gen_head.output_mlp_projector.weight": (head["image_token_embed"], head["n_embed"]),
+            "gen_head.output_mlp_projector.bias": (head["image_token_embed"],),
+            "gen_head.vision_head.weight": (head["image_token_size"], head["image_token_embed"]),
+            "gen_head.vision_head.bias": (head["image_token_size"],),
+            "gen_embed.weight": (cfg["gen_vision"]["image_token_size"], cfg["gen_vision"]["n_embed"]),
+        }
+    )
     h, inter, v = lm["hidden_size"], lm["intermediate_size"], lm["vocab_size"]
     kv = h // lm["num_attention_heads"] * lm["num_key_value_heads"]
-    keys.update({"language_model.model.embed_tokens.weight": (v, h), "language_model.model.norm.weight": (h,),
-                 "language_model.lm_head.weight": (v, h)})
+    keys.update(
+        {
+            "language_model.model.embed_tokens.weight": (v, h),
+            "language_model.model.norm.weight": (h,),
+            "language_model.lm_head.weight": (v, h),
+        }
+    )
     for i in range(lm["num_hidden_layers"]):
         p = f"language_model.model.layers.{i}."
-        keys.update({p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (kv, h),
-                     p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, h),
-                     p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                     p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,),
-                     p + "post_attention_layernorm.weight": (h,)})
+        keys.update(
+            {
+                p + "self_attn.q_proj.weight": (h, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, h),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
     return keys
 
 
@@ -316,7 +481,10 @@ def janus_original_keys(cfg: dict) -> Shapes:
 JANUS_RENAMES = [
     (r"^vision_model\.vision_tower\.attn_pool\..*", None),
     (r"^gen_vision_model\.quantize\.codebook_used$", None),
-    (r"^vision_model\.vision_tower\.blocks\.(\d+)\.attn\.", r"model.vision_model.encoder.layers.\1.self_attn."),
+    (
+        r"^vision_model\.vision_tower\.blocks\.(\d+)\.attn\.",
+        r"model.vision_model.encoder.layers.\1.self_attn.",
+    ),
     (r"^vision_model\.vision_tower\.blocks\.", "model.vision_model.encoder.layers."),
     (r"^vision_model\.vision_tower\.pos_embed$", "model.vision_model.embeddings.position_embedding.weight"),
     (r"^vision_model\.vision_tower\.patch_embed\.proj\.", "model.vision_model.embeddings.patch_embedding."),
@@ -369,11 +537,16 @@ def janus_config(cfg: dict):
     from transformers import JanusConfig, JanusVisionConfig, JanusVQVAEConfig, LlamaConfig
 
     text = LlamaConfig(**cfg["language_config"])
-    vision = JanusVisionConfig(image_size=cfg["image_size"], projection_dim=cfg["aligner"]["n_embed"],
-                               depth=cfg["aligner"]["depth"])
-    vq = JanusVQVAEConfig(embed_dim=cfg["gen_vision"]["n_embed"], num_embeddings=cfg["gen_vision"]["image_token_size"],
-                          projection_dim=cfg["gen_aligner"]["n_embed"], depth=cfg["gen_aligner"]["depth"],
-                          image_token_embed_dim=cfg["gen_head"]["image_token_embed"])
+    vision = JanusVisionConfig(
+        image_size=cfg["image_size"], projection_dim=cfg["aligner"]["n_embed"], depth=cfg["aligner"]["depth"]
+    )
+    vq = JanusVQVAEConfig(
+        embed_dim=cfg["gen_vision"]["n_embed"],
+        num_embeddings=cfg["gen_vision"]["image_token_size"],
+        projection_dim=cfg["gen_aligner"]["n_embed"],
+        depth=cfg["gen_aligner"]["depth"],
+        image_token_embed_dim=cfg["gen_head"]["image_token_embed"],
+    )
     return JanusConfig(text_config=text, vision_config=vision, vq_config=vq)
 
 
@@ -395,19 +568,50 @@ def test_janus_pro_checkpoints_fit_transformers_janus_strictly(size):
 
 
 # -- Lumina-mGPT-7B-768 (Alpha-VLLM/Lumina-mGPT, a Chameleon-7B fine-tune) -------------------------------------------
-CHAMELEON_7B = {"vocab_size": 65536, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-                "num_attention_heads": 32, "num_key_value_heads": 32, "model_parallel_size": 1, "swin_norm": False,
-                "attention_bias": False, "mlp_bias": False, "rms_norm_eps": 1e-5}  # Lumina-mGPT-7B-768 config.json
+CHAMELEON_7B = {
+    "vocab_size": 65536,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "model_parallel_size": 1,
+    "swin_norm": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "rms_norm_eps": 1e-5,
+}  # Lumina-mGPT-7B-768 config.json
 CHAMELEON_VQGAN_YAML = {  # Meta's tokenizer/vqgan.yaml (Chameleon): model.params
-    "embed_dim": 256, "n_embed": 8192,
-    "ddconfig": {"double_z": False, "z_channels": 256, "resolution": 512, "in_channels": 3, "out_ch": 3, "ch": 128,
-                 "ch_mult": [1, 1, 2, 2, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0},
+    "embed_dim": 256,
+    "n_embed": 8192,
+    "ddconfig": {
+        "double_z": False,
+        "z_channels": 256,
+        "resolution": 512,
+        "in_channels": 3,
+        "out_ch": 3,
+        "ch": 128,
+        "ch_mult": [1, 1, 2, 2, 4],
+        "num_res_blocks": 2,
+        "attn_resolutions": [],
+        "dropout": 0.0,
+    },
     "lossconfig": {"target": "taming.modules.losses.vqperceptual.VQLPIPSWithDiscriminator", "params": {}},
 }
 
 
-def meta_encoder_shapes(embed_dim: int, z_channels: int, ch: int, ch_mult, num_res_blocks: int,
-                        attn_resolutions, resolution: int, in_channels: int = 3, double_z: bool = False, **_) -> Shapes:
+def meta_encoder_shapes(
+    embed_dim: int,
+    z_channels: int,
+    ch: int,
+    ch_mult,
+    num_res_blocks: int,
+    attn_resolutions,
+    resolution: int,
+    in_channels: int = 3,
+    double_z: bool = False,
+    **_,
+) -> Shapes:
     """The non-decoder half of Meta's vqgan.py state dict (taming ``Encoder`` + ``quant_conv``)."""
     shapes: Shapes = {}
 
@@ -453,18 +657,39 @@ def lumina_keys() -> Shapes:
     as its ChameleonLayerNorm and the 7B conversion write them) and ``model.vqmodel.*`` (every non-decoder key of
     vqgan.ckpt, which convert_chameleon_weights_to_hf.py copies)."""
     c = CHAMELEON_7B
-    h, inter, v, d = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["hidden_size"] // c["num_attention_heads"]
+    h, inter, v, d = (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["vocab_size"],
+        c["hidden_size"] // c["num_attention_heads"],
+    )
     keys: Shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         keys.update({p + f"self_attn.{x}_proj.weight": (h, h) for x in "qkvo"})
-        keys.update({p + f"self_attn.{n}_norm.{w}": (c["model_parallel_size"], d) for n in "qk" for w in ("weight", "bias")})
-        keys.update({p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                     p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,),
-                     p + "post_attention_layernorm.weight": (h,)})
+        keys.update(
+            {
+                p + f"self_attn.{n}_norm.{w}": (c["model_parallel_size"], d)
+                for n in "qk"
+                for w in ("weight", "bias")
+            }
+        )
+        keys.update(
+            {
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
     vq = {**CHAMELEON_VQGAN_YAML["ddconfig"], "embed_dim": CHAMELEON_VQGAN_YAML["embed_dim"]}
-    vq_keys = {**meta_encoder_shapes(**vq), "quantize.embedding.weight": (CHAMELEON_VQGAN_YAML["n_embed"], vq["embed_dim"]),
-               "post_quant_conv.weight": (vq["z_channels"], vq["embed_dim"], 1, 1), "post_quant_conv.bias": (vq["z_channels"],)}
+    vq_keys = {
+        **meta_encoder_shapes(**vq),
+        "quantize.embedding.weight": (CHAMELEON_VQGAN_YAML["n_embed"], vq["embed_dim"]),
+        "post_quant_conv.weight": (vq["z_channels"], vq["embed_dim"], 1, 1),
+        "post_quant_conv.bias": (vq["z_channels"],),
+    }
     keys.update({f"model.vqmodel.{k}": s for k, s in vq_keys.items()})
     return keys
 
@@ -479,8 +704,13 @@ def test_lumina_mgpt_7b_768_loads_strictly_through_build_lumina_lm():
     lm = build_lumina_lm(config, meta_state(shapes), "Alpha-VLLM/Lumina-mGPT-7B-768")
     expected = {k: s for k, s in shapes.items() if not k.startswith("model.vqmodel.")}
     heads = {"q": CHAMELEON_7B["num_attention_heads"], "k": CHAMELEON_7B["num_key_value_heads"]}
-    expected.update({k: (heads[k.rsplit(".", 2)[-2][0]], s[1]) for k, s in expected.items()
-                     if k.endswith(("q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias"))})  # per head
+    expected.update(
+        {
+            k: (heads[k.rsplit(".", 2)[-2][0]], s[1])
+            for k, s in expected.items()
+            if k.endswith(("q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias"))
+        }
+    )  # per head
     assert_layout(lm, expected)
     assert sum(p.numel() for p in lm.parameters()) == 7_013_666_816
     for corrupt in broken({k: s for k, s in shapes.items() if not k.startswith("model.vqmodel.")}):
@@ -492,19 +722,29 @@ def test_chameleon_vqgan_ckpt_loads_strictly_through_load_vqgan(tmp_path):
     from coolsd.models.chameleon_vqgan import load_vqgan
 
     dd = CHAMELEON_VQGAN_YAML["ddconfig"]
-    decoder = meta_decoder_shapes(n_embed=8192, embed_dim=256, z_channels=dd["z_channels"], ch=dd["ch"],
-                                  ch_mult=dd["ch_mult"], num_res_blocks=dd["num_res_blocks"],
-                                  attn_resolutions=dd["attn_resolutions"], resolution=dd["resolution"])
+    decoder = meta_decoder_shapes(
+        n_embed=8192,
+        embed_dim=256,
+        z_channels=dd["z_channels"],
+        ch=dd["ch"],
+        ch_mult=dd["ch_mult"],
+        num_res_blocks=dd["num_res_blocks"],
+        attn_resolutions=dd["attn_resolutions"],
+        resolution=dd["resolution"],
+    )
     full = {**meta_encoder_shapes(embed_dim=256, **dd), **decoder}  # the whole Lightning state_dict
-    (tmp_path / "vqgan.yaml").write_text(yaml.safe_dump({"model": {"target": "taming.models.vqgan.VQModel",
-                                                                   "params": CHAMELEON_VQGAN_YAML}}))
+    (tmp_path / "vqgan.yaml").write_text(
+        yaml.safe_dump({"model": {"target": "taming.models.vqgan.VQModel", "params": CHAMELEON_VQGAN_YAML}})
+    )
     torch.save({"state_dict": meta_state(full)}, tmp_path / "vqgan.ckpt")
     with torch.device("meta"):
         vqgan = load_vqgan(tmp_path / "vqgan.yaml", tmp_path / "vqgan.ckpt")
     assert_layout(vqgan, decoder)
     assert vqgan.downsample_factor == 16 and vqgan.config.n_embed == 8192
     for corrupt in broken(decoder):
-        torch.save({"state_dict": meta_state({**meta_encoder_shapes(embed_dim=256, **dd), **corrupt})},
-                   tmp_path / "bad.ckpt")
+        torch.save(
+            {"state_dict": meta_state({**meta_encoder_shapes(embed_dim=256, **dd), **corrupt})},
+            tmp_path / "bad.ckpt",
+        )
         with torch.device("meta"), pytest.raises((ValueError, RuntimeError)):
             load_vqgan(tmp_path / "vqgan.yaml", tmp_path / "bad.ckpt")

@@ -8,6 +8,7 @@ subprocess with ``HF_HUB_OFFLINE=1`` and an empty Hugging Face cache; the peak r
 (``resource.getrusage(...).ru_maxrss``) is read after every import and again after the failed construction.
 About 25 s on 2 CPU cores (three subprocesses, mostly imports).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,26 +48,55 @@ print("RESULT " + json.dumps(result))
 """
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["model=llamagen_t2i_512"],
-     ["t2i_XL_stage2_512.pt", "vq_ds16_t2i.pt", "hf download peizesun/llamagen_t2i", "google/flan-t5-xl",
-      "hf download google/flan-t5-xl", "looked in"]),
-    (["model=janus_pro_7b"], ["deepseek-community/Janus-Pro-7B", "hf download deepseek-community/Janus-Pro-7B",
-                              "looked in"]),
-    (["model=lumina_mgpt_768", "model.tokenizer_dir=__EMPTY__"],
-     ["text_tokenizer.json", "vqgan.ckpt", "config.json", "hf download Alpha-VLLM/Lumina-mGPT-7B-768", "looked in"]),
-], ids=["llamagen_t2i_512", "janus_pro_7b", "lumina_mgpt_768"])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["model=llamagen_t2i_512"],
+            [
+                "t2i_XL_stage2_512.pt",
+                "vq_ds16_t2i.pt",
+                "hf download peizesun/llamagen_t2i",
+                "google/flan-t5-xl",
+                "hf download google/flan-t5-xl",
+                "looked in",
+            ],
+        ),
+        (
+            ["model=janus_pro_7b"],
+            ["deepseek-community/Janus-Pro-7B", "hf download deepseek-community/Janus-Pro-7B", "looked in"],
+        ),
+        (
+            ["model=lumina_mgpt_768", "model.tokenizer_dir=__EMPTY__"],
+            [
+                "text_tokenizer.json",
+                "vqgan.ckpt",
+                "config.json",
+                "hf download Alpha-VLLM/Lumina-mGPT-7B-768",
+                "looked in",
+            ],
+        ),
+    ],
+    ids=["llamagen_t2i_512", "janus_pro_7b", "lumina_mgpt_768"],
+)
 def test_missing_weights_fail_before_the_model_is_built(tmp_path, overrides, expected):
     empty = tmp_path / "empty"
     empty.mkdir()
     overrides = [o.replace("__EMPTY__", str(empty)) for o in overrides] + ["model.device=cpu"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
     env.pop("HF_HUB_CACHE", None)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(CONFIGS), *overrides], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(CONFIGS), *overrides],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     assert result["error"] is not None, "constructed a real model without its weights"
     for part in expected:
         assert part in result["error"], (part, result["error"])

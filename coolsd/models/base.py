@@ -22,7 +22,6 @@ from torch import nn
 from coolsd.sampling import SamplingConfig, stream_probs
 from coolsd.types import TargetOutput
 
-
 #: What an EAGLE drafter is fed before the first image token (``coolsd.drafters.eagle``): ``last`` = the
 #: prefill's last hidden state only; ``all`` = every prefix slot (LANTERN's LlamaGen drafters).
 PREFIX_CONVENTIONS = ("last", "all")

@@ -51,7 +51,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import ImageARModel, attention_context, check_reference_options, pixels_to_uint8, set_tf32
+from coolsd.models.base import (
+    ImageARModel,
+    attention_context,
+    check_reference_options,
+    pixels_to_uint8,
+    set_tf32,
+)
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.llamagen import resolve_device, resolve_dtype
 from coolsd.sampling import SamplingConfig

@@ -592,7 +592,8 @@ class LuminaMGPT(ImageARModel):
         ``InterleavedTopKLogitsWarper`` uses ``text_top_k`` outside an image (so for ``<racm3:break>``) and
         ``image_top_k`` (``sampling.top_k``) inside one (the size tokens, once a break was sampled); the
         generation temperature is ``sampling.temperature`` (0: arg-max); no top-p. Full-vocabulary logits of
-        the conditional stream alone, one cached forward per token.
+        the conditional stream alone, one cached forward per token (an extra pass over the prompt, timed
+        as part of the prefill, as the reference's own header steps are part of its generation).
         """
         ids = self.text_ids(prompt)
         p = len(ids)

@@ -130,7 +130,7 @@ class Decoder:
             torch.cuda.synchronize()
         start = time.perf_counter()
 
-        cache, out = model.prefill(list(prompts), extra_slots=self.max_nodes + 1)
+        cache, out = model.prefill(list(prompts), extra_slots=self.max_nodes + 1, streams=streams)
         self._check(finite_images(out.logits).tolist(), "target", labels, prompts, seeds, [0] * b)
         tokens = torch.zeros(b, n_tokens + self.max_nodes + 2, dtype=torch.long, device=device)  # room to write
         zero = torch.zeros(b, dtype=torch.long, device=device)

@@ -26,6 +26,7 @@ SAMPLE = 2  # the token the target distribution gives (resample / bonus / AR)
 DRAFT = 3  # drafted tokens: chain position i, or tree level i's children (index i + STRIDE·(rank slot))
 JACOBI = 5  # SJD: the carried window tokens
 INIT = 6  # SJD: freshly initialised window tokens
+HEADER = 7  # Lumina-mGPT: the sampled image header (before image position 0)
 
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # the constants as signed int64 (torch has no uint64 arithmetic)
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)

@@ -8,6 +8,12 @@ Order and tie handling follow LlamaGen ``autoregressive/models/generate.py`` (to
 logit; top-p keeps the smallest prefix whose mass reaches ``top_p``, always at least one token).
 Temperature 0 means greedy: the distribution is one-hot on the arg-max.
 
+When guidance runs at all is a named rule, ``cfg_rule``: ``not_one`` (the general rule, the default: two
+streams whenever ``cfg_scale != 1``, so a scale below 1 interpolates towards the unconditional stream, as
+transformers' ``ClassifierFreeGuidanceLogitsProcessor`` and Lumina-mGPT's CFG processor do) or
+``above_one`` (FoundationVision/LlamaGen ``generate.py``: guidance only when ``cfg_scale > 1``; at 0.5 it
+samples the conditional stream alone). Each model config names its reference's rule.
+
 Example: ``python run.py model.sampling.temperature=0`` runs every decoder greedily.
 """
 from __future__ import annotations
@@ -18,6 +24,8 @@ import torch
 
 from coolsd import validate
 
+CFG_RULES = ("not_one", "above_one")
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -27,12 +35,22 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    cfg_rule: str = "not_one"
 
     def __post_init__(self) -> None:
         validate.number("sampling.cfg_scale", self.cfg_scale)
         validate.number("sampling.temperature", self.temperature, minimum=0.0)
         validate.integer("sampling.top_k", self.top_k, minimum=0)  # 0 = off
         validate.number("sampling.top_p", self.top_p, minimum=0.0, maximum=1.0, min_open=True)
+        validate.choice("sampling.cfg_rule", self.cfg_rule, CFG_RULES)
+
+
+    @property
+    def guided(self) -> bool:
+        """Whether classifier-free guidance runs (two streams) under ``cfg_rule`` (see the module doc)."""
+        if self.cfg_rule == "above_one":
+            return self.cfg_scale > 1.0
+        return self.cfg_scale != 1.0
 
 
 def guide(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:

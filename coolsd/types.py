@@ -21,10 +21,14 @@ class TargetOutput:
     ``logits`` are raw (un-guided) logits over the image codebook ``[0, V)``; stream 0 is conditional,
     stream 1 (present only with CFG) unconditional, whatever batch layout the model uses internally.
     ``hidden`` are the last-layer, post-final-norm hidden states (what an EAGLE drafter consumes).
+    ``prefix_hidden`` (prefill outputs only, where the adapter provides it) holds those hidden states for
+    every slot of the condition prefix, per stream, the last slot's being ``hidden``: what an EAGLE drafter
+    with ``prefix: all`` (LANTERN's LlamaGen convention, ``coolsd.drafters.eagle``) is fed first.
     """
 
     logits: torch.Tensor  # (S, B, T, V)
     hidden: torch.Tensor  # (S, B, T, H)
+    prefix_hidden: torch.Tensor | None = None  # (S, B, C, H), prefill only: every prefix slot
 
 
 @dataclass(frozen=True)

@@ -64,12 +64,12 @@ def time_ms(fn, device: torch.device, warmup: int, repeats: int) -> float:
 
 def timings(model: LlamaGenT2I, warmup: int, repeats: int) -> dict[str, float]:
     device = model.device
-    cache, _ = model.prefill(PROMPT, extra_slots=64)
-    base = cache.length
-    out = {"prefill_ms": time_ms(lambda: model.prefill(PROMPT, extra_slots=64), device, warmup, repeats)}
+    cache, _ = model.prefill([PROMPT], extra_slots=64)
+    base = cache.lengths[0]
+    out = {"prefill_ms": time_ms(lambda: model.prefill([PROMPT], extra_slots=64), device, warmup, repeats)}
     for n in (1, 25):
-        tokens = torch.randint(model.codebook_size, (n,), device=device)
-        positions = torch.arange(n, device=device)
+        tokens = torch.randint(model.codebook_size, (1, n), device=device)
+        positions = torch.arange(n, device=device)[None]
 
         def step(tokens: torch.Tensor = tokens, positions: torch.Tensor = positions) -> None:
             cache.rollback(base)
@@ -81,9 +81,9 @@ def timings(model: LlamaGenT2I, warmup: int, repeats: int) -> dict[str, float]:
 
 @torch.inference_mode()
 def teacher_forced(model: LlamaGenT2I, tokens: torch.Tensor) -> torch.Tensor:
-    cache, first = model.prefill(PROMPT, extra_slots=0)
-    block = model.forward_block(cache, tokens, torch.arange(tokens.shape[0], device=model.device))
-    return torch.cat([first.logits, block.logits], dim=1).float()  # (2, T + 1, V)
+    cache, first = model.prefill([PROMPT], extra_slots=0)
+    block = model.forward_block(cache, tokens[None], torch.arange(tokens.shape[0], device=model.device)[None])
+    return torch.cat([first.logits, block.logits], dim=2)[:, 0].float()  # (2, T + 1, V)
 
 
 def run_check(block_size: int = 1024, device: str = "cuda", seed: int = 0, tokens: int = 64,

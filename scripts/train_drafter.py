@@ -5,7 +5,9 @@
    ``data=file data.path=prompts.txt``; ``images``: codes of real images, given as codes or encoded
    through the adapter's VQ) is teacher-forced through the target (prefill + one forward over all
    image tokens) and the last-layer hidden states of every CFG stream are stored: ``hidden`` (S, N+1, H)
-   = ``f_{-1} .. f_{N-1}``. Samples go into safetensors shards written atomically; ``manifest.json``
+   = ``f_{-1} .. f_{N-1}``, or (S, C+N, H) with every condition slot when ``head.prefix=all`` (the EAGLE
+   drafter's prefix convention, ``coolsd.drafters.eagle``: LANTERN's, whose training data prepend 119 zero
+   ids to the codes of LlamaGen T2I's 120 caption slots). Samples go into safetensors shards written atomically; ``manifest.json``
    lists the finished shards and a rerun skips them (resumable; sample ``i`` always uses seed
    ``distill.seed + i``, so a regenerated shard is identical).
 2. **Training** (``stage=train`` or ``all``): pairs ``(f_t, x_{t+1}) -> f_{t+1}`` with EAGLE's loss
@@ -13,6 +15,10 @@
    gradient accumulation, gradient clipping, bf16 autocast on CUDA, checkpoints every
    ``train.checkpoint_every`` steps and ``resume=true``; multi-GPU through ``torchrun`` (DDP). With CFG a
    sequence is trained on its unconditional stream with probability ``train.uncond_prob`` (LANTERN: 0.1).
+   With ``head.prefix=all`` the head is fed the prefix pairs too (slot ``j`` with token id 0, the last
+   with ``x_0``, at pair positions ``j − C``), as it will be when decoding; the loss covers the pairs
+   ``t = −1 .. N−2`` as with ``last`` (LANTERN also leaves out ``t = −1``, whose prediction drafts
+   ``x_1``; here it is trained).
 3. **Validation**: teacher-forced agreement ``1 − TV(p, q)`` on held-out shards and the real mean accepted
    length of ``Decoder('sd', ExactRule(), draft_len)`` with this drafter on held-out prompts and seeds,
    before training and after. Step checkpoints carry the "before" metrics, so a resumed run reports and
@@ -57,7 +63,7 @@ from baselines.exact import ExactRule
 from coolsd.decoding import Decoder
 from coolsd.drafters.eagle import CONFIG_FILE, EagleDrafter, EagleHead, save_eagle
 from coolsd.io import atomic_write_bytes, remove_stale_temps
-from coolsd.models.base import ImageARModel
+from coolsd.models.base import ImageARModel, check_prefix
 from coolsd.models.checkpoints import load_state_dict
 from coolsd.fingerprint import file_digest, weights_digest
 from coolsd.types import pooled_accepted_length
@@ -228,7 +234,7 @@ def shard_specs(num_samples: int, shard_size: int) -> list[ShardSpec]:
 
 
 def data_fingerprint(model: ImageARModel, data: DistillConfig, prompts: Sequence[str],
-                     model_config: dict | None) -> dict[str, Any]:
+                     model_config: dict | None, prefix: str = "last") -> dict[str, Any]:
     """What the stored samples depend on; a resumed run must match it (including the target's weights and
     the image-code file's contents: a retrained target at the same checkpoint path must not reuse features
     of the old one)."""
@@ -248,6 +254,7 @@ def data_fingerprint(model: ImageARModel, data: DistillConfig, prompts: Sequence
         "storage_dtype": data.storage_dtype,
         "images_path": data.images_path,
         "prompts_sha1": hashlib.sha1("\n".join(prompts).encode()).hexdigest(),
+        "prefix": prefix,
     }
 
 
@@ -261,8 +268,10 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
 
 
 def make_shard(model: ImageARModel, data: DistillConfig, spec: ShardSpec, prompts: list[str],
-               codes: torch.Tensor | None) -> bytes:
-    """Generate (or teacher-force) the samples of one shard and serialise them as safetensors bytes."""
+               codes: torch.Tensor | None, prefix: str = "last") -> bytes:
+    """Generate (or teacher-force) the samples of one shard and serialise them as safetensors bytes.
+
+    ``hidden`` holds the prefix slots the ``prefix`` convention feeds (1 or all C) and then f_0 .. f_{N-1}."""
     from safetensors.torch import save
 
     sampler = Decoder("ar", model, ExactRule(), draft_len=0, track_tv=False)
@@ -275,12 +284,12 @@ def make_shard(model: ImageARModel, data: DistillConfig, spec: ShardSpec, prompt
         tokens.append(x.cpu())
     batch = torch.stack(tokens)  # (M, N)
     shard_prompts = prompts[spec.start : spec.stop]
-    hidden = [model.teacher_force(shard_prompts[j : j + TEACHER_BATCH], batch[j : j + TEACHER_BATCH])
+    hidden = [model.teacher_force(shard_prompts[j : j + TEACHER_BATCH], batch[j : j + TEACHER_BATCH], prefix)
               for j in range(0, len(batch), TEACHER_BATCH)]
     hidden = torch.cat(hidden).to("cpu", STORAGE_DTYPES[data.storage_dtype])
     tensors = {
         "tokens": torch.stack(tokens),  # (M, N)
-        "hidden": hidden.contiguous(),  # (M, S, N+1, H)
+        "hidden": hidden.contiguous(),  # (M, S, P+N, H), P = 1 (prefix=last) or C (prefix=all)
         "sample_index": torch.arange(spec.start, spec.stop),
     }
     return save(tensors, metadata={"format": DATA_FORMAT,
@@ -288,8 +297,11 @@ def make_shard(model: ImageARModel, data: DistillConfig, spec: ShardSpec, prompt
 
 
 def generate_data(model: ImageARModel, data: DistillConfig, directory: str | os.PathLike,
-                  prompts: Sequence[str], model_config: dict | None = None, progress: bool = True) -> dict:
+                  prompts: Sequence[str], model_config: dict | None = None, progress: bool = True,
+                  prefix: str = "last") -> dict:
     """Write every missing shard into ``directory``; return the manifest (resumable).
+
+    ``prefix``: the drafter's prefix convention the samples are made for (``head.prefix``).
 
     ``prompts`` (cycled) condition the samples; with ``source=images`` and ``labels`` in the file, sample
     ``i``'s prompt is its label instead (class-conditional models).
@@ -307,37 +319,60 @@ def generate_data(model: ImageARModel, data: DistillConfig, directory: str | os.
         prompts = [str(int(v)) for v in labels[: data.num_samples]]
     else:
         prompts = cycle(prompts, data.num_samples)
-    fingerprint = data_fingerprint(model, data, prompts, model_config)
+    check_prefix(prefix)
+    fingerprint = data_fingerprint(model, data, prompts, model_config, prefix)
     manifest = read_manifest(directory)
     if manifest is None:
         manifest = {"format": DATA_FORMAT, "version": 1, "fingerprint": fingerprint, "shards": {}}
-    elif manifest.get("fingerprint") != fingerprint:
-        old = manifest.get("fingerprint", {})
+    elif {**manifest.get("fingerprint", {}), "prefix": manifest_prefix(manifest)} != fingerprint:
+        old = {**manifest.get("fingerprint", {}), "prefix": manifest_prefix(manifest)}
         diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
         raise ValueError(f"distill.dir {directory} holds samples made with other settings (stored vs now: "
                          f"{diff}); choose another distill.dir or delete that folder")
     specs = shard_specs(data.num_samples, data.shard_size)
     todo = [s for s in specs if s.name not in manifest["shards"] or not (directory / s.name).is_file()]
     for spec in tqdm(todo, desc="drafter data shards", disable=not progress):
-        atomic_write_bytes(directory / spec.name, make_shard(model, data, spec, prompts, codes))
+        atomic_write_bytes(directory / spec.name, make_shard(model, data, spec, prompts, codes, prefix))
         manifest["shards"][spec.name] = {"start": spec.start, "stop": spec.stop}
         write_manifest(directory, manifest)
     return manifest
 
 
+def manifest_prefix(manifest: dict[str, Any]) -> str:
+    """The prefix convention a data folder was made for (folders from before the option: ``last``)."""
+    return manifest.get("fingerprint", {}).get("prefix", "last")
+
+
 # -- streaming batches -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Batch:
-    """Training pairs of ``B`` sequences: ``features`` f_{-1..N-2} with ``tokens`` x_{0..N-1} predict
-    ``targets`` f_{0..N-1}; pair ``j`` sits at pair position ``j - 1``."""
+    """Training pairs of ``B`` sequences. With ``P`` stored prefix slots (1 for ``prefix=last``): ``features``
+    (prefix slots 0..P−1, then f_{0..N−2}) with ``tokens`` (P−1 zero ids, then x_{0..N−1}) at pair positions
+    ``−P .. N−2``; the last ``N`` pairs predict ``targets`` f_{0..N−1} (the prefix pairs are context only)."""
 
-    tokens: torch.Tensor  # (B, N)
-    features: torch.Tensor  # (B, N, H)
+    tokens: torch.Tensor  # (B, P-1+N)
+    features: torch.Tensor  # (B, P-1+N, H)
     targets: torch.Tensor  # (B, N, H)
 
 
-def pair_positions(n: int, device: torch.device | str) -> torch.Tensor:
-    return torch.arange(-1, n - 1, device=device)
+def pair_positions(n: int, device: torch.device | str, prefix_slots: int = 1) -> torch.Tensor:
+    """Pair positions of ``prefix_slots`` prefix slots and ``n`` image tokens: ``−prefix_slots .. n−2``."""
+    return torch.arange(-prefix_slots, n - 1, device=device)
+
+
+def training_pairs(hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One stored sample -> ``(features, pair tokens, targets)`` of the drafter's prefix convention.
+
+    ``hidden`` (..., P+N, H) = the P fed prefix slots (the last one ``f_{-1}``) then ``f_0 .. f_{N-1}``;
+    ``tokens`` (N,). Returns features (..., P−1+N, H), token ids (P−1+N,) (zeros, then x_0 .. x_{N−1}) and
+    targets (..., N, H) = ``f_0 .. f_{N-1}``.
+    """
+    n = tokens.shape[-1]
+    p = hidden.shape[-2] - n
+    if p < 1:
+        raise ValueError(f"stored hidden states have {hidden.shape[-2]} rows for {n} tokens; expected P + N, P >= 1")
+    pair_tokens = torch.cat([tokens.new_zeros(p - 1), tokens])
+    return hidden[..., :-1, :], pair_tokens, hidden[..., p:, :]
 
 
 class ShardStream:
@@ -392,14 +427,15 @@ class ShardStream:
             g = self.cursor + i * self.world + self.rank
             s, row = self._item(g)
             shard = self._shard(s)
-            hidden = shard["hidden"][row]  # (S, N+1, H)
+            hidden = shard["hidden"][row]  # (S, P+N, H)
             stream = 0
             if hidden.shape[0] == 2 and self.uncond_prob > 0:
                 gen = torch.Generator().manual_seed(self.seed * 7_919 + g)
                 stream = int(torch.rand((), generator=gen) < self.uncond_prob)
-            tokens.append(shard["tokens"][row])
-            features.append(hidden[stream, :-1])
-            targets.append(hidden[stream, 1:])
+            f, x, target = training_pairs(hidden[stream], shard["tokens"][row])
+            tokens.append(x)
+            features.append(f)
+            targets.append(target)
         self.cursor += self.batch_size * self.world
         return Batch(tokens=torch.stack(tokens).to(self.device),
                      features=torch.stack(features).to(self.device, torch.float32),
@@ -441,8 +477,10 @@ def drafter_loss(net: torch.nn.Module, head: EagleHead, batch: Batch, p_w: float
     """
     device_type = batch.features.device.type
     with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=autocast):
-        positions = pair_positions(batch.tokens.shape[1], batch.tokens.device)
-        f_hat = net(add_feature_noise(batch.features, noise_std), batch.tokens, positions)  # (B, N, H)
+        n = batch.targets.shape[1]
+        prefix_slots = batch.tokens.shape[1] - n + 1
+        positions = pair_positions(n, batch.tokens.device, prefix_slots)
+        f_hat = net(add_feature_noise(batch.features, noise_std), batch.tokens, positions)[:, -n:]  # (B, N, H)
         logits_hat = head.logits(f_hat).float()  # (B, N, V)
         with torch.no_grad():
             target_logits = head.logits(batch.targets).float()
@@ -505,12 +543,13 @@ def agreement(model: ImageARModel, head: EagleHead, directory: Path, shards: lis
         for row in range(shard["tokens"].shape[0]):
             if seen >= max_samples:
                 break
-            hidden = shard["hidden"][row].to(device, torch.float32)  # (S, N+1, H)
-            tokens = shard["tokens"][row].to(device)
-            n = tokens.shape[0]
-            f_hat = head(hidden[:, :-1], tokens, pair_positions(n, device))  # (S, N, H)
+            hidden = shard["hidden"][row].to(device, torch.float32)  # (S, P+N, H)
+            features, tokens, targets = training_pairs(hidden, shard["tokens"][row].to(device))
+            n = targets.shape[1]
+            positions = pair_positions(n, device, tokens.shape[0] - n + 1)
+            f_hat = head(features, tokens, positions)[:, -n:]  # (S, N, H)
             q = stream_probs(head.logits(f_hat)[:, :-1], model.sampling)  # (N-1, V); x_N does not exist
-            p = stream_probs(head.logits(hidden[:, 1:-1]), model.sampling)
+            p = stream_probs(head.logits(targets[:, :-1]), model.sampling)
             scores.append(torch.minimum(p, q).sum(-1).mean().item())
             seen += 1
     return sum(scores) / len(scores) if scores else float("nan")
@@ -520,8 +559,8 @@ def accepted_length(model: ImageARModel, head: EagleHead, prompts: Sequence[str]
                     draft_len: int) -> float:
     """Mean accepted length (committed tokens / verify forwards, pooled) of SD with this drafter, the
     prompts decoded as one batch (each image as alone)."""
-    decoder = Decoder("sd", model, ExactRule(), draft_len=draft_len, drafter=EagleDrafter(model, head=head),
-                      track_tv=False)
+    drafter = EagleDrafter(model, head=head, prefix=head.prefix)
+    decoder = Decoder("sd", model, ExactRule(), draft_len=draft_len, drafter=drafter, track_tv=False)
     gens = decoder.generate_batch(list(prompts), [seed + i for i in range(len(prompts))])
     return pooled_accepted_length([g.stats for g in gens])
 
@@ -688,7 +727,7 @@ def run(cfg: DictConfig, model: ImageARModel | None = None) -> TrainResult | Non
                                + again)
         if info.world == 1:
             generate_data(model, data, data_dir, prompt_set.load(model, None), model_config,
-                          progress=train_cfg.progress)
+                          progress=train_cfg.progress, prefix=cfg.head.prefix)
         if cfg.stage == "data":
             return None
     manifest = read_manifest(data_dir)
@@ -711,7 +750,12 @@ def train(cfg: DictConfig, model: ImageARModel, data: DistillConfig, train_cfg: 
           wandb_cfg: WandbConfig, info: DistInfo, manifest: dict[str, Any], data_dir: Path, out_dir: Path,
           val_prompts: list[str]) -> TrainResult:
     device = model.device
-    head = EagleHead(model, bias=bool(cfg.head.bias), own_embedding=False, init_seed=train_cfg.init_seed)
+    if manifest_prefix(manifest) != cfg.head.prefix:
+        raise ValueError(f"the drafter data in {data_dir} were made for head.prefix={manifest_prefix(manifest)} "
+                         f"but head.prefix={cfg.head.prefix}; use the same convention, or regenerate the data "
+                         "in another distill.dir")
+    head = EagleHead(model, bias=bool(cfg.head.bias), own_embedding=False, init_seed=train_cfg.init_seed,
+                     prefix=cfg.head.prefix)
     head.float()
     net: torch.nn.Module = head
     if info.world > 1:
@@ -731,7 +775,7 @@ def train(cfg: DictConfig, model: ImageARModel, data: DistillConfig, train_cfg: 
     autocast = train_cfg.bf16 and device.type == "cuda"
     training_info: dict[str, Any] = {"data_dir": str(data_dir), "source": data.source,
                                      "num_samples": data.num_samples, "total_steps": train_cfg.steps,
-                                     "train": asdict(train_cfg)}
+                                     "prefix": cfg.head.prefix, "train": asdict(train_cfg)}
     result = TrainResult(out_dir=out_dir, steps=train_cfg.steps)
     if info.main:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -66,6 +66,7 @@ STAGES = ("vq", "tokens", "target", "drafter", "classifier", "reference", "evalu
 MODEL_YAML = ROOT / "configs" / "model" / "embedded.yaml"
 _MODEL = OmegaConf.to_container(OmegaConf.load(MODEL_YAML), resolve=False)
 VQ_CONFIG, GPT_CONFIG, SAMPLING = _MODEL["vq"], _MODEL["gpt"], _MODEL["sampling"]
+ROUNDING = _MODEL["pixel_rounding"]  # decoded pixels -> uint8 as run.py does (coolsd.models.base.pixels_to_uint8)
 
 
 # -- small helpers -------------------------------------------------------------------------------------------
@@ -337,13 +338,13 @@ def evaluate(args, train, test) -> None:
     vq, gpt = load_vq(args), load_target(args)
     train_idx = balanced_indices(train[1], 50, seed=0)
     real = train[0][train_idx]
-    recon = vq.decode_to_uint8(vq.encode_to_indices(to_unit(real)), (7, 7))[:, 0].numpy()
+    recon = vq.decode_to_uint8(vq.encode_to_indices(to_unit(real)), (7, 7), rounding=ROUNDING)[:, 0].numpy()
     labels = torch.arange(10).repeat_interleave(50)
     t0 = time.time()
     samples = torch.cat([sample_batch(gpt, labels[i : i + 100], SamplingConfig(**SAMPLING), seed=i)
                          for i in range(0, 500, 100)])
     results["ar_sampling_s_per_500"] = time.time() - t0
-    images = vq.decode_to_uint8(samples, (7, 7))[:, 0].numpy()
+    images = vq.decode_to_uint8(samples, (7, 7), rounding=ROUNDING)[:, 0].numpy()
     for name, imgs in (("train500", real), ("recon_train500", recon), ("ar500", images)):
         fid, kid = fid_kid(ref, features(extractor, imgs))
         results[f"fid_{name}_vs_test500"], results[f"kid_{name}_vs_test500"] = fid, kid

@@ -33,10 +33,10 @@ NEEDS = {
                                   "drafter.checkpoint={janus_eagle_checkpoint}"],
     ("drafter", "janus_pro_7b"): ["model.pretrained=false", "model.arch={}",
                                   "drafter.checkpoint={janus_eagle_checkpoint}"],
-    # LlamaGen T2I: random tiny sizes, the tiny random T5; its EAGLE drafter from the tiny c2i checkpoint
-    # (the same width, heads, FFN and vocabulary)
+    # LlamaGen T2I: random tiny sizes, the tiny random T5; its EAGLE drafter from a tiny c2i checkpoint
+    # (the same width, heads, FFN and vocabulary) saved with LANTERN's prefix convention (prefix: all)
     **{("model", name): LLAMAGEN_T2I_TINY for name in LLAMAGEN_T2I},
-    **{("drafter", name): [*LLAMAGEN_T2I_TINY, "drafter.checkpoint={eagle_checkpoint}"] for name in LLAMAGEN_T2I},
+    **{("drafter", name): [*LLAMAGEN_T2I_TINY, "drafter.checkpoint={eagle_all_checkpoint}"] for name in LLAMAGEN_T2I},
     # Lumina-mGPT: random weights of random_init's sizes (no hub, no Meta files); EAGLE from a tiny checkpoint
     ("model", "lumina_mgpt_768"): ["model.pretrained=false"],
     ("drafter", "lumina_mgpt_768"): ["model.pretrained=false", "drafter.checkpoint={lumina_eagle_checkpoint}"],
@@ -51,6 +51,8 @@ def made_files(tmp_path_factory) -> dict[str, str]:
 
     path = tmp_path_factory.mktemp("eagle_tiny")
     save_eagle(EagleHead(tiny_llamagen()), path)
+    all_prefix = tmp_path_factory.mktemp("eagle_tiny_all")
+    save_eagle(EagleHead(tiny_llamagen(), prefix="all"), all_prefix)
     from coolsd.models.janus_pro import JanusPro
 
     janus = tmp_path_factory.mktemp("eagle_janus_tiny")  # for the janus_pro_* drafters on JanusArch() sizes
@@ -64,7 +66,7 @@ def made_files(tmp_path_factory) -> dict[str, str]:
     (data / "annotations" / "captions_val2017.json").write_text(
         '{"annotations": [' + ", ".join(f'{{"image_id": {i}, "id": {i}, "caption": "c{i}"}}' for i in range(3)) + "]}")
     (data / "parti.tsv").write_text("Prompt\tCategory\tChallenge\tNote\n" + "".join(f"p{i}\tA\tB\t\n" for i in range(3)))
-    return {"eagle_checkpoint": str(path), "janus_eagle_checkpoint": str(janus), "lumina_eagle_checkpoint": str(lumina),
+    return {"eagle_checkpoint": str(path), "eagle_all_checkpoint": str(all_prefix), "janus_eagle_checkpoint": str(janus), "lumina_eagle_checkpoint": str(lumina),
             "coco_captions": str(data / "annotations" / "captions_val2017.json"), "parti": str(data / "parti.tsv")}
 
 

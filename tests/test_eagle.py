@@ -118,6 +118,35 @@ def test_pair_t_gets_the_targets_rotation_of_token_t_plus_1(tiny_model):
     assert not layer.freqs_cis[n].any()  # past the grid: the reference's zero padding row
 
 
+def test_prefix_all_equals_last_on_a_one_slot_condition_and_needs_prefix_states(tiny_model, tmp_path):
+    """A class-conditional LlamaGen has one condition slot: both conventions feed the same pairs. An adapter
+    whose prefill has no ``prefix_hidden`` refuses ``prefix: all``; a checkpoint records its convention."""
+    head = EagleHead(tiny_model, init_seed=2)
+    out = {}
+    for prefix in ("last", "all"):
+        head.prefix = prefix
+        drafter = RecordingDrafter(tiny_model, head=head, prefix=prefix)
+        out[prefix] = Decoder("sd", tiny_model, ExactRule(), draft_len=3, drafter=drafter).generate("two", seed=1)
+        out[prefix + "_q"] = drafter.first_q
+        assert drafter.cache.max_len == 1 + tiny_model.num_image_tokens + 2 * drafter.extra_slots
+    assert torch.equal(out["last"].tokens, out["all"].tokens)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(out["last_q"], out["all_q"]))
+    from coolsd.models.lookup import LookupModel
+
+    lookup = LookupModel(vocab=3, grid=(2, 2), sampling={"cfg_scale": 1.0})
+    _, first = lookup.prefill("x")
+    with pytest.raises(ValueError, match="prefix_hidden"):
+        lookup.prefix_states(first, "all")
+    head.prefix = "all"
+    save_eagle(head, tmp_path / "all")
+    assert json.loads((tmp_path / "all" / "config.json").read_text())["prefix"] == "all"
+    with pytest.raises(ValueError, match="trained with prefix='all'"):
+        EagleDrafter(tiny_model, checkpoint=str(tmp_path / "all"))  # drafter.prefix defaults to last
+    assert EagleDrafter(tiny_model, checkpoint=str(tmp_path / "all"), prefix="all").head.prefix == "all"
+    with pytest.raises(ValueError, match="prefix must be one of"):
+        EagleDrafter(tiny_model, head=EagleHead(tiny_model), prefix="first")
+
+
 # -- checkpoints -----------------------------------------------------------------------------------------
 def test_save_load_round_trip_gives_identical_logits(tiny_model, tmp_path):
     head = EagleHead(tiny_model, init_seed=6)

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -186,7 +187,10 @@ def test_decode_image_gives_the_vq_image_in_0_1_and_uint8(janus):
     torch.testing.assert_close(image, ((hf + 1) / 2).clamp(0, 1), rtol=1e-6, atol=1e-6)
     pixels = janus.decode_image(tokens)
     assert pixels.dtype == torch.uint8 and pixels.shape == (3, side, side)
-    assert torch.equal(pixels, (image * 255).round().to(torch.uint8))
+    recipe = np.zeros((side, side, 3), dtype=np.uint8)  # generation_inference.py: clip, then into uint8
+    recipe[:, :, :] = np.clip((hf.permute(1, 2, 0).float().numpy() + 1) / 2 * 255, 0, 255)
+    assert torch.equal(pixels, torch.from_numpy(recipe).permute(2, 0, 1))  # truncated (pixel_rounding)
+    assert not torch.equal(pixels, (image * 255).round().to(torch.uint8))  # not rounded
     assert janus.codebook().shape == (janus.codebook_size, 8)
 
 

@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.llamagen import layer_skip_copy
 from coolsd.models.llamagen_t2i import HashWordTokenizer, LlamaGenT2I, clean_caption
+from coolsd.rng import Streams
 from coolsd.sampling import guide
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
 from tests.helpers import CONFIGS, forward1, keep1, prefill1
@@ -105,9 +106,10 @@ def rotate(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(pairs * rot[None, :, None]).flatten(3).to(x.dtype)
 
 
-def reference_guided_logits(model: LlamaGenT2I, t5, tokenizer, prompt: str, tokens: torch.Tensor,
-                            cfg_scale: float, left_pad: bool = True, mask_uncond: bool = True) -> torch.Tensor:
-    """Guided logits (len(tokens) + 1, V): predictions of image tokens 0..len(tokens), no KV cache.
+def reference_hidden(model: LlamaGenT2I, t5, tokenizer, prompt: str, tokens: torch.Tensor,
+                     left_pad: bool = True, mask_uncond: bool = True) -> torch.Tensor:
+    """Post-norm hidden states (2, C + len(tokens), dim) of ``[caption; uncond]`` over the whole sequence
+    (the C caption slots, then the image tokens), no KV cache.
 
     ``left_pad=False`` / ``mask_uncond=False`` are deliberately wrong variants (right padding; an unmasked
     unconditional half) that the adapter must *not* match."""
@@ -149,8 +151,15 @@ def reference_guided_logits(model: LlamaGenT2I, t5, tokenizer, prompt: str, toke
         h = rms(x, sd[p + "ffn_norm.weight"], cfg.norm_eps)
         ffn = F.silu(F.linear(h, sd[p + "feed_forward.w1.weight"])) * F.linear(h, sd[p + "feed_forward.w3.weight"])
         x = x + F.linear(ffn, sd[p + "feed_forward.w2.weight"])
-    logits = F.linear(rms(x, sd["norm.weight"], cfg.norm_eps), sd["output.weight"])[:, t - 1:]  # (2, k+1, V)
-    return logits[1] + (logits[0] - logits[1]) * cfg_scale
+    return rms(x, sd["norm.weight"], cfg.norm_eps)
+
+
+def reference_guided_logits(model: LlamaGenT2I, t5, tokenizer, prompt: str, tokens: torch.Tensor,
+                            cfg_scale: float, left_pad: bool = True, mask_uncond: bool = True) -> torch.Tensor:
+    """Guided logits (len(tokens) + 1, V): predictions of image tokens 0..len(tokens), no KV cache."""
+    hidden = reference_hidden(model, t5, tokenizer, prompt, tokens, left_pad, mask_uncond)
+    logits = F.linear(hidden, model.gpt.state_dict()["output.weight"])[:, model.cfg.cls_token_num - 1:]
+    return logits[1] + (logits[0] - logits[1]) * cfg_scale  # (k+1, V)
 
 
 # -- tests -----------------------------------------------------------------------------------------------------
@@ -203,6 +212,82 @@ def test_cfg_halves(injected):
     assert not torch.allclose(shorter.logits[1], both.logits[1])
     s = model.sampling.cfg_scale
     torch.testing.assert_close(guide(both.logits, s), both.logits[1] + s * (both.logits[0] - both.logits[1]))
+
+
+def test_cfg_only_above_one_is_llamagens_rule(injected):
+    """``sampling.cfg_rule=above_one`` (generate.py: ``if cfg_scale > 1.0``) samples the caption stream alone
+    at scale 0.5; ``not_one`` guides towards the unconditional stream there. At 2.0 both guide."""
+    model, t5, tok = injected
+    assert model.sampling.cfg_rule == "above_one"
+    for name in ("llamagen_t2i_256", "llamagen_t2i_512", "llamagen_t2i_256_lantern", "tiny", "embedded"):
+        assert OmegaConf.load(CONFIGS / "model" / f"{name}.yaml").sampling.cfg_rule == "above_one", name
+    probs = {}
+    for rule in ("above_one", "not_one"):
+        copy = layer_skip_copy(model, model.cfg.n_layer)
+        copy.sampling = dataclasses.replace(model.sampling, cfg_scale=0.5, cfg_rule=rule)
+        _, out = prefill1(copy, SHORT)
+        probs[rule] = copy.probs(out)[0]
+    assert (probs["above_one"] - probs["not_one"]).abs().sum() > 0.1
+    empty = torch.zeros(0, dtype=torch.long)
+    caption_only = F.linear(reference_hidden(model, t5, tok, SHORT, empty)[0, -1], model.gpt.output.weight)
+    torch.testing.assert_close(probs["above_one"], torch.softmax(caption_only, -1).float(), rtol=1e-5, atol=1e-8)
+    guided = reference_guided_logits(model, t5, tok, SHORT, empty, 0.5)[0]
+    torch.testing.assert_close(probs["not_one"], torch.softmax(guided, -1).float(), rtol=1e-5, atol=1e-8)
+    with pytest.raises(ValueError, match="cfg_rule"):
+        dataclasses.replace(model.sampling, cfg_rule="positive")
+
+
+def test_attention_kernel_tf32_and_pixel_rounding_plumbing(injected, monkeypatch):
+    """``attention_kernel=math`` runs the decode forwards (and the EAGLE drafter's) on the math SDPA kernel only,
+    the prefill on PyTorch's dispatch, as generate.py; ``tf32`` sets the CUDA flags of sample_t2i.py; the VQ
+    image is saved as torchvision's save_image does (``half_up``). CPU plumbing only: the effect on CUDA bf16
+    logits was not measured."""
+    from coolsd.drafters.eagle import EagleDrafter, EagleHead
+    from coolsd.models.base import set_tf32
+
+    model, _, _ = injected
+    assert (model.attention_kernel, model.tf32, model.pixel_rounding) == ("math", True, "half_up")
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    cache, first = prefill1(model, SHORT)
+    assert set(seen) == {(True, True)}  # prefill: PyTorch's choice
+    seen.clear()
+    forward1(model, cache, torch.tensor([1, 2]), torch.arange(2))
+    drafter = EagleDrafter(model, head=EagleHead(model))
+    drafter.begin([SHORT], model.prefill([SHORT])[1], torch.tensor([1]), Streams([0], "cpu"))
+    seen.clear()
+    forward1(model, cache, torch.tensor([3]), torch.arange(2, 3))
+    drafter.propose(torch.tensor([1]), torch.tensor([1]), torch.tensor([1]), 1)
+    assert set(seen) == {(False, True)}  # decode forwards and drafter steps: math only
+    seen.clear()
+    auto = layer_skip_copy(model, model.cfg.n_layer)
+    auto.attention_kernel = "auto"
+    forward1(auto, prefill1(auto, SHORT)[0], torch.tensor([1]), torch.arange(1))
+    assert set(seen) == {(True, True)}
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        set_tf32(torch.device("cuda"), True)
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        set_tf32(torch.device("cuda"), False)  # PyTorch's defaults (Janus, Lumina-mGPT)
+        assert not torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        set_tf32(torch.device("cpu"), True)  # nothing on a CPU
+        assert not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+    codes = torch.randint(model.codebook_size, (model.num_image_tokens,), generator=torch.Generator().manual_seed(1))
+    half_up = model.decode_image(codes)
+    auto.pixel_rounding = "truncate"
+    truncated = auto.decode_image(codes)
+    diff = half_up.int() - truncated.int()
+    assert set(diff.unique().tolist()) == {0, 1} and 0.3 < diff.float().mean() < 0.7  # +1 where frac >= 0.5
+    with pytest.raises(ValueError, match="attention_kernel"):
+        tiny_t2i(attention_kernel="flash")
 
 
 def test_rope_table_has_zero_caption_rows_and_stays_float32():
@@ -356,6 +441,192 @@ def test_eagle_draft_layer_for_t2i(model):
     draft = drafter.propose(torch.tensor([3]), torch.tensor([1]), torch.tensor([3]), 3)
     assert draft.tokens.shape == (1, 3) and draft.q.shape == (1, 3, model.codebook_size)
     torch.testing.assert_close(draft.q.sum(-1), torch.ones(1, 3, dtype=draft.q.dtype))
+
+
+# -- LANTERN's drafter call sequence (jadohu/LANTERN models/ea_model_llamagen.py, drafters/cnets_llamagen.py) --
+def lantern_checkpoint(model: LlamaGenT2I, folder, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A drafter folder in LANTERN's layout (``config.json`` + ``pytorch_model.bin``, cnets_llamagen.Model key
+    names, its own ``embed_tokens``) for ``model``'s width; random weights. Returns the state dict."""
+    h, v = model.hidden_size, model.codebook_size
+    inter = model.make_draft_layer().intermediate_size
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=0.1):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
+
+    # scales chosen so that the draft distributions are spread out (peaked ones would hide a wrong context)
+    weights = {"fc.weight": rnd(h, 2 * h, scale=0.03), "fc.bias": rnd(h), "embed_tokens.weight": rnd(v, h, scale=1.0),
+               "layers.0.self_attn.q_proj.weight": rnd(h, h, scale=0.5),
+               "layers.0.self_attn.k_proj.weight": rnd(h, h, scale=0.5),
+               "layers.0.self_attn.v_proj.weight": rnd(h, h, scale=0.1),
+               "layers.0.self_attn.o_proj.weight": rnd(h, h, scale=0.1),
+               "layers.0.mlp.gate_proj.weight": rnd(inter, h, scale=0.05),
+               "layers.0.mlp.up_proj.weight": rnd(inter, h, scale=0.05),
+               "layers.0.mlp.down_proj.weight": rnd(h, inter, scale=0.05),
+               "layers.0.post_attention_layernorm.weight": 1 + rnd(h)}
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": h,
+              "intermediate_size": inter, "num_attention_heads": model.cfg.n_head,
+              "num_key_value_heads": model.cfg.n_head, "num_hidden_layers": 1, "rms_norm_eps": 1e-6,
+              "vocab_size": v, "model_type": "llama", "caption_dim": model.cfg.caption_dim}
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(weights, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps(config))
+    return weights
+
+
+def lantern_drafter_forward(w: dict[str, torch.Tensor], heads: int, eps: float, hidden: torch.Tensor,
+                            input_ids: torch.Tensor, position_ids: torch.Tensor, zero_rows: int, grid: int,
+                            base: float) -> torch.Tensor:
+    """``cnets_llamagen.Model.forward`` written out: ``fc(cat[embed_tokens(ids), hidden])``, one LLaMA layer
+    without its input norm, RoPE from ``freqs_cis[position_ids]`` where ``freqs_cis`` = ``zero_rows`` zero
+    rows (``cls_token_num = 119`` for a 120-slot caption), the 2-D grid table, 10 + 10 zero rows; q/k rotated
+    in float32; causal attention over every pair given, no padding mask, softmax in float32; no final norm.
+    ``hidden`` (S, T, H) per CFG stream, ``input_ids`` (T,) shared by the streams, ``position_ids`` (T,)."""
+    s, t, dim = hidden.shape
+    hd = dim // heads
+    half = hd // 2  # precompute_freqs_cis_2d, in float32 as there
+    freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+    angles = torch.outer(torch.arange(grid).float(), freqs)  # (grid, hd/4)
+    cells = torch.cat([angles[:, None].expand(-1, grid, -1), angles[None].expand(grid, -1, -1)], -1).flatten(0, 1)
+    table = torch.cat([torch.zeros(zero_rows, half), cells, torch.zeros(20, half)])  # (rows, hd/2) angles
+    live = torch.cat([torch.zeros(zero_rows), torch.ones(grid * grid), torch.zeros(20)]).bool()
+    rot = torch.where(live[:, None], torch.polar(torch.ones_like(table), table), 0)[position_ids]  # cos + i sin
+    e = w["embed_tokens.weight"][input_ids][None].expand(s, -1, -1)
+    x = F.linear(torch.cat([e, hidden], dim=-1), w["fc.weight"], w["fc.bias"])  # (S, T, H)
+
+    def rope(z):  # apply_rotary_emb: x.float() pairs times (cos, sin), type_as(x)
+        pairs = torch.view_as_complex(z.view(s, t, heads, hd).float().reshape(s, t, heads, hd // 2, 2))
+        return torch.view_as_real(pairs * rot[None, :, None]).flatten(3).to(z.dtype).transpose(1, 2)
+
+    q, k = rope(F.linear(x, w["layers.0.self_attn.q_proj.weight"])), rope(F.linear(x, w["layers.0.self_attn.k_proj.weight"]))
+    v = F.linear(x, w["layers.0.self_attn.v_proj.weight"]).view(s, t, heads, hd).transpose(1, 2)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+    scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+    att = scores.softmax(-1, dtype=torch.float32).to(v.dtype)
+    x = x + F.linear((att @ v).transpose(1, 2).reshape(s, t, dim), w["layers.0.self_attn.o_proj.weight"])
+    normed = rms(x, w["layers.0.post_attention_layernorm.weight"], eps)
+    mlp = F.silu(F.linear(normed, w["layers.0.mlp.gate_proj.weight"])) * F.linear(normed, w["layers.0.mlp.up_proj.weight"])
+    return x + F.linear(mlp, w["layers.0.mlp.down_proj.weight"])
+
+
+class RecordingEagle:
+    """Wraps ``EagleDrafter.propose`` to keep (position, drafted tokens, q) of every iteration."""
+
+    @staticmethod
+    def attach(drafter):
+        records = []
+        inner = drafter.propose
+
+        def propose(last_tokens, t, limit, depth, tree=None):
+            draft = inner(last_tokens, t, limit, depth, tree)
+            if draft.draft_len:  # a batch of one image: (its last committed index, drafts, q)
+                records.append((int(t[0]) - 1, draft.tokens[0].clone(), draft.q[0].clone()))
+            return draft
+
+        drafter.propose = propose
+        return records
+
+
+def test_lantern_drafters_see_the_whole_caption_prefix_as_lantern_feeds_it(injected, tmp_path):
+    """``prefix: all`` = LANTERN's call sequence: the target's hidden states of all C caption slots (padded ones
+    included) with ``input_ids[:, 1:]`` of ``[0] * C + [x_0 ..]`` (C − 1 zeros, then the image tokens) at
+    drafter positions 0 .. C + P − 1 (``EaModel.initialize_tree`` / ``topK_genrate``: ``self(hidden_states,
+    input_ids)`` with default positions, then ``stable_kv`` and ``position_ids = arange(kv_len, ..)``), the
+    chain drafts at ``len_posi`` onwards, guided by the same CFG. ``prefix: last`` differs."""
+    from baselines.exact import ExactRule
+    from coolsd.decoding import Decoder
+    from coolsd.drafters.eagle import EagleDrafter
+
+    model, t5, tok = injected
+    assert (model.sampling.temperature, model.sampling.top_k, model.sampling.top_p) == (1.0, 0, 1.0)
+    weights = lantern_checkpoint(model, tmp_path / "lantern")
+    c, n, s = model.cfg.cls_token_num, model.num_image_tokens, model.sampling.cfg_scale
+    drafter = EagleDrafter(model, checkpoint=str(tmp_path / "lantern"), prefix="all")
+    records = RecordingEagle.attach(drafter)
+    out = Decoder("sd", model, ExactRule(), draft_len=3, drafter=drafter).generate(SHORT, seed=0)
+    assert model.text(SHORT).num_tokens < c  # padded caption slots are part of the drafter's prefix
+    assert drafter.cache.max_len == c + n + 2 * drafter.extra_slots  # C prefix pairs, N - 1 image pairs + 1,
+    # a pending block padded to the longest image's and the speculative drafts
+    hidden = reference_hidden(model, t5, tok, SHORT, out.tokens)  # (2, C + N, H): every slot of both streams
+    ids = torch.cat([torch.zeros(c, dtype=torch.long), out.tokens])[1:]  # LANTERN's input_ids[:, 1:]
+
+    def lantern_q(position: int, drafted: torch.Tensor) -> torch.Tensor:
+        """LANTERN's draft distributions after committed token ``position`` for the chain ``drafted``."""
+        feats, toks = hidden[:, : c + position], ids[: c + position]  # pairs of the stable_kv prefix
+        qs = []
+        for i in range(drafted.shape[0] + 1):
+            f_hat = lantern_drafter_forward(weights, model.cfg.n_head, 1e-6, feats, toks,
+                                            torch.arange(toks.shape[0]), c - 1, model.grid[0],
+                                            model.cfg.rope_base)[:, -1:]  # (2, 1, H)
+            logits = F.linear(f_hat[:, 0], model.gpt.output.weight)  # the target's frozen head
+            qs.append(torch.softmax(logits[1] + s * (logits[0] - logits[1]), dim=-1))
+            if i < drafted.shape[0]:  # next level: (the predicted feature, the drafted token) at len_posi
+                feats, toks = torch.cat([feats, f_hat], 1), torch.cat([toks, drafted[i:i + 1]])
+        return torch.stack(qs[:-1]).float()
+
+    assert len(records) > 10
+    for position, drafted, q in records:
+        torch.testing.assert_close(q, lantern_q(position, drafted), rtol=1e-5, atol=1e-8)
+    # the `last` convention (the prefill's last hidden state only) gives other draft distributions
+    last = EagleDrafter(model, checkpoint=str(tmp_path / "lantern"), prefix="last")
+    _, first = model.prefill([SHORT])
+    last.begin([SHORT], first, out.tokens[:1], Streams([0], "cpu"))
+    q_last = last.propose(out.tokens[:1], torch.tensor([1]), torch.tensor([1]), 1).q[0, 0]
+    q_all = lantern_q(0, records[0][1])[0]
+    assert (q_last - q_all).abs().sum() > 0.05  # L1; 0.31 measured
+
+
+def test_prefix_all_decodes_losslessly_on_trees(injected, tmp_path):
+    """Greedy SD with a LANTERN-layout drafter fed the whole prefix reproduces greedy AR, chain and trees."""
+    from baselines.exact import ExactRule
+    from coolsd.decoding import Decoder
+    from coolsd.drafters.eagle import EagleDrafter
+
+    model, _, _ = injected
+    greedy = tiny_t2i(text_encoder=model.text.encoder, tokenizer=model.text.tokenizer, caption_cleaning="lower",
+                      sampling={**dataclasses.asdict(model.sampling), "temperature": 0.0})
+    lantern_checkpoint(greedy, tmp_path / "lantern")
+    ar = Decoder("ar", greedy, ExactRule()).generate(SHORT, seed=0).tokens
+    for tree in (None, "mc_sim_7b_63"):
+        drafter = EagleDrafter(greedy, checkpoint=str(tmp_path / "lantern"), prefix="all")
+        sd = Decoder("sd", greedy, ExactRule(), draft_len=4, tree=tree, drafter=drafter).generate(SHORT, seed=0)
+        assert torch.equal(sd.tokens, ar), tree
+
+
+def test_prefix_all_training_pairs_are_what_the_drafter_sees_when_decoding(model, tmp_path):
+    """Distillation data and training (scripts/train_drafter.py) use the decoding convention: the cached
+    drafts of ``EagleDrafter(prefix="all")`` equal the head run teacher-forced over ``training_pairs`` of
+    ``teacher_force(prefix="all")`` (every caption slot with token id 0, then the image pairs)."""
+    from baselines.exact import ExactRule
+    from coolsd.decoding import Decoder
+    from coolsd.drafters.eagle import EagleDrafter, EagleHead
+    from coolsd.sampling import stream_probs
+    from scripts import train_drafter as td
+
+    c, n = model.cfg.cls_token_num, model.num_image_tokens
+    head = EagleHead(model, init_seed=3, prefix="all")
+    drafter = EagleDrafter(model, head=head, prefix="all")
+    records = RecordingEagle.attach(drafter)
+    gen = Decoder("sd", model, ExactRule(), draft_len=3, drafter=drafter).generate(SHORT, seed=5)
+    hidden = model.teacher_force([SHORT], gen.tokens[None], prefix="all")[0]  # (S, C+N, H)
+    assert hidden.shape == (2, c + n, model.hidden_size)
+    torch.testing.assert_close(hidden[:, c - 1:], model.teacher_force([SHORT], gen.tokens[None])[0])
+    features, tokens, _ = td.training_pairs(hidden, gen.tokens)
+    assert torch.equal(tokens[: c - 1], torch.zeros(c - 1, dtype=torch.long)) and torch.equal(tokens[c - 1:], gen.tokens)
+    with torch.no_grad():
+        f_hat = head(features, tokens, td.pair_positions(n, "cpu", c))[:, -n:]  # pair j -> token j + 1
+        q_tf = stream_probs(head.logits(f_hat), model.sampling)
+    assert len(records) > 10
+    for position, _, q in records:
+        torch.testing.assert_close(q[0], q_tf[position], rtol=1e-9, atol=1e-12)
+    # the data folder records the convention: samples for `all` are not reused for `last`
+    data = td.DistillConfig(num_samples=2, shard_size=2, storage_dtype="float32")
+    manifest = td.generate_data(model, data, tmp_path / "d", [SHORT], progress=False, prefix="all")
+    assert td.manifest_prefix(manifest) == "all"
+    from safetensors.torch import load_file
+    assert load_file(str(tmp_path / "d" / "shard_00000.safetensors"))["hidden"].shape[2] == c + n
+    with pytest.raises(ValueError, match="prefix"):
+        td.generate_data(model, data, tmp_path / "d", [SHORT], progress=False, prefix="last")
 
 
 def test_run_py_every_decoder_on_the_tiny_t2i_model(tmp_path):

@@ -40,7 +40,7 @@ from coolsd.models.lumina_mgpt import (
     tiny_vocabulary,
 )
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
-from coolsd.rng import Streams
+from coolsd.rng import HEADER, Streams
 from tests.helpers import CONFIGS, forward1, keep1, prefill1
 
 ROOT = CONFIGS.parent
@@ -49,10 +49,12 @@ PROMPT = "a red cat"
 SIZES = {"num_hidden_layers": 2, "num_key_value_heads": 2, "num_codes": 64}
 
 
-def tiny_lumina(**sampling) -> LuminaMGPT:
-    """64 x 96 px -> a 6 x 4 grid (rows of 4 codes + end of row), GQA, CFG 3, float64."""
+def tiny_lumina(header: str = "forced", header_mismatch: str = "force", **sampling) -> LuminaMGPT:
+    """64 x 96 px -> a 6 x 4 grid (rows of 4 codes + end of row), GQA, CFG 3, float64; the header forced
+    unless asked (random weights would sample any header)."""
     return LuminaMGPT(sampling={"cfg_scale": 3.0, "temperature": 1.0, "top_k": 0, **sampling}, width=64,
-                      height=96, pretrained=False, random_init=SIZES, device="cpu", dtype="float64")
+                      height=96, pretrained=False, random_init=SIZES, device="cpu", dtype="float64",
+                      header=header, header_mismatch=header_mismatch)
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +190,75 @@ def test_single_stream_without_cfg(model):
     x = codes(plain, 9)
     assert plain.num_streams == 1
     torch.testing.assert_close(chain_output(plain, x).logits[0], chain_output(model, x).logits[0], **TOL)
+
+
+# -- the sampled image header (inference_solver.py's logits processors) ---------------------------------------
+class ScriptedSample:
+    """Stands in for ``coolsd.models.lumina_mgpt.sample``: records each distribution, returns scripted ids."""
+
+    def __init__(self, tokens):
+        self.tokens, self.probs = list(tokens), []
+
+    def __call__(self, probs, u):
+        self.probs.append(probs[0].clone())
+        return torch.tensor([self.tokens[len(self.probs) - 1]])
+
+
+def interleaved_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """InterleavedTopKLogitsWarper: keep the k highest logits (ties with the k-th kept), then softmax."""
+    kth = torch.topk(logits, k).values[-1]
+    return torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+
+
+def test_the_sampled_header_follows_the_reference_and_a_mismatch_is_explicit(reference, monkeypatch):
+    """``header=sampled``: ``<racm3:break>`` from the unguided full-vocabulary logits with text top-k 10, the size
+    tokens unguided and unmasked with image top-k; the grid is checked against the sampled size tokens."""
+    import coolsd.models.lumina_mgpt as lm
+
+    model = tiny_lumina(header="sampled", header_mismatch="error", top_k=20)
+    text = model.text_ids(PROMPT)
+    expected = model.image_header()
+    script = ScriptedSample(expected)
+    monkeypatch.setattr(lm, "sample", script)
+    gen = Streams([0], "cpu")
+    model.prefill([PROMPT], streams=gen)  # a matching header: no error
+    assert len(script.probs) == 3
+    for step, k in enumerate((10, 20, 20)):  # text top-k for the break, image top-k inside the image
+        logits = hf_logits(reference, text + expected[:step])[-1]  # conditional stream, no CFG, no mask
+        torch.testing.assert_close(script.probs[step], interleaved_top_k(logits, k).float(), rtol=1e-5, atol=1e-7)
+        assert int((script.probs[step] > 0).sum()) == k
+    # a sampled size other than the configured grid's: error, or continue with the configured header
+    wrong = [expected[0], expected[2], expected[1]]  # 64 x 96 sampled as 96 x 64
+    monkeypatch.setattr(lm, "sample", ScriptedSample(wrong))
+    with pytest.raises(lm.HeaderMismatchError, match="reserved08802.*64x96"):
+        model.prefill([PROMPT], streams=gen)
+    model.header_mismatch = "force"
+    monkeypatch.setattr(lm, "sample", ScriptedSample(wrong))
+    with pytest.warns(UserWarning, match="continuing with the configured header"):
+        _, out = model.prefill([PROMPT], streams=gen)
+    assert model.header_mismatches[-1]["prompt"] == PROMPT
+    _, forced = tiny_lumina(top_k=20).prefill([PROMPT])
+    torch.testing.assert_close(out.logits, forced.logits, **TOL)  # the configured header's context
+    # without the decoder's streams (teacher forcing, draft models) nothing is sampled
+    monkeypatch.setattr(lm, "sample", ScriptedSample([]))
+    prefill1(model, PROMPT)
+
+
+def test_sampled_headers_take_their_own_draws():
+    """Through the decoder, ``sampled`` draws the three header tokens from the image's stream (their own draw
+    kind), so with the configured header forced back (random weights sample any header) the image tokens
+    equal ``forced``'s: sampling the header does not shift the image's draws."""
+    sampled, forced = tiny_lumina(header="sampled"), tiny_lumina(header="forced")
+    with pytest.warns(UserWarning, match="sampled the image header"):  # random weights: any header
+        a = Decoder("ar", sampled, ExactRule()).generate(PROMPT, 3).tokens
+    b = Decoder("ar", forced, ExactRule()).generate(PROMPT, 3).tokens
+    assert torch.equal(a, b) and len(sampled.header_mismatches) == 1
+    u = Streams([3], "cpu").uniform(torch.zeros(1, dtype=torch.long), HEADER, 3)[0]
+    header = sampled.sample_header(PROMPT, u)
+    assert len(header) == 3 and header == sampled.sample_header(PROMPT, u)  # deterministic in its uniforms
+    with pytest.raises(ValueError, match="model.header"):
+        LuminaMGPT(sampling={}, width=64, height=96, pretrained=False, random_init=SIZES, device="cpu",
+                   header="guessed")
 
 
 # -- trees, compaction, rollback -----------------------------------------------------------------------------

@@ -81,7 +81,7 @@ class RowModel(ImageARModel):
         above = prefix[i - self.grid[1]] if i >= self.grid[1] else 0
         return (above + 3 * i) % self.codebook_size
 
-    def prefill(self, prompts, extra_slots=64):
+    def prefill(self, prompts, extra_slots=64, streams=None):
         return TokenCache([0] * len(prompts), self.num_image_tokens + extra_slots), self.rows([[[]] for _ in prompts])
 
     def forward_block(self, cache, tokens, positions, tree_mask=None):

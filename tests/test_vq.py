@@ -178,8 +178,10 @@ def test_convenience_round_trip(vq: VQModel, images: torch.Tensor, encoded: tupl
     assert pixels.shape == (2, 3, 32, 32) and pixels.dtype == torch.uint8
     with torch.no_grad():
         ref = vq.decode_code(codes, shape=(2, 8, 16, 16))
-    expected = ((ref.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    expected = ((ref.clamp(-1, 1) + 1) / 2).mul(255).add(0.5).clamp(0, 255).to(torch.uint8)  # save_image's
     assert torch.equal(pixels, expected)
+    rounded = ((ref.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    assert torch.equal(vq.decode_to_uint8(codes, grid=(16, 16), rounding="half_even"), rounded)
     assert torch.equal(vq.decode_to_uint8(codes[:1]), pixels[:1])  # square grid inferred
     with pytest.raises(ValueError, match="grid"):
         vq.decode_to_uint8(codes, grid=(8, 16))
@@ -322,3 +324,51 @@ def test_load_missing_file_names_path(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="vq_ds16_t2i.pt") as err:
         load_vq_checkpoint(tiny_vq(), path)
     assert str(path) in str(err.value)
+
+
+def halfway_pixels() -> torch.Tensor:
+    """float32 values x in [-1, 1] whose (x + 1) / 2 * 255 is exactly k + 0.5, where the roundings differ."""
+    found = []
+    for k in range(255):
+        x = torch.tensor(2 * (k + 0.5) / 255 - 1, dtype=torch.float32)
+        for _ in range(4):  # nudge by one ulp until the float32 arithmetic lands on the half
+            y = (x + 1) / 2 * 255
+            if float(y) == k + 0.5:
+                found.append(float(x))
+                break
+            x = torch.nextafter(x, torch.tensor(1.0 if float(y) < k + 0.5 else -1.0))
+    return torch.tensor(found)
+
+
+def test_pixel_roundings_match_each_reference(tmp_path) -> None:
+    """``half_up`` = torchvision ``save_image(normalize=True, value_range=(-1, 1))`` (LlamaGen, LANTERN),
+    ``truncate`` = the Janus recipe's numpy clip-and-store and Meta's ``_pil_from_chw_tensor`` (Lumina);
+    they differ exactly at the halves, where ``half_even`` (the former conversion) differs from both."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from torchvision.utils import save_image
+
+    from coolsd.models.base import pixels_to_uint8
+
+    halves = halfway_pixels()
+    assert halves.numel() > 50
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([halves, torch.rand(3 * 64 * 64 - halves.numel(), generator=gen) * 2.4 - 1.2])  # some clamp
+    image = x[torch.randperm(x.numel(), generator=gen)].view(3, 64, 64)
+    buf = io.BytesIO()
+    save_image(image, buf, format="png", normalize=True, value_range=(-1, 1))
+    torchvision_png = torch.from_numpy(np.array(Image.open(io.BytesIO(buf.getvalue())))).permute(2, 0, 1)
+    assert torch.equal(pixels_to_uint8(image, "half_up"), torchvision_png)
+    janus = np.zeros((64, 64, 3), dtype=np.uint8)
+    janus[:, :, :] = np.clip((image.permute(1, 2, 0).numpy() + 1) / 2 * 255, 0, 255)
+    meta = ((torch.clamp(image, -1.0, 1.0) + 1.0) / 2.0).permute(1, 2, 0).numpy()
+    for reference in (janus, (meta * 255).astype(np.uint8)):
+        assert torch.equal(pixels_to_uint8(image, "truncate"), torch.from_numpy(reference).permute(2, 0, 1))
+    k = ((halves + 1) / 2 * 255).floor().to(torch.uint8)  # x maps to k + 0.5
+    assert torch.equal(pixels_to_uint8(halves, "half_up"), k + 1)
+    assert torch.equal(pixels_to_uint8(halves, "truncate"), k)
+    assert torch.equal(pixels_to_uint8(halves, "half_even"), k + (k % 2))
+    with pytest.raises(ValueError, match="pixel_rounding"):
+        pixels_to_uint8(halves, "nearest")

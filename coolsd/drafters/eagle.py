@@ -16,11 +16,31 @@ With classifier-free guidance the drafter runs the conditional and unconditional
 (each fed the target's hidden states of that stream and the same token ids) and its two logit rows go
 through the shared pipeline ``stream_probs``, so ``q`` is guided exactly like ``p``.
 
+What the drafter is fed before the first image token is its **prefix convention** (``drafter.prefix``),
+which must be the one it was trained with:
+
+* ``last`` (default): only the prefill's last hidden state ``f_{-1}``, paired with ``x_0`` at pair
+  position −1. The drafter's cache then holds ``N + extra_slots`` pairs. This project's own drafters are
+  trained with it unless ``head.prefix=all`` is set; the shipped embedded drafter
+  (``coolsd/assets/embedded/drafter``) was, and on a class-conditional LlamaGen (one condition slot) the
+  two conventions coincide anyway.
+* ``all``: the hidden states of **every prefix slot** (the prefill's ``prefix_hidden``; for LlamaGen T2I
+  the 120 caption slots of both CFG streams, padded slots included, none masked in the drafter), paired
+  with token id 0 except the last slot, which is paired with ``x_0``. Prefix slot ``j`` of ``C`` sits at
+  pair position ``j − C`` (the last at −1); the draft layer rotates slots ``j < C − 1`` with the all-zero
+  RoPE row and the last one with grid cell 0. This is what jadohu/LANTERN does with its released LlamaGen
+  drafters (``EaModel.initialize_tree``: the target's hidden states of all 120 prefix slots with
+  ``input_ids[:, 1:]`` = 119 zeros + the first image token at drafter positions 0..119 of a RoPE table
+  with 119 zero rows; its training data prepend the same 119 zero ids), so ``hub:jadohu/llamagen_drafter``
+  and ``hub:jadohu/llamagen2_drafter`` need ``prefix: all`` (``configs/drafter/llamagen_t2i_*.yaml``).
+  The drafter's cache then holds ``C − 1`` more pairs.
+
 Checkpoints: a directory with ``config.json`` + ``model.safetensors`` (this project's format, written by
 ``save_eagle`` / ``scripts/train_drafter.py``), or a released EAGLE / LANTERN drafter (``config.json`` +
 ``pytorch_model.bin`` with HF-Llama key names), or ``hub:<owner>/<repo>`` (e.g. ``hub:jadohu/llamagen_drafter``).
 
-Example: ``python run.py drafter=eagle drafter.checkpoint=checkpoints/drafter_tiny``.
+Example: ``python run.py drafter=eagle drafter.checkpoint=checkpoints/drafter_tiny``;
+``python run.py model=llamagen_t2i_512 drafter=llamagen_t2i_512`` (LANTERN's drafter, ``prefix: all``).
 """
 from __future__ import annotations
 
@@ -38,7 +58,7 @@ from coolsd import validate
 from coolsd.drafters.base import Drafter, empty_draft
 from coolsd.io import atomic_write_bytes
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import ImageARModel
+from coolsd.models.base import ImageARModel, attention_context, check_prefix
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, load_state_dict
 from coolsd.rng import DRAFT, sample
 from coolsd.sampling import finite_images, stream_probs
@@ -63,7 +83,9 @@ class EagleHead(nn.Module):
     ``own_embedding=True`` reserves a frozen embedding table of its own (released LANTERN LlamaGen
     drafters carry ``embed_tokens.weight``, initialised from the target's ``lm_head``, and were trained
     with it); otherwise ``e`` is ``target.embed``. Neither the target nor its embedding/head enter this
-    module's ``state_dict``.
+    module's ``state_dict``. ``prefix`` records the prefix convention the head is (to be) trained with
+    (``last`` / ``all``, see the module doc; ``None``: unknown, as for released checkpoints); ``save_eagle``
+    writes it into ``config.json`` and ``EagleDrafter`` refuses a different ``drafter.prefix``.
     """
 
     def __init__(
@@ -73,8 +95,12 @@ class EagleHead(nn.Module):
         norm_eps: float | None = None,
         own_embedding: bool = False,
         init_seed: int = 0,
+        prefix: str | None = "last",
     ) -> None:
         super().__init__()
+        if prefix is not None:
+            check_prefix(prefix)
+        self.prefix = prefix
         self._target = (target,)  # a tuple, so the target is not registered as a submodule
         h = target.hidden_size
         with torch.random.fork_rng(devices=[]):
@@ -156,7 +182,9 @@ def save_eagle(head: EagleHead, directory: str | os.PathLike, training: dict[str
     directory = Path(directory)
     state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
     atomic_write_bytes(directory / WEIGHTS_FILE, save(state, metadata={"format": FORMAT}))
-    config = {"format": FORMAT, "version": 1, **head.arch(), "training": training or {}}
+    if head.prefix is None:
+        raise ValueError("save_eagle needs the head's prefix convention (EagleHead.prefix: 'last' or 'all')")
+    config = {"format": FORMAT, "version": 1, **head.arch(), "prefix": head.prefix, "training": training or {}}
     atomic_write_bytes(directory / CONFIG_FILE, (json.dumps(config, indent=2, default=str) + "\n").encode())
     return directory
 
@@ -234,7 +262,8 @@ def load_eagle(target: ImageARModel, checkpoint: str) -> EagleHead:
     state = load_state_dict(weights_path, nested_keys=("model", "state_dict"))
     if config.get("format") == FORMAT:
         head = EagleHead(target, bias=config["bias"], norm_eps=config["norm_eps"],
-                         own_embedding=config["own_embedding"])
+                         own_embedding=config["own_embedding"],
+                         prefix=config.get("prefix", "last"))  # written before the option existed: last
         mismatch = {k: (config.get(k), v) for k, v in head.arch().items()
                     if k not in ("target", "norm_eps") and config.get(k) != v}
         if mismatch:
@@ -242,7 +271,7 @@ def load_eagle(target: ImageARModel, checkpoint: str) -> EagleHead:
                              f"(field: checkpoint vs target) {mismatch}; " + TRAIN_HINT)
     else:
         head = EagleHead(target, bias="fc.bias" in state, norm_eps=config.get("rms_norm_eps"),
-                         own_embedding="embed_tokens.weight" in state)
+                         own_embedding="embed_tokens.weight" in state, prefix=None)  # not recorded
         state = _eagle_to_ours(head, config, state)
     expected = {k: v.shape for k, v in head.state_dict().items()}
     problems = [f"{k}: missing" for k in expected if k not in state]
@@ -279,6 +308,10 @@ class EagleDrafter(Drafter):
     hidden states of the committed tokens (``out.hidden`` of the last committed token and the accepted
     nodes, paired with the accepted tokens and ``next_token``), as LANTERN's ``stable_kv`` does.
     ``Draft.forwards`` counts ``EagleHead`` forwards.
+
+    ``prefix``: the prefix convention (module doc): ``last`` (default) or ``all`` (LANTERN's released
+    LlamaGen drafters). ``begin`` queues the prefix pairs it implies as every image's first pending block,
+    so the first ``propose`` feeds them in one forward, exactly as LANTERN's first ``topK_genrate`` call does.
     """
 
     def __init__(
@@ -287,13 +320,19 @@ class EagleDrafter(Drafter):
         checkpoint: str | None = None,
         head: EagleHead | None = None,
         extra_slots: int = 64,
+        prefix: str = "last",
     ) -> None:
         if (checkpoint is None) == (head is None):
             raise ValueError("EagleDrafter needs exactly one of drafter.checkpoint (a directory written by "
                              "scripts/train_drafter.py, or hub:<owner>/<repo>) and head; " + TRAIN_HINT)
         validate.integer("drafter.extra_slots", extra_slots, minimum=1)  # >= the longest draft or tree block
+        check_prefix(prefix)
         self.target = target
         self.head = load_eagle(target, checkpoint) if head is None else head
+        if self.head.prefix is not None and self.head.prefix != prefix:
+            raise ValueError(f"the drafter {checkpoint or 'head'} was trained with prefix={self.head.prefix!r} "
+                             f"but drafter.prefix={prefix!r}; set drafter.prefix={self.head.prefix}")
+        self.prefix = prefix
         self.extra_slots = extra_slots
         self.cache: StaticKVCache | None = None
         self.streams = None
@@ -305,14 +344,17 @@ class EagleDrafter(Drafter):
         self.after_feed: list[int] = []  # cache lengths right after the pending block
         self.node_features: torch.Tensor | None = None  # tree drafting: outputs of the latest request
 
-    def new_cache(self, batch: int) -> StaticKVCache:
+    def new_cache(self, batch: int, prefix_pairs: int = 1) -> StaticKVCache:
+        """A cache for ``batch`` images: ``prefix_pairs`` prefix pairs (1 with ``prefix: last``, C with ``all``),
+        the pairs of image tokens 1..N−1 and room for the speculative ones (a pending block padded to the
+        longest image's, then a draft or tree)."""
         layer, weight = self.head.layer, self.head.fc.weight
         return StaticKVCache(
             num_layers=1,
             batch=batch,
             streams=self.target.num_streams,
             num_heads=layer.num_kv_heads,
-            max_len=self.target.num_image_tokens + 1 + 2 * self.extra_slots,
+            max_len=prefix_pairs + self.target.num_image_tokens + 2 * self.extra_slots,
             head_dim=layer.head_dim,
             dtype=weight.dtype,
             device=weight.device,
@@ -321,12 +363,15 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def begin(self, prompts, prefill: TargetOutput, first_tokens: torch.Tensor, streams) -> None:
         b = first_tokens.shape[0]
-        self.cache = self.new_cache(b)
+        features = self.target.prefix_states(prefill, self.prefix)  # (S, B, C, H); C = 1 for prefix=last
+        c = features.shape[2]
+        self.cache = self.new_cache(b, prefix_pairs=c)
         self.streams = streams
-        self.pending_features = prefill.hidden[:, :, -1:]  # (S, B, 1, H): f_{-1}
-        self.pending_tokens = first_tokens.reshape(b, 1)
-        self.pending_count = [1] * b
-        self.pending_start = [-1] * b
+        self.pending_features = features
+        # prefix slots j < C-1 pair with token id 0 (LANTERN's zero ids), the last slot (f_{-1}) with x_0
+        self.pending_tokens = torch.cat([first_tokens.new_zeros(b, c - 1), first_tokens.reshape(b, 1)], dim=1)
+        self.pending_count = [c] * b
+        self.pending_start = [-c] * b  # prefix slot j sits at pair position j - C
         self.fed = None
 
     def select(self, images) -> None:
@@ -356,7 +401,8 @@ class EagleDrafter(Drafter):
         """
         s, b, t, h = features.shape
         mask = self.cache.begin_block(t, tree_mask)
-        f_hat = self.head(features.reshape(s * b, t, h), tokens, positions, self.cache, mask).view(s, b, t, h)
+        with attention_context(getattr(self.target, "attention_kernel", "auto")):  # the target's decode kernel
+            f_hat = self.head(features.reshape(s * b, t, h), tokens, positions, self.cache, mask).view(s, b, t, h)
         if rows is not None:
             f_hat_q = f_hat.gather(2, rows.view(1, b, 1, 1).expand(s, b, 1, h))
         else:

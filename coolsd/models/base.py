@@ -14,13 +14,85 @@ Example: ``coolsd.models.llamagen.LlamaGen`` implements it; ``python run.py mode
 from __future__ import annotations
 
 import abc
+import contextlib
 from typing import Protocol
 
 import torch
 from torch import nn
 
+from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig, stream_probs
 from coolsd.types import TargetOutput
+
+#: What an EAGLE drafter is fed before the first image token (``coolsd.drafters.eagle``): ``last`` = the
+#: prefill's last hidden state only; ``all`` = every prefix slot (LANTERN's LlamaGen drafters).
+PREFIX_CONVENTIONS = ("last", "all")
+
+
+def check_prefix(prefix: str) -> None:
+    if prefix not in PREFIX_CONVENTIONS:
+        raise ValueError(f"drafter prefix must be one of {PREFIX_CONVENTIONS}, got {prefix!r}")
+
+
+#: ``model.attention_kernel``: the scaled-dot-product-attention kernels of the decode and verify forwards
+#: (``forward_block``). ``math``: PyTorch's math kernel only, as FoundationVision/LlamaGen ``generate.py``
+#: decodes (``sdp_kernel(enable_flash=False, enable_mem_efficient=False, enable_math=True)`` around
+#: ``decode_n_tokens``; its prefill runs outside it, so the prefill here always uses PyTorch's dispatch).
+#: ``auto``: PyTorch's dispatch (the transformers-based Janus and Lumina-mGPT references). On a CPU only the
+#: plumbing changes; the effect on CUDA bf16 logits has not been measured here.
+ATTENTION_KERNELS = ("auto", "math")
+#: ``model.pixel_rounding``: how decoded pixels (clamped to [-1, 1], mapped to [0, 255] as (x + 1) / 2 · 255)
+#: become uint8, as each reference saves its images (``pixels_to_uint8``).
+PIXEL_ROUNDINGS = ("half_up", "truncate", "half_even")
+
+
+def pixels_to_uint8(pixels: torch.Tensor, rounding: str) -> torch.Tensor:
+    """Decoded pixels, nominally in [-1, 1] -> uint8: clamp, ``(x + 1) / 2 · 255`` in float32, then
+
+    * ``half_up``: add 0.5 and truncate, i.e. torchvision ``save_image(normalize=True, value_range=(-1, 1))``
+      (``mul(255).add_(0.5).clamp_(0, 255).to(uint8)``), how LlamaGen's ``sample_t2i.py`` and LANTERN's
+      ``generate_images.py`` save images;
+    * ``truncate``: truncate, as deepseek-ai/Janus ``generation_inference.py`` (``np.clip((x + 1) / 2 * 255,
+      0, 255)`` assigned into a uint8 array), transformers' ``JanusImageProcessor.postprocess`` and Meta's
+      Chameleon ``ImageTokenizer._pil_from_chw_tensor`` (Lumina-mGPT) do;
+    * ``half_even``: ``torch.round`` (half to even; this project's former conversion, kept by the embedded
+      model, whose model card was measured with it).
+    """
+    if rounding not in PIXEL_ROUNDINGS:
+        raise ValueError(f"model.pixel_rounding must be one of {PIXEL_ROUNDINGS}, got {rounding!r}")
+    x = (pixels.float().clamp(-1.0, 1.0) + 1.0) / 2.0 * 255.0
+    if rounding == "half_up":
+        x = x + 0.5
+    elif rounding == "half_even":
+        x = x.round()
+    return x.clamp(0.0, 255.0).to(torch.uint8)
+
+
+def attention_context(kernel: str) -> contextlib.AbstractContextManager:
+    """The context a decode/verify forward runs in for ``model.attention_kernel`` (``ATTENTION_KERNELS``)."""
+    if kernel == "math":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext()
+
+
+def check_reference_options(attention_kernel: str, pixel_rounding: str) -> None:
+    if attention_kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"model.attention_kernel must be one of {ATTENTION_KERNELS}, got {attention_kernel!r}")
+    if pixel_rounding not in PIXEL_ROUNDINGS:
+        raise ValueError(f"model.pixel_rounding must be one of {PIXEL_ROUNDINGS}, got {pixel_rounding!r}")
+
+
+def set_tf32(device: torch.device, tf32: bool) -> None:
+    """``model.tf32`` on CUDA: ``true`` = LlamaGen's ``sample_t2i.py`` (TF32 for float32 matmuls and cuDNN
+    convolutions); ``false`` = PyTorch's defaults (matmul TF32 off, cuDNN TF32 on), which the Janus and
+    Lumina-mGPT scripts leave. Process-wide settings; nothing changes on a CPU."""
+    if device.type != "cuda":
+        return
+    torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
 
 
 class BlockCache(Protocol):
@@ -58,8 +130,11 @@ class ImageARModel(nn.Module, abc.ABC):
 
     @property
     def num_streams(self) -> int:
-        """2 when classifier-free guidance is on (conditional + unconditional streams), else 1."""
-        return 2 if self.sampling.cfg_scale != 1.0 else 1
+        """2 when classifier-free guidance is on (conditional + unconditional streams), else 1.
+
+        Whether it is on follows ``sampling.cfg_rule`` (``coolsd.sampling``: ``not_one`` or LlamaGen's
+        ``above_one``)."""
+        return 2 if self.sampling.guided else 1
 
     @property
     def device(self) -> torch.device:
@@ -70,12 +145,17 @@ class ImageARModel(nn.Module, abc.ABC):
         return torch.device("cpu")
 
     @abc.abstractmethod
-    def prefill(self, prompts: list[str], extra_slots: int = 64) -> tuple[BlockCache, TargetOutput]:
+    def prefill(self, prompts: list[str], extra_slots: int = 64,
+                streams: Streams | None = None) -> tuple[BlockCache, TargetOutput]:
         """Encode the prompts into a fresh cache; return it and the output at each last prefix position.
 
         ``extra_slots`` is the largest block a decoder will forward beyond the image tokens (tree nodes).
         The returned output has ``T == 1``: its logits (S, B, 1, V) give the distributions of image token 0.
         An image's outputs must not depend on the other prompts of the batch (left padding is masked).
+        Adapters whose EAGLE drafters may be fed the whole prefix (``prefix: all``) also return
+        ``prefix_hidden`` (S, B, C, H), the hidden states of every prefix slot. ``streams`` are the images'
+        random streams (``coolsd.rng``), for adapters that sample part of the prefix (Lumina-mGPT's image
+        header); others ignore them.
         """
 
     @abc.abstractmethod
@@ -113,19 +193,33 @@ class ImageARModel(nn.Module, abc.ABC):
         return torch.stack([self.decode_image(row) for row in tokens])
 
     @torch.inference_mode()
-    def teacher_force(self, prompts: list[str], tokens: torch.Tensor) -> torch.Tensor:
+    def teacher_force(self, prompts: list[str], tokens: torch.Tensor, prefix: str = "last") -> torch.Tensor:
         """Hidden states ``f_{-1} .. f_{N-1}`` (B, S, N+1, H) of whole token sequences (B, N) under ``prompts``.
 
-        ``f_{-1}`` is the prefill's last hidden state. Used to make drafter training data; adapters may
-        override this per-sample default with a batched pass.
+        ``f_{-1}`` is the prefill's last hidden state. ``prefix="all"``: every prefix slot's hidden state
+        instead of the last one only, (B, S, C+N, H) (the prefill's ``prefix_hidden``; the EAGLE drafter's
+        ``prefix: all`` convention). Used to make drafter training data; adapters may override this
+        per-sample default with a batched pass.
         """
+        check_prefix(prefix)
         out = []
         n = tokens.shape[1]
         for prompt, seq in zip(prompts, tokens):
             cache, first = self.prefill([prompt], extra_slots=0)
             block = self.forward_block(cache, seq.to(self.device)[None], torch.arange(n, device=self.device)[None])
-            out.append(torch.cat([first.hidden, block.hidden], dim=2)[:, 0])
+            out.append(torch.cat([self.prefix_states(first, prefix), block.hidden], dim=2)[:, 0])
         return torch.stack(out)
+
+    def prefix_states(self, prefill: TargetOutput, prefix: str) -> torch.Tensor:
+        """The prefix hidden states an EAGLE drafter is fed first: (S, B, 1, H) for ``last``, (S, B, C, H) for
+        ``all``."""
+        if prefix == "last":
+            return prefill.hidden[:, :, -1:]
+        if prefill.prefix_hidden is None:
+            raise ValueError(f"drafter prefix=all needs the hidden states of every prefix slot, but "
+                             f"{type(self).__name__}.prefill returns only the last one (prefix_hidden is None); "
+                             "use drafter.prefix=last (head.prefix=last for scripts/train_drafter.py)")
+        return prefill.prefix_hidden
 
     def probs(self, out: TargetOutput) -> torch.Tensor:
         """Guided next-token distributions (B, T, V) of a forward's output, through the shared pipeline."""

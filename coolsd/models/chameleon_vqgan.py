@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from coolsd.models.base import pixels_to_uint8
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.vq import GROUPNORM_GROUPS, AttnBlock, ResnetBlock, Upsample
 
@@ -233,10 +234,10 @@ class ChameleonVQGAN(nn.Module):
         return self.decoder(self.post_quant_conv(z))
 
     @torch.inference_mode()
-    def decode_to_uint8(self, codes: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """Codes (B, h*w) -> uint8 images (B, 3, h*f, w*f): clamp to [-1, 1], map to [0, 255], truncate."""
-        pixels = self.decode_codes(codes, grid).float()
-        return ((pixels.clamp(-1.0, 1.0) + 1.0) / 2.0 * 255.0).to(torch.uint8)
+    def decode_to_uint8(self, codes: torch.Tensor, grid: tuple[int, int], rounding: str = "truncate") -> torch.Tensor:
+        """Codes (B, h*w) -> uint8 images (B, 3, h*f, w*f): clamp to [-1, 1], map to [0, 255], then
+        ``rounding`` (``coolsd.models.base.pixels_to_uint8``; default ``truncate``, as Meta's tokenizer)."""
+        return pixels_to_uint8(self.decode_codes(codes, grid), rounding)
 
 
 class _LightningPlaceholder:

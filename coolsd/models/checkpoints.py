@@ -4,6 +4,10 @@ Checkpoints are read with ``safetensors`` or ``torch.load(weights_only=True)``; 
 file is ever executed. Missing files raise an error that names the file, where it was looked for and the
 command that fetches it.
 
+Adapters look every file up before they build a model (``missing_together`` collects what is absent, so one
+error lists it all), and load state dicts with ``strict_load`` (exact key names and shapes, or an error that
+names the differences).
+
 Example: ``load_state_dict("ckpts/t2i_XL_stage1_256.pt", nested_keys=("model",))``.
 """
 from __future__ import annotations
@@ -71,3 +75,40 @@ def hub_file(repo_id: str, filename: str, local_dir: str | None = None, revision
             f"access run: hf download {repo_id} {filename}"
             + (f" --local-dir {local_dir}" if local_dir else "")
         ) from err
+
+
+def missing_together(what: str, errors: Sequence[str]) -> None:
+    """Raise one ``MissingWeightsError`` listing every missing file of ``what`` (nothing if ``errors`` is empty)."""
+    if errors:
+        raise MissingWeightsError(f"{what}: " + (errors[0] if len(errors) == 1 else
+                                                 "".join(f"\n  - {e}" for e in errors)))
+
+
+def hub_cached(repo_id: str, filenames: Sequence[str], revision: str | None = None) -> str | None:
+    """Offline only: the first of ``filenames`` found in the Hugging Face cache for ``repo_id``; ``None`` if
+    none is. Online it returns ``""`` (the files are downloaded on first use)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not constants.HF_HUB_OFFLINE:
+        return ""
+    for name in filenames:
+        path = try_to_load_from_cache(repo_id, name, revision=revision)
+        if isinstance(path, str):
+            return path
+    return None
+
+
+def strict_load(module: torch.nn.Module, state: dict[str, torch.Tensor], source: str, hint: str = "",
+                assign: bool = False) -> None:
+    """Load ``state`` into ``module`` with exact key names and shapes; otherwise raise a ``ValueError`` that
+    names the missing, unexpected and reshaped keys, the ``source`` and ``hint`` (what to check)."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    reshaped = [f"{k}: {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+                if k in state and tuple(state[k].shape) != tuple(v.shape)]
+    if missing or unexpected or reshaped:
+        raise ValueError(f"{source} does not match {type(module).__name__}'s parameters: missing {missing[:6]} "
+                         f"({len(missing)}), unexpected {unexpected[:6]} ({len(unexpected)}), reshaped "
+                         f"{reshaped[:6]} ({len(reshaped)})" + (f"; {hint}" if hint else ""))
+    module.load_state_dict(state, strict=True, assign=assign)

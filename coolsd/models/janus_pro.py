@@ -14,6 +14,19 @@ reproduces it:
   language model's post-norm hidden states; plain 1-D RoPE, image token ``i`` at sequence position
   ``len(prompt) + i``.
 
+Where this adapter follows the official recipe and where it deviates on purpose:
+
+* **Precision (deliberate deviation).** The model runs in bf16 on CUDA, but the guidance combination
+  ``u + s (c − u)`` and the softmax run in **float32** (the generation head's logits are promoted to float32
+  and ``coolsd.sampling`` does all arithmetic in float32, as ``shared/docs/algorithms.md`` requires for
+  every model); the official recipe and transformers do CFG and softmax in bf16.
+* **Guidance** at any scale ≠ 1 (``sampling.cfg_rule=not_one``, as ``generation_inference.py`` always
+  combines the streams; transformers' ``generate`` adds its CFG processor only above 1).
+* **Attention kernel** ``model.attention_kernel=auto`` (PyTorch's dispatch, as the HF modules use) and
+  ``model.tf32=false`` (the recipe leaves PyTorch's TF32 defaults); on a GPU their effect was not measured.
+* **Pixels** ``model.pixel_rounding=truncate``: ``np.clip((x + 1) / 2 * 255, 0, 255)`` stored into uint8, as
+  the recipe (and transformers' ``JanusImageProcessor.postprocess``) does.
+
 The Llama decoder layers run here over the HF modules' own weights (projections, RoPE module, MLP, norms)
 with this project's ``StaticKVCache`` and masks, so blocks, draft trees, rollback and KV compaction work as
 for every adapter; ``tests/test_janus.py`` checks the logits against ``transformers``' own generation loop.
@@ -38,9 +51,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import ImageARModel
+from coolsd.models.base import (
+    ImageARModel,
+    attention_context,
+    check_reference_options,
+    pixels_to_uint8,
+    set_tf32,
+)
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.llamagen import resolve_device, resolve_dtype
+from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
 from coolsd.types import TargetOutput
 
@@ -176,8 +196,13 @@ def load_pretrained(repo_id: str, revision: str | None, dtype: torch.dtype) -> t
             + (f" --revision {revision}" if revision else "")
             + " ; or set model.pretrained=false for a random-weight model"
         ) from err
-    model = JanusForConditionalGeneration.from_pretrained(path, dtype=dtype, use_safetensors=True,
-                                                          trust_remote_code=False)
+    model, info = JanusForConditionalGeneration.from_pretrained(path, dtype=dtype, use_safetensors=True,
+                                                                trust_remote_code=False, output_loading_info=True)
+    problems = {k: sorted(map(str, info.get(k) or ())) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(problems.values()):  # from_pretrained only warns; a renamed or reshaped parameter must not load
+        raise ValueError(f"{repo_id} ({path}) does not match transformers' Janus classes: "
+                         + ", ".join(f"{k} {v[:6]} ({len(v)})" for k, v in problems.items())
+                         + "; check the transformers version (requirements.txt) and model.revision")
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     return model, tokenizer
 
@@ -355,8 +380,13 @@ class JanusPro(ImageARModel):
         init_seed: int = 0,
         device: str = "auto",
         dtype: str = "auto",
+        attention_kernel: str = "auto",
+        tf32: bool = False,
+        pixel_rounding: str = "truncate",
     ) -> None:
         super().__init__()
+        check_reference_options(attention_kernel, pixel_rounding)
+        self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
         self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
         if "{prompt}" not in prompt_template:
             raise ValueError(f"model.prompt_template must contain '{{prompt}}', got {prompt_template!r}")
@@ -396,6 +426,7 @@ class JanusPro(ImageARModel):
         self.requires_grad_(False)
         self.to(device=target_device)
         self.janus.model.vqmodel.float()  # the VQ decoder runs in float32 (as LlamaGen's adapter does)
+        set_tf32(target_device, tf32)
 
     @staticmethod
     def _random_model(arch, tokenizer, init_seed: int, dtype: torch.dtype) -> tuple[nn.Module, Any]:
@@ -461,7 +492,8 @@ class JanusPro(ImageARModel):
         return TargetOutput(logits=self.head(hidden), hidden=hidden)
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[str], extra_slots: int = 64) -> tuple[JanusCache, TargetOutput]:
+    def prefill(self, prompts: list[str], extra_slots: int = 64,
+                streams: Streams | None = None) -> tuple[JanusCache, TargetOutput]:
         streams = [self.stream_ids(p) for p in prompts]  # (S, P_b) each
         lengths = torch.tensor([ids.shape[1] for ids in streams])
         width = int(lengths.max())
@@ -488,7 +520,8 @@ class JanusPro(ImageARModel):
         if s > 1:
             h, seq = h.repeat(s, 1, 1), seq.repeat(s, 1)
         mask = cache.begin_block(tokens.shape[1], tree_mask)
-        hidden = run_layers(self.lm, h, seq, cache, mask, self.active_layers)
+        with attention_context(self.attention_kernel):
+            hidden = run_layers(self.lm, h, seq, cache, mask, self.active_layers)
         return self._output(hidden)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -505,14 +538,19 @@ class JanusPro(ImageARModel):
         return self.janus.model.vqmodel.quantize.embedding.weight.detach()
 
     @torch.inference_mode()
+    def decode_pixels(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image tokens (N,) in raster order -> the VQ decoder's float image (3, H, W), about [-1, 1]."""
+        codes = tokens.reshape(1, -1).to(self.device)
+        return self.janus.model.vqmodel.decode(codes)[0].float()
+
     def decode_float(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image tokens (N,) in raster order -> float image (3, H, W) in [0, 1]."""
-        codes = tokens.reshape(1, -1).to(self.device)
-        pixels = self.janus.model.vqmodel.decode(codes)[0].float()  # (3, H, W), about [-1, 1]
-        return ((pixels + 1.0) / 2.0).clamp(0.0, 1.0)
+        return ((self.decode_pixels(tokens) + 1.0) / 2.0).clamp(0.0, 1.0)
 
     def decode_image(self, tokens: torch.Tensor) -> torch.Tensor:
-        return (self.decode_float(tokens) * 255.0).round().to(torch.uint8)
+        """uint8 image as the official recipe saves it: ``clip((x + 1) / 2 * 255, 0, 255)`` truncated
+        (``model.pixel_rounding``, default ``truncate``)."""
+        return pixels_to_uint8(self.decode_pixels(tokens), self.pixel_rounding)
 
     def make_draft_layer(self, norm_eps: float | None = None) -> JanusDraftLayer:
         """A fresh ``JanusDraftLayer`` as wide as the language model (``ImageARModel.make_draft_layer``)."""

@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import ImageARModel
+from coolsd.models.base import ImageARModel, attention_context, check_prefix, check_reference_options, set_tf32
 from coolsd.models.vq import VQConfig, VQModel
+from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
 from coolsd.types import TargetOutput
 
@@ -210,7 +211,9 @@ class DraftBlock(Float32Rope):
     cell of ``x_{t+1}``, i.e. cell ``t + 1`` (the prefill pair, ``t = -1``, gets cell 0). This is the
     reference drafter's ``cls_token_num = 119`` table for a 120-slot prefix: a one-position shift against
     the target, which rotates input ``x_t`` with cell ``t``. Pairs past the last cell (tree drafting near
-    the end of the image) get the reference's all-zero padding rows.
+    the end of the image) get the reference's all-zero padding rows. The other prefix pairs of the
+    ``prefix: all`` convention (prefix slot ``j`` of ``C`` at pair position ``j − C``, so ``t <= −2``) get
+    the all-zero rotation too: the reference table's 119 zero rows, which zero their queries and keys.
 
     Example: ``LlamaGen.make_draft_layer()``; ``python scripts/train_drafter.py model=tiny`` trains one.
     """
@@ -238,7 +241,9 @@ class DraftBlock(Float32Rope):
         cache: StaticKVCache | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        cells = (positions.to(self.freqs_cis.device) + 1).clamp(max=self.num_cells)  # (T,)
+        positions = positions.to(self.freqs_cis.device)
+        cells = (positions + 1).clamp(max=self.num_cells)  # (T,); past the grid: the zero row
+        cells = torch.where(positions < -1, self.num_cells, cells)  # prefix pairs: the zero row
         rope = self.freqs_cis[cells]
         h = h + self.attention(h, rope, cache, 0, mask)
         return h + self.feed_forward(self.ffn_norm(h))
@@ -429,12 +434,17 @@ class LlamaGenAdapter(ImageARModel):
         self.hidden_size = self.cfg.dim
         self.active_layers = self.cfg.n_layer
 
-    def _place(self, device: str, dtype: str) -> None:
-        """Eval mode on ``device`` in ``dtype`` (``auto``: bf16 on CUDA, float32 otherwise); the VQ in fp32."""
+    def _place(self, device: str, dtype: str, attention_kernel: str = "math", tf32: bool = True,
+               pixel_rounding: str = "half_up") -> None:
+        """Eval mode on ``device`` in ``dtype`` (``auto``: bf16 on CUDA, float32 otherwise); the VQ in fp32;
+        the reference options (``attention_kernel``, ``tf32``, ``pixel_rounding``: ``coolsd.models.base``)."""
+        check_reference_options(attention_kernel, pixel_rounding)
         target = resolve_device(device)
         self.eval()
         self.to(device=target, dtype=resolve_dtype(dtype, target))
         self.vq.float()
+        self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
+        set_tf32(target, tf32)
 
     def _new_cache(self, batch: int, extra_slots: int) -> LlamaGenCache:
         c = self.cfg.cls_token_num
@@ -472,8 +482,10 @@ class LlamaGenAdapter(ImageARModel):
         mask = cache.begin_block(h.shape[1])
         hidden = self.gpt.forward_hidden(
             h, torch.arange(h.shape[1], device=self.device), cache, mask, self.active_layers
-        )
-        return cache, self._output(hidden[:, -1:])
+        )  # (S·B, C, dim)
+        hidden = hidden.view(self.num_streams, -1, *hidden.shape[1:])  # (S, B, C, dim)
+        last = hidden[:, :, -1:]
+        return cache, TargetOutput(logits=self.head(last), hidden=last, prefix_hidden=hidden)
 
     @torch.inference_mode()
     def forward_block(self, cache, tokens, positions, tree_mask=None) -> TargetOutput:
@@ -483,7 +495,8 @@ class LlamaGenAdapter(ImageARModel):
         if s > 1:  # cache rows are stream-major: [images of stream 0; images of stream 1]
             h, seq = h.repeat(s, 1, 1), seq.repeat(s, 1)
         mask = cache.begin_block(tokens.shape[1], tree_mask)
-        hidden = self.gpt.forward_hidden(h, seq, cache, mask, self.active_layers)
+        with attention_context(self.attention_kernel):  # LlamaGen decodes with the math kernel
+            hidden = self.gpt.forward_hidden(h, seq, cache, mask, self.active_layers)
         return self._output(hidden)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -502,7 +515,7 @@ class LlamaGenAdapter(ImageARModel):
     @torch.inference_mode()
     def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image tokens (B, N) -> uint8 images (B, C, H, W) in one VQ decoder pass."""
-        return self.vq.decode_to_uint8(tokens.to(self.device), self.grid)
+        return self.vq.decode_to_uint8(tokens.to(self.device), self.grid, self.pixel_rounding)
 
     def make_draft_layer(self, norm_eps: float | None = None) -> DraftBlock:
         """A fresh ``DraftBlock`` of this GPT's width and heads (see ``ImageARModel.make_draft_layer``)."""
@@ -534,7 +547,12 @@ class LlamaGen(LlamaGenAdapter):
         zero_init_output: bool = True,
         device: str = "auto",
         dtype: str = "float32",
+        attention_kernel: str = "math",
+        tf32: bool = True,
+        pixel_rounding: str = "half_up",
     ) -> None:
+        """Reference options (defaults = FoundationVision/LlamaGen's sampling scripts; ``coolsd.models.base``):
+        ``attention_kernel`` ``math`` for decode forwards, ``tf32`` on CUDA, ``pixel_rounding`` ``half_up``."""
         super().__init__()
         self._build(gpt, vq, sampling, gpt_size, init_seed, init_std, zero_init_output)
         self.class_names = list(class_names)
@@ -547,7 +565,7 @@ class LlamaGen(LlamaGenAdapter):
             from coolsd.models.vq import load_vq_checkpoint
 
             load_vq_checkpoint(self.vq, vq_checkpoint)
-        self._place(device, dtype)
+        self._place(device, dtype, attention_kernel, tf32, pixel_rounding)
 
     def class_index(self, prompt: str) -> int:
         if prompt in self.class_names:
@@ -558,15 +576,18 @@ class LlamaGen(LlamaGenAdapter):
         raise ValueError(f"prompt {prompt!r} is not a class of this model; allowed: {allowed}")
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[str], extra_slots: int = 64) -> tuple[LlamaGenCache, TargetOutput]:
+    def prefill(self, prompts: list[str], extra_slots: int = 64,
+                streams: Streams | None = None) -> tuple[LlamaGenCache, TargetOutput]:
         label = torch.tensor([self.class_index(p) for p in prompts], device=self.device)
         if self.num_streams == 2:
             label = torch.cat([label, torch.full_like(label, self.cfg.num_classes)])  # [cond; uncond]
         return self._prefill_condition(self.gpt.condition(label), None, extra_slots)
 
     @torch.inference_mode()
-    def teacher_force(self, prompts: list[str], tokens: torch.Tensor) -> torch.Tensor:
-        """Batched: every stream of every sequence in one causal pass (no cache) -> (B, S, N+1, H)."""
+    def teacher_force(self, prompts: list[str], tokens: torch.Tensor, prefix: str = "last") -> torch.Tensor:
+        """Batched: every stream of every sequence in one causal pass (no cache) -> (B, S, N+1, H), or
+        (B, S, C+N, H) with every condition slot for ``prefix="all"`` (see ``ImageARModel.teacher_force``)."""
+        check_prefix(prefix)
         b = tokens.shape[0]
         labels = torch.tensor([self.class_index(p) for p in prompts], device=self.device)
         if self.num_streams == 2:
@@ -575,7 +596,8 @@ class LlamaGen(LlamaGenAdapter):
         h = torch.cat([self.gpt.condition(labels), self.gpt.tok_embeddings(seq)], dim=1)  # (S*B, C+N, dim)
         hidden = self.gpt.forward_hidden(h, torch.arange(h.shape[1], device=self.device), None, None,
                                          self.active_layers)
-        hidden = hidden[:, self.cfg.cls_token_num - 1 :]  # (S*B, N+1, dim): f_{-1} .. f_{N-1}
+        if prefix == "last":
+            hidden = hidden[:, self.cfg.cls_token_num - 1 :]  # (S*B, N+1, dim): f_{-1} .. f_{N-1}
         return hidden.view(self.num_streams, b, *hidden.shape[1:]).transpose(0, 1)
 
 

@@ -45,9 +45,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from coolsd.models.checkpoints import MissingWeightsError, hub_file
+from coolsd.models.checkpoints import MissingWeightsError, hub_cached, hub_file, missing_together
 from coolsd.models.llamagen import GPTConfig, LlamaGenAdapter, LlamaGenCache, load_gpt_checkpoint
 from coolsd.models.vq import VQConfig
+from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
 from coolsd.types import TargetOutput
 
@@ -217,21 +218,49 @@ def tiny_random_t5(d_model: int, vocab_size: int = 512, seed: int = 0) -> nn.Mod
         return T5EncoderModel(config).eval()
 
 
-def load_t5(name: str, revision: str | None, dtype: torch.dtype) -> tuple[nn.Module, Any]:
-    """``T5EncoderModel`` + ``AutoTokenizer`` from a hub id or a local folder (no remote code)."""
+T5_WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
+              "pytorch_model.bin")
+
+
+def _t5_unavailable(name: str) -> str:
     from huggingface_hub.constants import HF_HUB_CACHE
+
+    return (f"text encoder {name!r} (T5EncoderModel weights + tokenizer) is not available (looked in "
+            f"{name if Path(name).expanduser().is_dir() else HF_HUB_CACHE}; HF_HUB_OFFLINE="
+            f"{os.environ.get('HF_HUB_OFFLINE', '0')}). On a machine with network access run: "
+            f"hf download {name} --exclude '*.h5' '*.msgpack'   (or set model.text_encoder to a local folder)")
+
+
+def t5_missing(name: str, revision: str | None) -> str | None:
+    """Why the T5 encoder ``name`` (hub id or folder) cannot be loaded, checked without loading it; ``None``
+    if it can (online, a hub id is downloaded on first use)."""
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        has_weights = any((folder / f).is_file() for f in T5_WEIGHTS)
+        return None if (folder / "config.json").is_file() and has_weights else _t5_unavailable(name)
+    if hub_cached(name, ("config.json",), revision) is None or hub_cached(name, T5_WEIGHTS, revision) is None:
+        return _t5_unavailable(name)
+    return None
+
+
+def load_t5(name: str, revision: str | None, dtype: torch.dtype) -> tuple[nn.Module, Any]:
+    """``T5EncoderModel`` + ``AutoTokenizer`` from a hub id or a local folder (no remote code).
+
+    Only the encoder half of the checkpoint is used (the decoder's weights are skipped, as
+    ``T5EncoderModel.from_pretrained`` does); every encoder parameter must be in the checkpoint."""
     from transformers import AutoTokenizer, T5EncoderModel
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
-        encoder = T5EncoderModel.from_pretrained(name, revision=revision, dtype=dtype)
+        encoder, info = T5EncoderModel.from_pretrained(name, revision=revision, dtype=dtype,
+                                                       output_loading_info=True)
     except OSError as err:
-        raise MissingWeightsError(
-            f"text encoder {name!r} (T5EncoderModel weights + tokenizer) is not available (looked in "
-            f"{name if Path(name).expanduser().is_dir() else HF_HUB_CACHE}; HF_HUB_OFFLINE="
-            f"{os.environ.get('HF_HUB_OFFLINE', '0')}). On a machine with network access run: "
-            f"hf download {name} --exclude '*.h5' '*.msgpack'   (or set model.text_encoder to a local folder)"
-        ) from err
+        raise MissingWeightsError(_t5_unavailable(name)) from err
+    tied = set(getattr(encoder, "_tied_weights_keys", None) or ())
+    missing = [k for k in info.get("missing_keys", ()) if k not in tied]
+    if missing or info.get("mismatched_keys"):
+        raise ValueError(f"text encoder {name!r} lacks T5 encoder parameters {missing[:6]} or has reshaped "
+                         f"ones {list(info.get('mismatched_keys', ()))[:6]}; is it a T5 checkpoint?")
     return encoder.eval(), tokenizer
 
 
@@ -318,19 +347,28 @@ class LlamaGenT2I(LlamaGenAdapter):
         zero_init_output: bool = True,
         device: str = "auto",
         dtype: str = "auto",
+        attention_kernel: str = "math",
+        tf32: bool = True,
+        pixel_rounding: str = "half_up",
     ) -> None:
         """``text_encoder``: a hub id or local folder of a T5 encoder (with ``tokenizer=None`` its tokenizer
         comes from the same place), ``tiny_random`` (tests), or a built ``T5EncoderModel``-like module or a
         factory returning one (then pass ``tokenizer`` as an object or a factory too).
         ``pretrained``: load the official GPT and VQ files (``weights_dir`` is looked in first, then
-        ``hub_repo``); false keeps the seeded random initialisation (tests, plumbing)."""
+        ``hub_repo``); false keeps the seeded random initialisation (tests, plumbing). Every file (GPT, VQ,
+        text encoder) is looked up before anything is built, and one ``MissingWeightsError`` lists what is
+        missing, so a run without weights fails in a second instead of after building a 775M-parameter GPT.
+        Reference options (defaults = ``sample_t2i.py``; ``coolsd.models.base``): ``attention_kernel=math``
+        for the decode forwards, ``tf32=true`` on CUDA, ``pixel_rounding=half_up``; CFG only above 1 is
+        ``sampling.cfg_rule=above_one`` (the model configs set it)."""
         super().__init__()
-        self._build(gpt, vq, sampling, gpt_size, init_seed, init_std, zero_init_output)
         self.hub_repo, self.weights_dir = hub_repo, weights_dir
+        files = self._look_up(pretrained, gpt_file, vq_file, text_encoder, text_encoder_revision)
+        self._build(gpt, vq, sampling, gpt_size, init_seed, init_std, zero_init_output)
         if pretrained:
-            load_gpt_checkpoint(self.gpt, self._weights_file(gpt_file), strict=True)
-            self._load_vq(self._weights_file(vq_file))
-        self._place(device, dtype)
+            load_gpt_checkpoint(self.gpt, files[gpt_file], strict=True)
+            self._load_vq(files[vq_file])
+        self._place(device, dtype, attention_kernel, tf32, pixel_rounding)
         self.text = self._caption_encoder(text_encoder, tokenizer, text_encoder_revision, caption_cleaning)
         if self.text.hidden_size != self.cfg.caption_dim:
             raise ValueError(f"the text encoder's width ({self.text.hidden_size}) differs from "
@@ -338,6 +376,22 @@ class LlamaGenT2I(LlamaGenAdapter):
         self.class_names: list[str] = []
 
     # -- construction ----------------------------------------------------------------------------------
+    def _look_up(self, pretrained: bool, gpt_file: str, vq_file: str, text_encoder: Any,
+                 revision: str | None) -> dict[str, str]:
+        """Local paths of the official files (downloading them when online); one error naming all missing."""
+        files, errors = {}, []
+        for name in (gpt_file, vq_file) if pretrained else ():
+            try:
+                files[name] = self._weights_file(name)
+            except MissingWeightsError as err:
+                errors.append(str(err))
+        if isinstance(text_encoder, str) and text_encoder != TINY_RANDOM:
+            problem = t5_missing(text_encoder, revision)
+            if problem:
+                errors.append(problem)
+        missing_together("LlamaGen T2I weights are missing (looked up before building the model)", errors)
+        return files
+
     def _weights_file(self, filename: str) -> str:
         """Local path of an official weights file: ``weights_dir/filename``, else the hub (downloading)."""
         from huggingface_hub.constants import HF_HUB_CACHE
@@ -402,7 +456,8 @@ class LlamaGenT2I(LlamaGenAdapter):
         return self.gpt.condition(cond), valid
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[str], extra_slots: int = 64) -> tuple[LlamaGenCache, TargetOutput]:
+    def prefill(self, prompts: list[str], extra_slots: int = 64,
+                streams: Streams | None = None) -> tuple[LlamaGenCache, TargetOutput]:
         h, valid = self.condition(prompts)
         return self._prefill_condition(h, valid, extra_slots)
 

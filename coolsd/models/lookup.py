@@ -126,7 +126,8 @@ class LookupModel(ImageARModel):
         logits = self.table[which, idx][:, :, : self.num_streams].permute(2, 0, 1, 3).contiguous()  # (S, B, T, V)
         return TargetOutput(logits=logits, hidden=logits.clone())
 
-    def prefill(self, prompts: list[str], extra_slots: int = 64) -> tuple[TokenCache, TargetOutput]:
+    def prefill(self, prompts: list[str], extra_slots: int = 64,
+                streams=None) -> tuple[TokenCache, TargetOutput]:
         cache = TokenCache([self.table_of(p) for p in prompts], self.num_image_tokens + extra_slots)
         return cache, self._rows(cache.tables, [[[]] for _ in prompts])
 

@@ -14,7 +14,15 @@ What the adapter hides from the decoders (they see a 48 x 48 grid of codebook id
   offset (it happens to be ``code + 4`` in the released vocabulary).
 * **Prompt.** ``[<s>] + "Generate an image of {W}x{H} according to the following prompt:\\n{prompt}"`` +
   ``<reserved08706>`` (Lumina's one-turn ``Conversation`` template; the assistant turn is open), then the
-  forced image header ``<racm3:break>``, ``<reserved{8800 + H/32}>``, ``<reserved{8800 + W/32}>``.
+  image header ``<racm3:break>``, ``<reserved{8800 + H/32}>``, ``<reserved{8800 + W/32}>``.
+* **Header** (``model.header``). ``sampled`` (default; the reference): the three header tokens are sampled
+  from the conditional stream as ``inference_solver.py``'s logits processors leave them (``sample_header``:
+  ``<racm3:break>`` in text mode, no CFG, text top-k ``model.text_top_k`` = 10; the size tokens without CFG
+  or masks, image top-k; the decoder's random stream), and the grid is read from the size tokens sampled.
+  The harness decodes one fixed grid per run, so a sampled header other than the configured one is handled
+  by ``model.header_mismatch``: ``force`` (default) continues with the configured header, warns and records
+  the prompt in ``header_mismatches``; ``error`` raises ``HeaderMismatchError``. ``forced``: the adapter
+  writes the configured header (no draws).
 * **Structural tokens.** After every row of image codes the end-of-row token ``<reserved08799>`` follows;
   the adapter inserts it into each forward block right after the last code of a row, so its K/V are in the
   cache before the next row starts, and the distribution the decoders see for the first code of the next
@@ -24,7 +32,13 @@ What the adapter hides from the decoders (they see a 48 x 48 grid of codebook id
   at the image-start token (no text) and its positions start at 0 there; both streams run as one batch of
   2, the shorter unconditional prefix left-padded and masked. Guidance ``u + s(c - u)`` on image-code
   logits (the shared pipeline), 3.0 by default, with image top-k 2000 and temperature 1.0.
-* **Decoding.** Meta's VQGAN decoder (``coolsd.models.chameleon_vqgan``), 16 pixels per code.
+* **Decoding.** Meta's VQGAN decoder (``coolsd.models.chameleon_vqgan``), 16 pixels per code; pixels are
+  truncated to uint8 as Meta's tokenizer does (``model.pixel_rounding=truncate``).
+* **Other reference settings.** Guidance at any scale ≠ 1 (``sampling.cfg_rule=not_one``: the reference's
+  CFG processor returns the conditional scores only at exactly 1.0); ``model.attention_kernel=auto`` and
+  ``model.tf32=false`` (the reference's HF attention and PyTorch's TF32 defaults; their GPU effect was not
+  measured). The reference samples under ``torch.cuda.amp.autocast(bf16)``; this adapter runs the bf16
+  weights without autocast and does guidance and sampling in float32 (``coolsd.sampling``).
 
 Cache addressing: decoders address the cache in image units (one slot per image token), the model holds an
 extra slot after each row-end token. ``LuminaCache`` keeps the image-slot -> model-slot map and translates
@@ -48,6 +62,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,11 +80,12 @@ from transformers.models.chameleon.modeling_chameleon import (
 )
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import ImageARModel
+from coolsd.models.base import ImageARModel, attention_context, check_reference_options, set_tf32
 from coolsd.models.chameleon_vqgan import ChameleonVQGAN, ChameleonVQGANConfig, load_vqgan
-from coolsd.models.checkpoints import MissingWeightsError, hub_file
+from coolsd.models.checkpoints import MissingWeightsError, hub_file, missing_together, strict_load
 from coolsd.models.llamagen import resolve_device
-from coolsd.sampling import SamplingConfig
+from coolsd.rng import HEADER, Streams, sample
+from coolsd.sampling import SamplingConfig, logits_to_probs
 from coolsd.types import TargetOutput
 
 BOS = "<s>"
@@ -82,10 +98,16 @@ PIXELS_PER_SIZE_UNIT = 32  # one unit of the size tokens = 32 px = 2 image codes
 CODES_PER_SIZE_UNIT = 2
 PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}"
 TOKENIZER_FILES = ("text_tokenizer.json", "vqgan.yaml", "vqgan.ckpt")
+HEADER_MODES = ("sampled", "forced")  # model.header
+HEADER_MISMATCH = ("force", "error")  # model.header_mismatch
 CHAMELEON_DOWNLOAD = ("Meta's Chameleon download (licence form at "
                       "https://ai.meta.com/resources/models-and-libraries/chameleon-downloads/; the emailed "
                       "link's download script fetches a `tokenizer` folder holding text_tokenizer.json, "
                       "vqgan.yaml and vqgan.ckpt)")
+
+
+class HeaderMismatchError(ValueError):
+    """``header=sampled`` drew an image header other than the configured grid's (``header_mismatch=error``)."""
 
 
 def size_token(units: int) -> str:
@@ -535,8 +557,29 @@ class LuminaMGPT(ImageARModel):
         random_init: dict | RandomInit | None = None,
         device: str = "auto",
         dtype: str = "auto",
+        header: str = "sampled",
+        header_mismatch: str = "force",
+        text_top_k: int = 10,
+        attention_kernel: str = "auto",
+        tf32: bool = False,
+        pixel_rounding: str = "truncate",
     ) -> None:
+        """Reference options (defaults = Lumina-mGPT's ``inference_solver.py``): ``header`` ``sampled`` (the
+        image header is sampled as the reference does, ``forced``: written by the adapter), ``header_mismatch``
+        (``force``: a sampled header other than the configured grid's is replaced by it, with a warning;
+        ``error``: raise), ``text_top_k`` (the reference's top-k outside images, used for ``<racm3:break>``);
+        ``attention_kernel``, ``tf32``, ``pixel_rounding`` as in ``coolsd.models.base``."""
         super().__init__()
+        if header not in HEADER_MODES:
+            raise ValueError(f"model.header must be one of {HEADER_MODES}, got {header!r}")
+        if header_mismatch not in HEADER_MISMATCH:
+            raise ValueError(f"model.header_mismatch must be one of {HEADER_MISMATCH}, got {header_mismatch!r}")
+        if text_top_k < 1:
+            raise ValueError(f"model.text_top_k must be >= 1, got {text_top_k}")
+        check_reference_options(attention_kernel, pixel_rounding)
+        self.header, self.header_mismatch, self.text_top_k = header, header_mismatch, text_top_k
+        self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
+        self.header_mismatches: list[dict[str, Any]] = []  # prompts whose sampled header was replaced
         for name, value in (("width", width), ("height", height)):
             if not isinstance(value, int) or value <= 0 or value % PIXELS_PER_SIZE_UNIT:
                 raise ValueError(f"model.{name} must be a positive multiple of {PIXELS_PER_SIZE_UNIT} "
@@ -547,10 +590,19 @@ class LuminaMGPT(ImageARModel):
         self.grid = (self.size_units[0] * CODES_PER_SIZE_UNIT, self.size_units[1] * CODES_PER_SIZE_UNIT)
         target_device = resolve_device(device)
         target_dtype = resolve_model_dtype(dtype, target_device)
-        if pretrained:
-            files = chameleon_tokenizer_files(tokenizer_dir)
+        if pretrained:  # every file is looked up before anything is built; one error lists what is missing
+            errors = []
+            try:
+                files = chameleon_tokenizer_files(tokenizer_dir)
+            except MissingWeightsError as err:
+                errors.append(str(err))
+            try:
+                lm_config, shards = lumina_lm_files(hub_repo, revision)
+            except MissingWeightsError as err:
+                errors.append(str(err))
+            missing_together("Lumina-mGPT files are missing (looked up before building the model)", errors)
             tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(files["text_tokenizer.json"]))
-            self.lm = load_lumina_lm(hub_repo, revision, target_dtype, target_device)
+            self.lm = build_lumina_lm(lm_config, read_lumina_state(shards, target_dtype, target_device), hub_repo)
             vqgan = load_vqgan(files["vqgan.yaml"], files["vqgan.ckpt"])
         else:
             init = random_init if isinstance(random_init, RandomInit) else RandomInit(**(random_init or {}))
@@ -580,13 +632,66 @@ class LuminaMGPT(ImageARModel):
         self.to(device=target_device)
         self.lm.to(dtype=target_dtype)
         self.vqgan.float()
+        set_tf32(target_device, tf32)
 
     # -- prompts ---------------------------------------------------------------------------------------------
-    def prompt_ids(self, prompt: str) -> list[int]:
-        """Conditional prefix: BOS, the templated prompt, end of turn, image start and the two size tokens."""
+    def text_ids(self, prompt: str) -> list[int]:
+        """BOS, the templated prompt and the end of turn: the context in which the header is sampled."""
         text = PROMPT_TEMPLATE.format(width=self.width, height=self.height, prompt=prompt)
         body = self.tokenizer.encode(text, add_special_tokens=False)
-        return [self.vocabulary.bos, *body, self.vocabulary.end_of_turn, *self.image_header()]
+        return [self.vocabulary.bos, *body, self.vocabulary.end_of_turn]
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """Conditional prefix: BOS, the templated prompt, end of turn, image start and the two size tokens."""
+        return [*self.text_ids(prompt), *self.image_header()]
+
+    @torch.inference_mode()
+    def sample_header(self, prompt: str, u: torch.Tensor) -> list[int]:
+        """Three tokens after the prompt, sampled as Lumina-mGPT's ``inference_solver.py`` samples them.
+
+        Its logits processors leave these three steps unguided (the CFG processor starts after the two size
+        tokens) and unmasked (``MultiModalLogitsProcessor`` constrains only later steps); its
+        ``InterleavedTopKLogitsWarper`` uses ``text_top_k`` outside an image (so for ``<racm3:break>``) and
+        ``image_top_k`` (``sampling.top_k``) inside one (the size tokens, once a break was sampled); the
+        generation temperature is ``sampling.temperature`` (0: arg-max); no top-p. Full-vocabulary logits of
+        the conditional stream alone, one cached forward per token (an extra pass over the prompt, timed
+        as part of the prefill, as the reference's own header steps are part of its generation). ``u`` (3,):
+        the image's uniforms for the three draws (inverse CDF, ``coolsd.rng.sample``).
+        """
+        ids = self.text_ids(prompt)
+        p = len(ids)
+        kv = StaticKVCache(num_layers=self.active_layers, batch=1, num_heads=self.num_kv_heads, max_len=p + 2,
+                           head_dim=self.head_dim, dtype=self.lm.lm_head.weight.dtype, device=self.device)
+        x = torch.tensor([ids], device=self.device)
+        hidden = self._hidden(x, torch.arange(p, device=self.device)[None], kv, kv.begin_block(p))
+        header: list[int] = []
+        for step in range(3):
+            in_image = bool(header) and header[0] == self.vocabulary.image_start
+            top_k = self.sampling.top_k if in_image else self.text_top_k
+            rule = SamplingConfig(temperature=self.sampling.temperature, top_k=top_k)
+            logits = self.lm.lm_head(hidden[:, -1]).float()  # (1, vocab): every token, not only image codes
+            header.append(int(sample(logits_to_probs(logits, rule), u[step: step + 1].to(logits.device))[0]))
+            if step < 2:
+                x = torch.tensor([[header[-1]]], device=self.device)
+                hidden = self._hidden(x, torch.tensor([[p + step]], device=self.device), kv, kv.begin_block(1))
+        return header
+
+    def check_header(self, prompt: str, header: list[int]) -> None:
+        """A sampled header must be ``<racm3:break>`` and the configured grid's size tokens (module doc)."""
+        expected = self.image_header()
+        if header == expected:
+            return
+        names = self.tokenizer.convert_ids_to_tokens(header)
+        message = (f"Lumina-mGPT sampled the image header {names} for prompt {prompt!r}, not "
+                   f"{self.tokenizer.convert_ids_to_tokens(expected)} of the configured {self.width}x"
+                   f"{self.height} image (model.width / model.height); this harness decodes the configured "
+                   "grid only")
+        if self.header_mismatch == "error":
+            raise HeaderMismatchError(message + "; set model.header_mismatch=force to continue with the "
+                                      "configured header, or model.header=forced")
+        self.header_mismatches.append({"prompt": prompt, "sampled": names})
+        warnings.warn(message + "; continuing with the configured header (model.header_mismatch=force)",
+                      stacklevel=2)
 
     def image_header(self) -> list[int]:
         """``<racm3:break>``, the height and the width size tokens (the unconditional stream's context)."""
@@ -606,7 +711,17 @@ class LuminaMGPT(ImageARModel):
 
     # -- the adapter interface --------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompts: list[str], extra_slots: int = 64) -> tuple[LuminaCache, TargetOutput]:
+    def prefill(self, prompts: list[str], extra_slots: int = 64,
+                streams: Streams | None = None) -> tuple[LuminaCache, TargetOutput]:
+        """With ``header=sampled`` and the images' ``streams`` (the decoder's), each image's header is first
+        sampled (``sample_header``) and checked against the configured grid (``check_header``); the prefill
+        then runs over the configured header, which is what was sampled unless ``header_mismatch=force``
+        replaced it. Without streams (teacher forcing, draft models, benchmarks) the configured header is
+        used."""
+        if self.header == "sampled" and streams is not None:
+            u = streams.uniform(torch.zeros(len(prompts), dtype=torch.long, device=self.device), HEADER, 3)
+            for k, prompt in enumerate(prompts):
+                self.check_header(prompt, self.sample_header(prompt, u[k]))
         conds = [self.prompt_ids(p) for p in prompts]
         header = self.image_header()
         s, b = self.num_streams, len(prompts)
@@ -651,7 +766,8 @@ class LuminaMGPT(ImageARModel):
         codes = self.code_to_bpe[tokens.to(device)].gather(1, block.node_index)  # (B, Tm)
         ids = torch.where(block.is_node, codes, self.vocabulary.end_of_row)
         model_positions = cache.position_base[:, :, None] + block.offsets[None]  # (S, B, Tm)
-        hidden = self._hidden(ids.repeat(s, 1), model_positions.flatten(0, 1), cache.kv, block.attention)
+        with attention_context(self.attention_kernel):
+            hidden = self._hidden(ids.repeat(s, 1), model_positions.flatten(0, 1), cache.kv, block.attention)
         out = self._output(hidden)  # (S, B, Tm, ·)
         gather = block.output_rows.view(1, *block.output_rows.shape, 1)
         return TargetOutput(logits=out.logits.gather(2, gather.expand(s, -1, -1, out.logits.shape[-1])),
@@ -676,7 +792,7 @@ class LuminaMGPT(ImageARModel):
 
     @torch.inference_mode()
     def decode_image(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.vqgan.decode_to_uint8(tokens.reshape(1, -1), self.grid)[0]
+        return self.vqgan.decode_to_uint8(tokens.reshape(1, -1), self.grid, self.pixel_rounding)[0]
 
     def make_draft_layer(self, norm_eps: float | None = None) -> ChameleonDraftLayer:
         """A fresh ``ChameleonDraftLayer`` of this model's width (see ``ImageARModel.make_draft_layer``)."""
@@ -780,34 +896,50 @@ def random_lumina(init: RandomInit, vocab: Mapping[str, int]) -> tuple[Chameleon
     return lm, vqgan.eval()
 
 
-def load_lumina_lm(repo: str, revision: str | None, dtype: torch.dtype, device: torch.device) -> ChameleonLM:
-    """Lumina-mGPT's language model from the hub (safetensors shards; VQ-encoder entries are skipped)."""
-    from safetensors import safe_open
-
+def lumina_lm_files(repo: str, revision: str | None) -> tuple[ChameleonConfig, list[str]]:
+    """The config and the local safetensors shards of Lumina-mGPT's language model (downloaded when online);
+    a ``MissingWeightsError`` names the first file that is not available."""
     config = ChameleonConfig.from_json_file(hub_file(repo, "config.json", revision=revision))
     if not getattr(config, "vocabulary_map", None):
         raise ValueError(f"{repo}/config.json has no vocabulary_map; is it a Chameleon / Lumina-mGPT "
                          "checkpoint?")
     index_path = hub_file(repo, "model.safetensors.index.json", revision=revision)
     shards = sorted(set(json.loads(Path(index_path).read_text())["weight_map"].values()))
-    with torch.device("meta"):
-        lm = ChameleonLM(config)
+    return config, [hub_file(repo, shard, revision=revision) for shard in shards]
+
+
+def read_lumina_state(shards: Sequence[str], dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    """The language model's tensors of the shards (the VQ encoder's ``model.vqmodel.*`` entries skipped)."""
+    from safetensors import safe_open
+
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
-        with safe_open(hub_file(repo, shard, revision=revision), framework="pt", device="cpu") as f:
+        with safe_open(shard, framework="pt", device="cpu") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                if not key.startswith("model.vqmodel."):
+                if not key.startswith(VQ_ENCODER_PREFIX):
                     state[key] = f.get_tensor(key).to(device=device, dtype=dtype)
+    return state
+
+
+#: Lumina-mGPT's checkpoints hold Chameleon's VQ encoder under this prefix; generation never runs it.
+VQ_ENCODER_PREFIX = "model.vqmodel."
+
+
+def build_lumina_lm(config: ChameleonConfig, state: dict[str, torch.Tensor], source: str) -> ChameleonLM:
+    """A ``ChameleonLM`` of ``config`` holding ``state`` (checkpoint key names; per-shard qk-norm rows are
+    expanded per head, ``model.vqmodel.*`` is skipped), built on the meta device and loaded strictly."""
+    with torch.device("meta"):
+        lm = ChameleonLM(config)
+    state = {k: v for k, v in state.items() if not k.startswith(VQ_ENCODER_PREFIX)}
     state = expand_qk_norm(state, config.num_attention_heads, config.num_key_value_heads)
-    expected = lm.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
-    if missing or unexpected or wrong:
-        raise ValueError(f"{repo} does not match transformers' Chameleon layout: missing {missing[:6]}, "
-                         f"unexpected {unexpected[:6]}, wrong shapes {wrong[:6]}")
-    lm.load_state_dict(state, strict=True, assign=True)
+    strict_load(lm, state, source, "is it a Lumina-mGPT (Chameleon) checkpoint of this size?", assign=True)
     return lm
+
+
+def load_lumina_lm(repo: str, revision: str | None, dtype: torch.dtype, device: torch.device) -> ChameleonLM:
+    """Lumina-mGPT's language model from the hub (safetensors shards; VQ-encoder entries are skipped)."""
+    config, shards = lumina_lm_files(repo, revision)
+    return build_lumina_lm(config, read_lumina_state(shards, dtype, device), repo)
 
 
 def layer_skip_copy(target: LuminaMGPT, num_layers: int) -> LuminaMGPT:

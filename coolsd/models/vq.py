@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from coolsd.models.base import pixels_to_uint8
 from coolsd.models.checkpoints import load_state_dict
 
 # The reference keeps a rolling window of the most recent code assignments for a usage statistic; its length
@@ -465,8 +466,11 @@ class VQModel(nn.Module):
         return self.quantize.nearest_indices(h).flatten(start_dim=1)  # (B, h*w)
 
     @torch.no_grad()
-    def decode_to_uint8(self, indices: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
-        """Codes (B, h*w) -> images (B, C, H, W) uint8; ``grid`` = (h, w), square when omitted."""
+    def decode_to_uint8(self, indices: torch.Tensor, grid: tuple[int, int] | None = None,
+                        rounding: str = "half_up") -> torch.Tensor:
+        """Codes (B, h*w) -> images (B, C, H, W) uint8; ``grid`` = (h, w), square when omitted.
+
+        ``rounding``: ``coolsd.models.base.pixels_to_uint8`` (default ``half_up``: LlamaGen's image saving)."""
         b, n = indices.shape
         if grid is None:
             side = math.isqrt(n)
@@ -477,7 +481,7 @@ class VQModel(nn.Module):
         if gh * gw != n:
             raise ValueError(f"grid {tuple(grid)} holds {gh * gw} codes, indices have {n} per image")
         pixels = self.decode_code(indices, shape=(b, self.config.codebook_embed_dim, gh, gw))
-        return ((pixels.clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(torch.uint8)
+        return pixels_to_uint8(pixels, rounding)
 
     def codebook(self) -> torch.Tensor:
         """The raw (not normalised) embedding weight (V, D), detached; lookups normalise it when l2_norm."""

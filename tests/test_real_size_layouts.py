@@ -1,0 +1,750 @@
+"""Every checkpoint the harness names, at its published size, loads strictly: exact key names and shapes.
+
+No weights are downloaded or materialised. Each test builds the model at the published size on the meta
+device and loads a state dict of meta tensors whose key names and shapes are *data*, derived here from the
+published ``config.json`` values and the module structure of the code that wrote each checkpoint — never
+from this project's own modules — so a renamed or reshaped parameter (ours, or one of an upgraded
+``transformers``) fails here. Where the project has its own loader, the state dict goes through it (files of
+meta tensors: ``torch.save`` keeps their shapes and no storage).
+
+| checkpoint | key layout derived from | loaded through |
+|---|---|---|
+| ``t2i_XL_stage1_256.pt``, ``t2i_XL_stage2_512.pt`` (peizesun/llamagen_t2i) | FoundationVision/LlamaGen ``autoregressive/models/gpt.py`` (``GPT_XL``, ``cls_token_num=120``, ``model_type="t2i"``) | ``LlamaGenT2I(pretrained=True, weights_dir=...)`` |
+| ``vq_ds16_t2i.pt`` | LlamaGen ``tokenizer/tokenizer_image/vq_model.py`` ``VQ_16`` (``tests/test_vq.py: reference_keys``) | the same ``LlamaGenT2I`` |
+| ``jadohu/llamagen_drafter``, ``jadohu/llamagen2_drafter`` (``config.json`` + ``pytorch_model.bin``) | jadohu/LANTERN ``data/configs/llamagen_t2i{,2}_config.json`` + ``models/drafters/cnets_llamagen.py: Model`` | ``EagleDrafter(checkpoint=..., prefix="all")`` |
+| ``deepseek-community/Janus-Pro-1B`` / ``-7B`` | deepseek-ai/Janus-Pro-{1B,7B} ``config.json`` + deepseek-ai/Janus ``janus/models/{modeling_vlm,siglip_vit,projector,vq_model}.py``, renamed as transformers' ``convert_janus_weights_to_hf.py`` does | ``strict_load`` into ``JanusForConditionalGeneration`` (``load_pretrained`` refuses missing / unexpected / mismatched keys) |
+| ``Alpha-VLLM/Lumina-mGPT-7B-768`` | Chameleon-7B's ``config.json`` values + Lumina-mGPT ``model/chameleon/modeling_chameleon.py`` (qk-norm per model-parallel shard) and ``convert_chameleon_weights_to_hf.py`` (``model.vqmodel.*`` = the VQGAN's non-decoder keys) | ``build_lumina_lm`` |
+| ``vqgan.ckpt`` (Meta's Chameleon tokenizer) | its ``vqgan.yaml`` + Meta's ``chameleon/vqgan.py`` (taming layout; ``tests/test_lumina.py: meta_decoder_shapes``) | ``load_vqgan`` |
+| ``google/flan-t5-xl`` as ``T5EncoderModel`` | its ``config.json`` + the T5 layout of its HF checkpoint (encoder half; ``encoder.embed_tokens`` is the tied alias of ``shared``) | ``strict_load`` into ``T5EncoderModel`` |
+
+Published values that could not be re-read here (no network) are Janus-Pro's and Lumina-mGPT's
+``config.json`` sizes; they are the DeepSeek-LLM 1.3B / 7B and Chameleon-7B sizes those repositories and
+their papers state (noted where used). About 20 s on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+import yaml
+from omegaconf import OmegaConf
+
+from coolsd.models.checkpoints import strict_load
+from tests.helpers import CONFIGS
+from tests.test_lumina import meta_decoder_shapes
+from tests.test_vq import reference_keys as llamagen_vq_keys
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+def meta_state(shapes: Shapes) -> dict[str, torch.Tensor]:
+    return {k: torch.empty(s, device="meta") for k, s in shapes.items()}
+
+
+def assert_layout(module: torch.nn.Module, shapes: Shapes, aliases: tuple[str, ...] = ()) -> None:
+    """``module``'s state dict has exactly ``shapes`` (plus tied ``aliases``), everything on the meta device."""
+    got = {k: tuple(v.shape) for k, v in module.state_dict().items() if k not in aliases}
+    assert sorted(set(got) - set(shapes)) == [] and sorted(set(shapes) - set(got)) == []
+    assert got == shapes
+    assert all(p.device.type == "meta" for p in module.parameters())
+
+
+def broken(shapes: Shapes) -> tuple[Shapes, Shapes]:
+    """Two corrupt variants of a layout: one key renamed, one parameter reshaped."""
+    key = sorted(shapes)[len(shapes) // 2]
+    renamed = {(k + "_renamed" if k == key else k): s for k, s in shapes.items()}
+    reshaped = {k: ((s[0] + 1, *s[1:]) if k == key else s) for k, s in shapes.items()}
+    return renamed, reshaped
+
+
+# -- LlamaGen T2I-XL (FoundationVision/LlamaGen autoregressive/models/gpt.py) ------------------------------------
+GPT_XL = {
+    "dim": 1280,
+    "n_layer": 36,
+    "n_head": 20,
+    "vocab_size": 16384,
+    "caption_dim": 2048,
+    "cls_token_num": 120,
+    "multiple_of": 256,
+}  # GPT_XL + the T2I arguments of sample_t2i.py
+
+
+def llamagen_gpt_keys(
+    dim: int,
+    n_layer: int,
+    n_head: int,
+    vocab_size: int,
+    caption_dim: int,
+    cls_token_num: int,
+    multiple_of: int,
+) -> Shapes:
+    """``Transformer(ModelArgs(model_type="t2i"))``'s state dict: ``CaptionEmbedder`` (``cap_proj`` = MLP fc1/fc2
+    without bias, the ``uncond_embedding`` buffer of 120 x caption_dim), ``tok_embeddings``, blocks with a fused
+    ``wqkv`` (n_kv_head = n_head), SwiGLU ``w1/w2/w3`` of ``find_multiple(int(2 * 4 * dim / 3), multiple_of)``,
+    two RMSNorms each, the final ``norm`` and ``output``; ``freqs_cis`` is a plain attribute (not saved)."""
+    hidden = int(2 * 4 * dim / 3)
+    hidden = hidden if hidden % multiple_of == 0 else hidden + multiple_of - hidden % multiple_of
+    keys: Shapes = {
+        "cls_embedding.cap_proj.fc1.weight": (dim, caption_dim),
+        "cls_embedding.cap_proj.fc2.weight": (dim, dim),
+        "cls_embedding.uncond_embedding": (cls_token_num, caption_dim),
+        "tok_embeddings.weight": (vocab_size, dim),
+        "norm.weight": (dim,),
+        "output.weight": (vocab_size, dim),
+    }
+    for i in range(n_layer):
+        p = f"layers.{i}."
+        keys.update(
+            {
+                p + "attention.wqkv.weight": (3 * dim, dim),
+                p + "attention.wo.weight": (dim, dim),
+                p + "feed_forward.w1.weight": (hidden, dim),
+                p + "feed_forward.w3.weight": (hidden, dim),
+                p + "feed_forward.w2.weight": (dim, hidden),
+                p + "attention_norm.weight": (dim,),
+                p + "ffn_norm.weight": (dim,),
+            }
+        )
+    return keys
+
+
+# flan-t5-xl config.json (google/flan-t5-xl): the text encoder as LlamaGen's language/t5.py uses it
+FLAN_T5_XL = {
+    "vocab_size": 32128,
+    "d_model": 2048,
+    "d_kv": 64,
+    "d_ff": 5120,
+    "num_layers": 24,
+    "num_heads": 32,
+    "relative_attention_num_buckets": 32,
+    "feed_forward_proj": "gated-gelu",
+    "tie_word_embeddings": False,
+    "layer_norm_epsilon": 1e-6,
+}
+
+
+def t5_encoder_keys(
+    vocab_size: int,
+    d_model: int,
+    d_kv: int,
+    d_ff: int,
+    num_layers: int,
+    num_heads: int,
+    relative_attention_num_buckets: int,
+    **_,
+) -> Shapes:
+    """The encoder half of a T5 v1.1 / Flan-T5 checkpoint (gated-GELU ``wi_0``/``wi_1``, no biases, relative
+    attention bias in block 0 only), plus ``shared`` (the token embedding)."""
+    inner = d_kv * num_heads
+    keys: Shapes = {"shared.weight": (vocab_size, d_model), "encoder.final_layer_norm.weight": (d_model,)}
+    for i in range(num_layers):
+        p = f"encoder.block.{i}.layer."
+        keys.update(
+            {
+                p + "0.SelfAttention.q.weight": (inner, d_model),
+                p + "0.SelfAttention.k.weight": (inner, d_model),
+                p + "0.SelfAttention.v.weight": (inner, d_model),
+                p + "0.SelfAttention.o.weight": (d_model, inner),
+                p + "0.layer_norm.weight": (d_model,),
+                p + "1.DenseReluDense.wi_0.weight": (d_ff, d_model),
+                p + "1.DenseReluDense.wi_1.weight": (d_ff, d_model),
+                p + "1.DenseReluDense.wo.weight": (d_model, d_ff),
+                p + "1.layer_norm.weight": (d_model,),
+            }
+        )
+    keys["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (
+        relative_attention_num_buckets,
+        num_heads,
+    )
+    return keys
+
+
+@pytest.fixture(scope="module")
+def flan_t5_xl():
+    """``T5EncoderModel`` of flan-t5-xl's config on the meta device, loaded strictly with its encoder keys."""
+    from transformers import T5Config, T5EncoderModel
+
+    with torch.device("meta"):
+        encoder = T5EncoderModel(T5Config(**FLAN_T5_XL, is_encoder_decoder=False, use_cache=False)).eval()
+    shapes = t5_encoder_keys(**FLAN_T5_XL)
+    tied = tuple(getattr(encoder, "_tied_weights_keys", None) or ())
+    assert tied == ("encoder.embed_tokens.weight",)
+    assert_layout(encoder, shapes, aliases=tied)
+    state = meta_state(shapes)
+    strict_load(
+        encoder, {**state, "encoder.embed_tokens.weight": state["shared.weight"]}, "google/flan-t5-xl"
+    )
+    return encoder
+
+
+def test_flan_t5_xl_encoder_layout(flan_t5_xl):
+    from transformers import T5Config, T5EncoderModel
+
+    assert sum(p.numel() for p in flan_t5_xl.parameters()) == 1_223_527_424  # flan-t5-xl's encoder half
+    with torch.device("meta"):
+        other = T5EncoderModel(T5Config(**FLAN_T5_XL, is_encoder_decoder=False))
+    for corrupt in broken(t5_encoder_keys(**FLAN_T5_XL)):
+        state = meta_state(corrupt)
+        with pytest.raises(ValueError, match="does not match"):
+            strict_load(other, {**state, "encoder.embed_tokens.weight": state["shared.weight"]}, "corrupt")
+
+
+def write_pt(path, state: dict[str, torch.Tensor], nest: str | None = "model") -> None:
+    torch.save({nest: state, "steps": 1} if nest else state, path)
+
+
+@pytest.fixture(scope="module")
+def xl_targets(tmp_path_factory, flan_t5_xl):
+    """LlamaGen T2I-XL stage I and II, built from configs/model/llamagen_t2i_{256,512}.yaml on the meta device and
+    loaded through ``LlamaGenT2I(pretrained=True)`` from files with the published key names and shapes."""
+    from coolsd.models.llamagen_t2i import HashWordTokenizer, LlamaGenT2I
+
+    folder = tmp_path_factory.mktemp("llamagen_t2i")
+    gpt = llamagen_gpt_keys(**GPT_XL)
+    for name in ("t2i_XL_stage1_256.pt", "t2i_XL_stage2_512.pt"):  # the two stages share every shape
+        write_pt(folder / name, meta_state(gpt))
+    write_pt(folder / "vq_ds16_t2i.pt", meta_state(llamagen_vq_keys((1, 1, 2, 2, 4))))
+    models = {}
+    for size in (256, 512):
+        cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / f"llamagen_t2i_{size}.yaml"))
+        cfg.pop("_target_"), cfg.pop("defaults", None)
+        cfg.update(
+            device="meta",
+            weights_dir=str(folder),
+            text_encoder=flan_t5_xl,
+            tokenizer=HashWordTokenizer(32128),
+        )
+        with torch.device("meta"):
+            models[size] = LlamaGenT2I(**cfg)
+    return models, folder
+
+
+@pytest.mark.parametrize("size, grid", [(256, 16), (512, 32)])
+def test_llamagen_t2i_xl_gpt_and_vq16_load_strictly_at_full_size(xl_targets, size, grid):
+    models, _ = xl_targets
+    model = models[size]
+    assert model.grid == (grid, grid) and model.cfg.cls_token_num == 120
+    assert_layout(model.gpt, llamagen_gpt_keys(**GPT_XL))
+    assert_layout(model.vq, llamagen_vq_keys((1, 1, 2, 2, 4)))
+    assert sum(p.numel() for p in model.gpt.parameters()) == 777_678_080  # (+ the 120 x 2048 uncond buffer)
+
+
+def test_a_renamed_or_reshaped_llamagen_parameter_fails(xl_targets, tmp_path):
+    from coolsd.models.llamagen import load_gpt_checkpoint
+
+    models, _ = xl_targets
+    for i, corrupt in enumerate(broken(llamagen_gpt_keys(**GPT_XL))):
+        write_pt(tmp_path / f"bad{i}.pt", meta_state(corrupt))
+        with pytest.raises(RuntimeError):
+            load_gpt_checkpoint(models[256].gpt, str(tmp_path / f"bad{i}.pt"), strict=True)
+
+
+# -- LANTERN's LlamaGen drafters (jadohu/LANTERN data/configs, models/drafters/cnets_llamagen.py) -----------------
+LANTERN_CONFIGS = {  # data/configs/llamagen_t2i_config.json / llamagen_t2i2_config.json (as released beside the weights)
+    "t2i": {
+        "architectures": ["LlamaForCausalLM"],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": 1280,
+        "caption_dim": 2048,
+        "class_dropout_p": 0.0,
+        "initializer_range": 0.02,
+        "intermediate_size": 3584,
+        "max_position_embeddings": 2048,
+        "model_type": "llama",
+        "num_attention_heads": 20,
+        "num_hidden_layers": 1,
+        "num_key_value_heads": 20,
+        "pretraining_tp": 1,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "transformers_version": "4.32.0.dev0",
+        "use_cache": True,
+        "vocab_size": 16384,
+        "input_type": "t2i",
+    },
+}
+LANTERN_CONFIGS["t2i2"] = {**LANTERN_CONFIGS["t2i"], "input_type": "t2i2"}
+
+
+def lantern_drafter_keys(config: dict) -> Shapes:
+    """``cnets_llamagen.Model`` state dict: its own ``embed_tokens``, ``fc`` (2H -> H, bias) and one
+    ``LlamaDecoderLayer`` with index 0 (no ``input_layernorm``); the rotary tables are not saved."""
+    h, heads, kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    d, inter = h // heads, config["intermediate_size"]
+    keys: Shapes = {
+        "embed_tokens.weight": (config["vocab_size"], h),
+        "fc.weight": (h, 2 * h),
+        "fc.bias": (h,),
+    }
+    for layer in range(config["num_hidden_layers"]):
+        p = f"layers.{layer}."
+        keys.update(
+            {
+                p + "self_attn.q_proj.weight": (heads * d, h),
+                p + "self_attn.k_proj.weight": (kv * d, h),
+                p + "self_attn.v_proj.weight": (kv * d, h),
+                p + "self_attn.o_proj.weight": (h, heads * d),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
+        if layer:
+            keys[p + "input_layernorm.weight"] = (h,)
+    return keys
+
+
+@pytest.mark.parametrize(
+    "repo, size, input_type",
+    [("jadohu/llamagen_drafter", 256, "t2i"), ("jadohu/llamagen2_drafter", 512, "t2i2")],
+)
+def test_lanterns_released_drafters_load_strictly(xl_targets, tmp_path, repo, size, input_type):
+    from coolsd.drafters.eagle import EagleDrafter
+
+    models, _ = xl_targets
+    config = LANTERN_CONFIGS[input_type]
+    folder = tmp_path / repo.split("/")[1]
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    write_pt(folder / "pytorch_model.bin", meta_state(lantern_drafter_keys(config)), nest=None)
+    drafter_cfg = OmegaConf.load(CONFIGS / "drafter" / f"llamagen_t2i_{size}.yaml")
+    assert drafter_cfg.checkpoint == f"hub:{repo}" and drafter_cfg.prefix == "all"
+    drafter = EagleDrafter(models[size], checkpoint=str(folder), prefix=drafter_cfg.prefix)
+    head = drafter.head
+    assert head.embedding.shape == (16384, 1280) and head.fc.weight.shape == (1280, 2560) and head.bias
+    assert head.layer.intermediate_size == 3584 and head.norm_eps == 1e-6
+    expected = 16384 * 1280 + 1280 * 2560 + 1280 + 4 * 1280 * 1280 + 3 * 1280 * 3584 + 1280
+    assert sum(p.numel() for p in head.parameters()) + head.embedding.numel() == expected
+    for corrupt in broken(lantern_drafter_keys(config)):
+        write_pt(folder / "pytorch_model.bin", meta_state(corrupt), nest=None)
+        with pytest.raises(ValueError):
+            EagleDrafter(models[size], checkpoint=str(folder), prefix="all")
+    other = {**config, "input_type": "t2i2" if input_type == "t2i" else "t2i"}  # the other stage's RoPE grid
+    (folder / "config.json").write_text(json.dumps(other))
+    write_pt(folder / "pytorch_model.bin", meta_state(lantern_drafter_keys(config)), nest=None)
+    with pytest.raises(ValueError, match="input_type"):
+        EagleDrafter(models[size], checkpoint=str(folder), prefix="all")
+
+
+# -- Janus-Pro (deepseek-ai/Janus -> transformers' convert_janus_weights_to_hf.py) ----------------------------------
+JANUS_PRO = {  # deepseek-ai/Janus-Pro-{1B,7B}/config.json (DeepSeek-LLM 1.3B / 7B language models; SigLIP-L/16-384)
+    "1B": {
+        "language_config": {
+            "hidden_size": 2048,
+            "intermediate_size": 5632,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "vocab_size": 102400,
+            "max_position_embeddings": 16384,
+        },
+        "aligner": {"depth": 2, "input_dim": 1024, "n_embed": 2048},
+        "gen_aligner": {"depth": 2, "input_dim": 8, "n_embed": 2048},
+        "gen_head": {"image_token_embed": 2048, "image_token_size": 16384, "n_embed": 2048},
+        "gen_vision": {"image_token_size": 16384, "n_embed": 8},
+        "image_size": 384,
+    },
+    "7B": {
+        "language_config": {
+            "hidden_size": 4096,
+            "intermediate_size": 11008,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "vocab_size": 102400,
+            "max_position_embeddings": 16384,
+        },
+        "aligner": {"depth": 2, "input_dim": 1024, "n_embed": 4096},
+        "gen_aligner": {"depth": 2, "input_dim": 8, "n_embed": 4096},
+        "gen_head": {"image_token_embed": 4096, "image_token_size": 16384, "n_embed": 4096},
+        "gen_vision": {"image_token_size": 16384, "n_embed": 8},
+        "image_size": 384,
+    },
+}
+SIGLIP_L16_384 = {"width": 1024, "layers": 24, "heads": 16, "mlp_ratio": 4, "patch_size": 16}  # siglip_vit.py
+
+
+def janus_original_keys(cfg: dict) -> Shapes:
+    """``MultiModalityCausalLM``'s state dict (deepseek-ai/Janus ``janus/models``): the SigLIP tower
+    (``create_siglip_vit``: timm ``VisionTransformer``, no class token, ``global_pool="map"`` so an
+    ``attn_pool`` head, LayerNorms with bias, fused ``qkv``), two ``MlpProjector`` (mlp_gelu, depth 2:
+    ``layers.0`` and ``layers.2``), the LlamaGen VQ-16 ``gen_vision_model``, ``gen_head`` (``vision_head``),
+    ``gen_embed`` and the ``LlamaForCausalLM`` language model."""
+    keys: Shapes = {}
+    w, mlp, lm = (
+        SIGLIP_L16_384["width"],
+        SIGLIP_L16_384["width"] * SIGLIP_L16_384["mlp_ratio"],
+        cfg["language_config"],
+    )
+    tokens = (cfg["image_size"] // SIGLIP_L16_384["patch_size"]) ** 2
+    vt = "vision_model.vision_tower."
+    keys.update(
+        {
+            vt + "patch_embed.proj.weight": (w, 3, 16, 16),
+            vt + "patch_embed.proj.bias": (w,),
+            vt + "pos_embed": (1, tokens, w),
+            vt + "norm.weight": (w,),
+            vt + "norm.bias": (w,),
+        }
+    )
+    for i in range(SIGLIP_L16_384["layers"]):
+        b = f"{vt}blocks.{i}."
+        for norm in ("norm1", "norm2"):
+            keys.update({b + norm + ".weight": (w,), b + norm + ".bias": (w,)})
+        keys.update(
+            {
+                b + "attn.qkv.weight": (3 * w, w),
+                b + "attn.qkv.bias": (3 * w,),
+                b + "attn.proj.weight": (w, w),
+                b + "attn.proj.bias": (w,),
+                b + "mlp.fc1.weight": (mlp, w),
+                b + "mlp.fc1.bias": (mlp,),
+                b + "mlp.fc2.weight": (w, mlp),
+                b + "mlp.fc2.bias": (w,),
+            }
+        )
+    pool = vt + "attn_pool."  # AttentionPoolLatent (dropped by the conversion)
+    keys.update(
+        {
+            pool + "latent": (1, 1, w),
+            pool + "q.weight": (w, w),
+            pool + "q.bias": (w,),
+            pool + "kv.weight": (2 * w, w),
+            pool + "kv.bias": (2 * w,),
+            pool + "proj.weight": (w, w),
+            pool + "proj.bias": (w,),
+            pool + "norm.weight": (w,),
+            pool + "norm.bias": (w,),
+            pool + "mlp.fc1.weight": (mlp, w),
+            pool + "mlp.fc1.bias": (mlp,),
+            pool + "mlp.fc2.weight": (w, mlp),
+            pool + "mlp.fc2.bias": (w,),
+        }
+    )
+    for name, proj in (("aligner", cfg["aligner"]), ("gen_aligner", cfg["gen_aligner"])):
+        n, d = proj["n_embed"], proj["input_dim"]
+        keys.update(
+            {
+                f"{name}.layers.0.weight": (n, d),
+                f"{name}.layers.0.bias": (n,),
+                f"{name}.layers.2.weight": (n, n),
+                f"{name}.layers.2.bias": (n,),
+            }
+        )
+    keys.update({f"gen_vision_model.{k}": s for k, s in llamagen_vq_keys((1, 1, 2, 2, 4)).items()})
+    head = cfg["gen_head"]
+    keys.update(
+        {
+            "gen_head.output_mlp_projector.weight": (head["image_token_embed"], head["n_embed"]),
+            "gen_head.output_mlp_projector.bias": (head["image_token_embed"],),
+            "gen_head.vision_head.weight": (head["image_token_size"], head["image_token_embed"]),
+            "gen_head.vision_head.bias": (head["image_token_size"],),
+            "gen_embed.weight": (cfg["gen_vision"]["image_token_size"], cfg["gen_vision"]["n_embed"]),
+        }
+    )
+    h, inter, v = lm["hidden_size"], lm["intermediate_size"], lm["vocab_size"]
+    kv = h // lm["num_attention_heads"] * lm["num_key_value_heads"]
+    keys.update(
+        {
+            "language_model.model.embed_tokens.weight": (v, h),
+            "language_model.model.norm.weight": (h,),
+            "language_model.lm_head.weight": (v, h),
+        }
+    )
+    for i in range(lm["num_hidden_layers"]):
+        p = f"language_model.model.layers.{i}."
+        keys.update(
+            {
+                p + "self_attn.q_proj.weight": (h, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, h),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
+    return keys
+
+
+# The renames of transformers' convert_janus_weights_to_hf.py, restated as (pattern, replacement) on one key.
+JANUS_RENAMES = [
+    (r"^vision_model\.vision_tower\.attn_pool\..*", None),
+    (r"^gen_vision_model\.quantize\.codebook_used$", None),
+    (
+        r"^vision_model\.vision_tower\.blocks\.(\d+)\.attn\.",
+        r"model.vision_model.encoder.layers.\1.self_attn.",
+    ),
+    (r"^vision_model\.vision_tower\.blocks\.", "model.vision_model.encoder.layers."),
+    (r"^vision_model\.vision_tower\.pos_embed$", "model.vision_model.embeddings.position_embedding.weight"),
+    (r"^vision_model\.vision_tower\.patch_embed\.proj\.", "model.vision_model.embeddings.patch_embedding."),
+    (r"^vision_model\.vision_tower\.norm\.", "model.vision_model.post_layernorm."),
+    (r"^(model\.vision_model\..*)\.proj\.", r"\1.projection_layer."),
+    (r"^(model\.vision_model\..*)\.norm(\d)\.", r"\1.layer_norm\2."),
+    (r"^gen_vision_model\.", "model.vqmodel."),
+    (r"^model\.vqmodel\.encoder\.conv_blocks\.", "model.vqmodel.encoder.down."),
+    (r"^model\.vqmodel\.decoder\.conv_blocks\.", "model.vqmodel.decoder.up."),
+    (r"^(model\.vqmodel\..*)\.res\.", r"\1.block."),
+    (r"^(model\.vqmodel\..*)\.mid\.0\.", r"\1.mid.block_1."),
+    (r"^(model\.vqmodel\..*)\.mid\.1\.", r"\1.mid.attn_1."),
+    (r"^(model\.vqmodel\..*)\.mid\.2\.", r"\1.mid.block_2."),
+    (r"^gen_aligner\.layers\.0\.", "model.generation_aligner.fc1."),
+    (r"^gen_aligner\.layers\.2\.", "model.generation_aligner.hidden_layers.0."),
+    (r"^aligner\.layers\.0\.", "model.aligner.fc1."),
+    (r"^aligner\.layers\.2\.", "model.aligner.hidden_layers.0."),
+    (r"^gen_head\.output_mlp_projector\.", "model.generation_head.proj_out."),
+    (r"^gen_head\.", "model.generation_head."),
+    (r"^gen_embed\.", "model.generation_embeddings."),
+    (r"^language_model\.lm_head\.weight$", "lm_head.weight"),
+    (r"^language_model\.model\.", "model.language_model."),
+]
+
+
+def janus_hf_keys(cfg: dict) -> Shapes:
+    """The deepseek-community checkpoint: the original keys renamed, ``qkv`` split into q/k/v, the position
+    embedding squeezed to (tokens, width)."""
+    out: Shapes = {}
+    for key, shape in janus_original_keys(cfg).items():
+        for pattern, replacement in JANUS_RENAMES:
+            if re.search(pattern, key):
+                key = None if replacement is None else re.sub(pattern, replacement, key)
+                if key is None:
+                    break
+        if key is None:
+            continue
+        if ".qkv." in key:
+            for part in ("q_proj", "k_proj", "v_proj"):
+                out[key.replace("qkv", part)] = (shape[0] // 3, *shape[1:])
+        elif key.endswith("position_embedding.weight"):
+            out[key] = shape[1:]
+        else:
+            out[key] = shape
+    return out
+
+
+def janus_config(cfg: dict):
+    """The ``JanusConfig`` that convert_janus_weights_to_hf.py writes from the original config.json."""
+    from transformers import JanusConfig, JanusVisionConfig, JanusVQVAEConfig, LlamaConfig
+
+    text = LlamaConfig(**cfg["language_config"])
+    vision = JanusVisionConfig(
+        image_size=cfg["image_size"], projection_dim=cfg["aligner"]["n_embed"], depth=cfg["aligner"]["depth"]
+    )
+    vq = JanusVQVAEConfig(
+        embed_dim=cfg["gen_vision"]["n_embed"],
+        num_embeddings=cfg["gen_vision"]["image_token_size"],
+        projection_dim=cfg["gen_aligner"]["n_embed"],
+        depth=cfg["gen_aligner"]["depth"],
+        image_token_embed_dim=cfg["gen_head"]["image_token_embed"],
+    )
+    return JanusConfig(text_config=text, vision_config=vision, vq_config=vq)
+
+
+@pytest.mark.parametrize("size", ["1B", "7B"])
+def test_janus_pro_checkpoints_fit_transformers_janus_strictly(size):
+    from transformers import JanusForConditionalGeneration
+
+    shapes = janus_hf_keys(JANUS_PRO[size])
+    assert not any("attn_pool" in k or "codebook_used" in k or "qkv" in k for k in shapes)
+    with torch.device("meta"):
+        model = JanusForConditionalGeneration(janus_config(JANUS_PRO[size]))
+    assert_layout(model, shapes)
+    strict_load(model, meta_state(shapes), f"deepseek-community/Janus-Pro-{size}")
+    for corrupt in broken(shapes):
+        with pytest.raises(ValueError, match="does not match"):
+            strict_load(model, meta_state(corrupt), "corrupt")
+    cfg = OmegaConf.load(CONFIGS / "model" / f"janus_pro_{size.lower()}.yaml")
+    assert cfg.repo_id == f"deepseek-community/Janus-Pro-{size}"
+
+
+# -- Lumina-mGPT-7B-768 (Alpha-VLLM/Lumina-mGPT, a Chameleon-7B fine-tune) -------------------------------------------
+CHAMELEON_7B = {
+    "vocab_size": 65536,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "model_parallel_size": 1,
+    "swin_norm": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "rms_norm_eps": 1e-5,
+}  # Lumina-mGPT-7B-768 config.json
+CHAMELEON_VQGAN_YAML = {  # Meta's tokenizer/vqgan.yaml (Chameleon): model.params
+    "embed_dim": 256,
+    "n_embed": 8192,
+    "ddconfig": {
+        "double_z": False,
+        "z_channels": 256,
+        "resolution": 512,
+        "in_channels": 3,
+        "out_ch": 3,
+        "ch": 128,
+        "ch_mult": [1, 1, 2, 2, 4],
+        "num_res_blocks": 2,
+        "attn_resolutions": [],
+        "dropout": 0.0,
+    },
+    "lossconfig": {"target": "taming.modules.losses.vqperceptual.VQLPIPSWithDiscriminator", "params": {}},
+}
+
+
+def meta_encoder_shapes(
+    embed_dim: int,
+    z_channels: int,
+    ch: int,
+    ch_mult,
+    num_res_blocks: int,
+    attn_resolutions,
+    resolution: int,
+    in_channels: int = 3,
+    double_z: bool = False,
+    **_,
+) -> Shapes:
+    """The non-decoder half of Meta's vqgan.py state dict (taming ``Encoder`` + ``quant_conv``)."""
+    shapes: Shapes = {}
+
+    def conv(name, cin, cout, k):
+        shapes[f"{name}.weight"], shapes[f"{name}.bias"] = (cout, cin, k, k), (cout,)
+
+    def norm(name, c):
+        shapes[f"{name}.weight"], shapes[f"{name}.bias"] = (c,), (c,)
+
+    def resblock(name, cin, cout):
+        norm(f"{name}.norm1", cin), conv(f"{name}.conv1", cin, cout, 3)
+        norm(f"{name}.norm2", cout), conv(f"{name}.conv2", cout, cout, 3)
+        if cin != cout:
+            conv(f"{name}.nin_shortcut", cin, cout, 1)
+
+    def attn(name, c):
+        norm(f"{name}.norm", c)
+        for part in ("q", "k", "v", "proj_out"):
+            conv(f"{name}.{part}", c, c, 1)
+
+    conv("encoder.conv_in", in_channels, ch, 3)
+    block_in, res = ch, resolution
+    for level, mult in enumerate(ch_mult):
+        for i in range(num_res_blocks):
+            resblock(f"encoder.down.{level}.block.{i}", block_in, ch * mult)
+            block_in = ch * mult
+            if res in attn_resolutions:
+                attn(f"encoder.down.{level}.attn.{i}", block_in)
+        if level != len(ch_mult) - 1:
+            conv(f"encoder.down.{level}.downsample.conv", block_in, block_in, 3)
+            res //= 2
+    resblock("encoder.mid.block_1", block_in, block_in)
+    attn("encoder.mid.attn_1", block_in)
+    resblock("encoder.mid.block_2", block_in, block_in)
+    norm("encoder.norm_out", block_in)
+    conv("encoder.conv_out", block_in, 2 * z_channels if double_z else z_channels, 3)
+    conv("quant_conv", z_channels, embed_dim, 1)
+    return shapes
+
+
+def lumina_keys() -> Shapes:
+    """Lumina-mGPT-7B-768's safetensors: the Chameleon LM (qk-norm weight/bias of (model_parallel_size, head_dim),
+    as its ChameleonLayerNorm and the 7B conversion write them) and ``model.vqmodel.*`` (every non-decoder key of
+    vqgan.ckpt, which convert_chameleon_weights_to_hf.py copies)."""
+    c = CHAMELEON_7B
+    h, inter, v, d = (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["vocab_size"],
+        c["hidden_size"] // c["num_attention_heads"],
+    )
+    keys: Shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        keys.update({p + f"self_attn.{x}_proj.weight": (h, h) for x in "qkvo"})
+        keys.update(
+            {
+                p + f"self_attn.{n}_norm.{w}": (c["model_parallel_size"], d)
+                for n in "qk"
+                for w in ("weight", "bias")
+            }
+        )
+        keys.update(
+            {
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
+    vq = {**CHAMELEON_VQGAN_YAML["ddconfig"], "embed_dim": CHAMELEON_VQGAN_YAML["embed_dim"]}
+    vq_keys = {
+        **meta_encoder_shapes(**vq),
+        "quantize.embedding.weight": (CHAMELEON_VQGAN_YAML["n_embed"], vq["embed_dim"]),
+        "post_quant_conv.weight": (vq["z_channels"], vq["embed_dim"], 1, 1),
+        "post_quant_conv.bias": (vq["z_channels"],),
+    }
+    keys.update({f"model.vqmodel.{k}": s for k, s in vq_keys.items()})
+    return keys
+
+
+def test_lumina_mgpt_7b_768_loads_strictly_through_build_lumina_lm():
+    from transformers import ChameleonConfig
+
+    from coolsd.models.lumina_mgpt import build_lumina_lm
+
+    config = ChameleonConfig(**CHAMELEON_7B, vocabulary_map={"<image>": 8711})
+    shapes = lumina_keys()
+    lm = build_lumina_lm(config, meta_state(shapes), "Alpha-VLLM/Lumina-mGPT-7B-768")
+    expected = {k: s for k, s in shapes.items() if not k.startswith("model.vqmodel.")}
+    heads = {"q": CHAMELEON_7B["num_attention_heads"], "k": CHAMELEON_7B["num_key_value_heads"]}
+    expected.update(
+        {
+            k: (heads[k.rsplit(".", 2)[-2][0]], s[1])
+            for k, s in expected.items()
+            if k.endswith(("q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias"))
+        }
+    )  # per head
+    assert_layout(lm, expected)
+    assert sum(p.numel() for p in lm.parameters()) == 7_013_666_816
+    for corrupt in broken({k: s for k, s in shapes.items() if not k.startswith("model.vqmodel.")}):
+        with pytest.raises(ValueError, match="does not match"):
+            build_lumina_lm(config, meta_state(corrupt), "corrupt")
+
+
+def test_chameleon_vqgan_ckpt_loads_strictly_through_load_vqgan(tmp_path):
+    from coolsd.models.chameleon_vqgan import load_vqgan
+
+    dd = CHAMELEON_VQGAN_YAML["ddconfig"]
+    decoder = meta_decoder_shapes(
+        n_embed=8192,
+        embed_dim=256,
+        z_channels=dd["z_channels"],
+        ch=dd["ch"],
+        ch_mult=dd["ch_mult"],
+        num_res_blocks=dd["num_res_blocks"],
+        attn_resolutions=dd["attn_resolutions"],
+        resolution=dd["resolution"],
+    )
+    full = {**meta_encoder_shapes(embed_dim=256, **dd), **decoder}  # the whole Lightning state_dict
+    (tmp_path / "vqgan.yaml").write_text(
+        yaml.safe_dump({"model": {"target": "taming.models.vqgan.VQModel", "params": CHAMELEON_VQGAN_YAML}})
+    )
+    torch.save({"state_dict": meta_state(full)}, tmp_path / "vqgan.ckpt")
+    with torch.device("meta"):
+        vqgan = load_vqgan(tmp_path / "vqgan.yaml", tmp_path / "vqgan.ckpt")
+    assert_layout(vqgan, decoder)
+    assert vqgan.downsample_factor == 16 and vqgan.config.n_embed == 8192
+    for corrupt in broken(decoder):
+        torch.save(
+            {"state_dict": meta_state({**meta_encoder_shapes(embed_dim=256, **dd), **corrupt})},
+            tmp_path / "bad.ckpt",
+        )
+        with torch.device("meta"), pytest.raises((ValueError, RuntimeError)):
+            load_vqgan(tmp_path / "vqgan.yaml", tmp_path / "bad.ckpt")

@@ -137,7 +137,7 @@ def list_images(folder: str | Path, limit: int | None = None) -> list[Path]:
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise FileNotFoundError(
-            f"FID reference image folder not found: {folder} (resolved: {folder.resolve()}). For eval=coco5k "
+            f"FID reference image folder not found: {folder.resolve()}. For eval=coco5k "
             f"download {COCO_VAL_URL}, unzip it into $COCO_DIR (so that $COCO_DIR/val2017/ holds the 5,000 "
             f"images) and export COCO_DIR; or set the metric's reference_dir")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
@@ -605,7 +605,8 @@ class HPSv2:
         tiny one); ``amp``: score under CUDA autocast (fp16) as ``hpsv2.score`` does on a GPU (default fp32)."""
         if version not in HPS_FILES:
             raise ValueError(f"HPSv2 version must be one of {sorted(HPS_FILES)}, got {version!r}")
-        self.pretrained, self.version, self.model_name, self.model_config = pretrained, version, model_name, model_config
+        self.pretrained, self.version = pretrained, version
+        self.model_name, self.model_config = model_name, model_config
         self.batch_size, self.antialias, self.amp = batch_size, antialias, amp
         self._model = None
 

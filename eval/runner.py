@@ -219,6 +219,8 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
     shards = Shards()
     out_dir = Path(shards.broadcast(str(output_dir)))
     suite: EvalSuite = instantiate(cfg.eval)
+    for metric in suite.metrics:  # every weight, reference and tokenizer file before the first image
+        metric.preflight()
     if suite.threads:
         torch.set_num_threads(int(suite.threads))
     torch.manual_seed(suite.seed)

@@ -148,7 +148,7 @@ def test_reference_cache_is_keyed_by_content_protocol_and_extractor(tmp_path):
             Image.fromarray(arr).save(tmp_path / folder / f"{i}.png", compress_level=0)  # size fixed by 32x32
     a, b = sorted((tmp_path / "a").iterdir()), sorted((tmp_path / "b").iterdir())
     assert [(p.name, p.stat().st_size) for p in a] == [(p.name, p.stat().st_size) for p in b]
-    assert any(p.read_bytes() != q.read_bytes() for p, q in zip(a, b))
+    assert any(p.read_bytes() != q.read_bytes() for p, q in zip(a, b, strict=True))
     cache = tmp_path / "cache"
     kw = dict(protocol="torch_fidelity", extractor="random_conv", image_size=32, cache_dir=str(cache))
     fa = FIDKID(str(tmp_path / "a"), **kw).reference_features(CPU)

@@ -422,3 +422,18 @@ def test_coco5k_hps_is_coco5k_plus_hpsv2():
     metric = instantiate(hps.eval.metrics[3])
     assert isinstance(metric, HPSv2) and metric.version == "v2.1" and metric.model_name == "ViT-H-14"
     assert base.eval.metrics[0].protocol == "clean"
+
+
+def test_every_paper_experiment_scores_on_the_clean_protocol():
+    from hydra import compose, initialize_config_dir
+
+    from tests.helpers import CONFIGS
+
+    names = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml") if not p.stem.startswith("tiny"))
+    assert len(names) >= 8
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        for name in names:
+            metrics = compose(config_name="config", overrides=[f"experiment={name}"]).eval.metrics
+            targets = [m._target_.rsplit(".", 1)[1] for m in metrics]
+            assert targets[:3] == ["FIDKID", "CLIPScore", "ImageReward"], name
+            assert metrics[0].protocol == "clean" and metrics[1].model_name == "ViT-B-32-quickgelu", name

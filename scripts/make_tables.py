@@ -5,9 +5,10 @@ runs of a W&B project, turns each decoder a run measured (its ``per_decoder`` en
 row of a pandas frame, and writes, for a table name ``<name>``:
 
 * ``<out>/tables/<name>.md``, ``.tex`` (booktabs) and ``.csv``: rows = methods grouped by model, columns =
-  CLIP score, FID (KID, class accuracy when measured), accepted length, latency, speedup, TV per step; best
-  value per column and model in bold; images per method, hardware and torch version in the caption;
-* ``<out>/figures/<name>_*.png`` and ``.pdf``: FID vs speedup and CLIP vs speedup with the Pareto front of
+  CLIP score, FID (KID, ImageReward, HPSv2.1, class accuracy when measured), accepted length, latency,
+  speedup, TV per step; best value per column and model in bold; images per method, hardware, torch version
+  and the FID/KID protocol (``fid_protocol`` of the runs: ``clean`` is the paper's) in the caption;
+* ``<out>/figures/<name>_*.png`` and ``.pdf``: FID, CLIP and ImageReward vs speedup with the Pareto front of
   every method, accepted length vs relaxation strength, TV per step vs accepted length.
 
 Rules. A row is one (model, decoder, decoder options, drafter); when several runs measured the same row the
@@ -48,7 +49,8 @@ import pandas as pd
 from coolsd.io import atomic_write_bytes
 
 PUBLISHED_CSV = Path(__file__).resolve().parent / "published_numbers.csv"
-PUBLISHED_TITLE = "Published: COOL-SD paper (arXiv 2601.09212) main table, as reported; not measured here"
+PUBLISHED_TITLE = ("Published: COOL-SD paper (arXiv 2601.09212) main table, as reported; not measured here "
+                   "(FID: LANTERN's evaluation code, i.e. the clean protocol)")
 MISSING = "—"
 
 
@@ -66,6 +68,8 @@ COLUMNS = (
     Column("clip_score", "CLIP score", "{:.4f}", "max"),
     Column("fid", "FID", "{:.2f}", "min"),
     Column("kid", "KID", "{:.4f}", "min"),
+    Column("image_reward", "ImageReward", "{:.4f}", "max"),
+    Column("hps_v2", "HPSv2.1", "{:.4f}", "max"),
     Column("fid_random_conv", "FID (random-conv features, not FID)", "{:.3f}", "min"),
     Column("class_accuracy", "class accuracy", "{:.3f}", "max"),
     Column("mean_accepted_length", "accepted length (tokens/forward)", "{:.2f}", "max"),
@@ -74,6 +78,12 @@ COLUMNS = (
     Column("tv_per_step", "TV per step", "{:.4f}", None),
 )
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
+PROTOCOLS = {  # fid_protocol of a run (eval.metrics.FIDKID) -> what the caption says
+    "clean": "clean protocol (LANTERN's evaluation, the paper's: centre crop, LANCZOS to 256 px, clean-fid "
+             "mode=\"clean\")",
+    "torch_fidelity": "torch_fidelity protocol (bicubic crop, torch-fidelity's resize; not comparable with the "
+                      "paper's clean protocol)",
+}
 
 MODEL_LABELS = {  # config name -> the paper's name; the order is the tables' model order
     "lumina_mgpt_768": "Lumina-mGPT 7B (768 px)",
@@ -371,6 +381,7 @@ def measured_frame(rows: Sequence[Measurement]) -> pd.DataFrame:
             "_order": (model_order(m.model), order.index(m.decoder) if m.decoder in order else len(order),
                        m.decoder, tuple(sort_value(m.options.get(k)) for k in labelled)),
             **{k: m.metrics.get(k) for k in COLUMN_KEYS},
+            "fid_protocol": m.metrics.get("fid_protocol"),
             "num_images": m.metrics.get("num_images"),
             "num_timed": m.metrics.get("num_timed"),
             "hardware": hardware(m.environment, m.world_size),
@@ -493,7 +504,24 @@ def caption(frame: pd.DataFrame, name: str) -> str:
         body = "; ".join(f"{m}: {t}" for m, t in parts)
     across = " (rows come from different runs: compare speedups, not latencies)" if runs > 1 else ""
     return (f"{name}: measured with this harness ({runs} run{'s' if runs != 1 else ''}). {body}. "
-            f"Speedup = AR latency / method latency, both from the same run{across}.")
+            f"Speedup = AR latency / method latency, both from the same run{across}.{protocol_text(frame)}")
+
+
+def protocol_text(frame: pd.DataFrame) -> str:
+    """The FID/KID protocol of the rows that report FID or KID ("" when none does)."""
+    quality = [c for c in ("fid", "kid") if c in frame]
+    rows = frame[frame[quality].notna().any(axis=1)] if quality else frame.iloc[0:0]
+    if rows.empty:
+        return ""
+    recorded = rows["fid_protocol"] if "fid_protocol" in rows else pd.Series([None] * len(rows), dtype=object)
+    counts = recorded.fillna("not recorded").value_counts(sort=False)
+    if len(counts) > 1:
+        parts = ", ".join(f"{p} ({n} row{'s' if n != 1 else ''})" for p, n in counts.items())
+        return f" FID/KID protocols differ between rows: {parts}; their FIDs are not comparable."
+    protocol = counts.index[0]
+    if protocol == "not recorded":
+        return " FID/KID protocol not recorded by these runs (runs that predate fid_protocol used torch_fidelity's)."
+    return f" FID/KID: {PROTOCOLS.get(protocol, protocol)}."
 
 
 def span(values: Sequence[int]) -> str:
@@ -590,8 +618,8 @@ def build_tables(measured: pd.DataFrame, notes: Sequence[str], name: str, wanted
         md.append(markdown(rows, columns, PUBLISHED_TITLE, pub_notes))
         tex.append(latex(rows, columns, PUBLISHED_TITLE, pub_notes, f"{name}_published"))
         frames.append(published)
-    keep = ["kind", "model", "model_label", "method", "decoder", "strength", *COLUMN_KEYS, "num_images",
-            "num_timed", "hardware", "torch", "started", "source", "experiment", "options", "note"]
+    keep = ["kind", "model", "model_label", "method", "decoder", "strength", *COLUMN_KEYS, "fid_protocol",
+            "num_images", "num_timed", "hardware", "torch", "started", "source", "experiment", "options", "note"]
     table = pd.concat([f.reindex(columns=keep) for f in frames], ignore_index=True)
     table = table.dropna(axis=1, how="all")
     return Tables("\n".join(md), "\n".join(tex), table.to_csv(index=False, lineterminator="\n"))
@@ -643,8 +671,9 @@ def make_plots(frame: pd.DataFrame, figures: Path, name: str) -> list[Path]:
 
     models = list(dict.fromkeys(frame["model_label"]))
     colors = {c: f"C{i % 10}" for i, c in enumerate(dict.fromkeys(frame["curve"]))}  # same in all panels
-    for metric, ylabel, lower in (("fid", "FID (lower is better)", True),
-                                  ("clip_score", "CLIP score (cosine, higher is better)", False)):
+    for metric, ylabel, lower, stem in (("fid", "FID (lower is better)", True, "fid"),
+                                        ("clip_score", "CLIP score (cosine, higher is better)", False, "clip"),
+                                        ("image_reward", "ImageReward (higher is better)", False, "image_reward")):
         data = frame.dropna(subset=[metric, "speedup"]) if metric in frame else frame.iloc[0:0]
         if data.empty:
             continue
@@ -662,7 +691,7 @@ def make_plots(frame: pd.DataFrame, figures: Path, name: str) -> list[Path]:
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: never on data
-        save(fig, f"{metric.split('_')[0]}_vs_speedup")
+        save(fig, f"{stem}_vs_speedup")
 
     relaxed = frame.dropna(subset=["strength", "mean_accepted_length"])
     if not relaxed.empty:

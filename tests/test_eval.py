@@ -75,12 +75,13 @@ def test_fid_kid_through_the_real_code_path(tmp_path):
     ref = make_images(tmp_path / "ref", 24, 0, "smooth")
     same = make_images(tmp_path / "same", 24, 0, "smooth")
     other = make_images(tmp_path / "other", 24, 1, "noise")
-    metric = FIDKID(str(tmp_path / "ref"), extractor="random_conv", image_size=32, kid_subset_size=10,
-                    cache_dir=str(tmp_path / "cache"))
+    metric = FIDKID(str(tmp_path / "ref"), protocol="torch_fidelity", extractor="random_conv", image_size=32,
+                    kid_subset_size=10, cache_dir=str(tmp_path / "cache"))
     device = torch.device("cpu")
     self_score = metric.compute(same, ["x"] * 24, device)
     other_score = metric.compute(other, ["x"] * 24, device)
     assert abs(self_score["fid_random_conv"]) < 1e-6 and abs(self_score["kid_random_conv"]) < 1e-3
+    assert self_score["fid_protocol"] == "torch_fidelity"
     assert other_score["fid_random_conv"] > 1e-3 and other_score["kid_random_conv"] > 1e-3
     assert len(list((tmp_path / "cache").glob("fid_reference_*.npy"))) == 1
     assert center_crop_resize(ref[0], 32).shape == (3, 32, 32)
@@ -94,7 +95,8 @@ def test_clip_score_through_open_clip(tmp_path):
                                                "heads": 2, "layers": 1}}))
     images = make_images(tmp_path / "gen", 4, 0, "smooth")
     torch.manual_seed(0)
-    metric = CLIPScore(model_name="tiny-clip", pretrained=None, model_config=str(config), batch_size=3)
+    metric = CLIPScore(model_name="tiny-clip", pretrained=None, model_config=str(config), batch_size=3,
+                       image_size=None)  # the raw image into CLIP's preprocessing (LANTERN's path: test_metrics.py)
     score = metric.compute(images, ["a", "b", "c", "d"], torch.device("cpu"))["clip_score"]
     assert -1.0 <= score <= 1.0
     model, preprocess, tokenizer = metric._load(torch.device("cpu"))
@@ -181,6 +183,7 @@ def test_offline_inception_weights_give_a_real_fid(tmp_path):
     make_images(tmp_path / "ref", 12, 0, "smooth")
     other = make_images(tmp_path / "other", 12, 1, "noise")
     same = make_images(tmp_path / "same", 12, 0, "smooth")
-    metric = FIDKID(str(tmp_path / "ref"), extractor="inception", weights_path=str(weights), kid_subset_size=6)
+    metric = FIDKID(str(tmp_path / "ref"), protocol="torch_fidelity", extractor="inception", weights_path=str(weights),
+                    kid_subset_size=6)
     assert abs(metric.compute(same, ["x"] * 12, torch.device("cpu"))["fid"]) < 1e-3
     assert metric.compute(other, ["x"] * 12, torch.device("cpu"))["fid"] > 50

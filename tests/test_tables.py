@@ -139,6 +139,54 @@ def test_published_numbers_match_the_spec():
             float(clip), float(fid), float(length), float(speedup.rstrip("×")))
 
 
+def test_published_image_reward_matches_the_spec():
+    spec = ROOT.parent / "shared" / "docs" / "algorithms.md"
+    if not spec.is_file():
+        pytest.skip(f"{spec} not present in this checkout")
+    sentence = spec.read_text().split("ImageReward in the same table:")[1].split("SJD on")[0].replace("−", "-")
+    lumina, llamagen = (" ".join(part.split()) for part in sentence.split(";"))
+    lantern_pp, cool = "LANTERN++ (k, λ not reported)", "COOL-SD δ=1.1"
+    expected = {  # (model, method in the CSV) -> (name in the spec's sentence, that model's part of it)
+        ("Lumina-mGPT 7B", "AR"): ("AR", lumina), ("Lumina-mGPT 7B", "vanilla SD (EAGLE-1 tree)"): ("EAGLE-1", lumina),
+        ("Lumina-mGPT 7B", lantern_pp): ("LANTERN++", lumina), ("Lumina-mGPT 7B", cool): (cool, lumina),
+        ("LlamaGen-XL", "vanilla SD (EAGLE-1 tree)"): ("EAGLE-1", llamagen),
+        ("LlamaGen-XL", lantern_pp): ("LANTERN++", llamagen), ("LlamaGen-XL", cool): (cool, llamagen),
+        ("LlamaGen-XL", "COOL-SD δ=2"): ("δ=2", llamagen)}
+    published = pd.read_csv(mt.PUBLISHED_CSV)
+    for (model, method), (name, text) in expected.items():
+        value = float(text.split(name + " ")[1].split(",")[0].split()[0].rstrip(".,"))
+        row = published[(published["model"] == model) & (published["method"] == method)]
+        assert len(row) == 1 and row.iloc[0]["image_reward"] == value, (model, method, value)
+    assert published["image_reward"].notna().sum() == len(expected)
+
+
+def test_captions_name_the_fid_protocol(tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(FIXTURES, runs)
+    paths = sorted(runs.rglob("run.json"))
+    for path in paths:  # every fixture run on the paper's protocol, one of them with ImageReward
+        record = json.loads(path.read_text())
+        for metrics in record["per_decoder"].values():
+            metrics["fid_protocol"] = "clean"
+        if path == paths[0]:
+            for metrics in record["per_decoder"].values():
+                metrics["image_reward"] = -0.1
+        path.write_text(json.dumps(record))
+    frame = mt.measured_frame(mt.deduplicate(mt.measurements(mt.find_records([runs])))[0])
+    title = mt.caption(frame, "t")
+    assert title.endswith(f"FID/KID: {mt.PROTOCOLS['clean']}.") and "clean-fid" in title
+    assert "image_reward" in [c.key for c in mt.present_columns([frame], mt.COLUMN_KEYS)]
+    record = json.loads(paths[1].read_text())
+    for metrics in record["per_decoder"].values():
+        metrics["fid_protocol"] = "torch_fidelity"
+    paths[1].write_text(json.dumps(record))
+    frame = mt.measured_frame(mt.deduplicate(mt.measurements(mt.find_records([runs])))[0])
+    assert "protocols differ between rows: clean (" in mt.caption(frame, "t")
+    assert "not comparable" in mt.caption(frame, "t") and "torch_fidelity (" in mt.caption(frame, "t")
+    assert mt.caption(frame.drop(columns=["fid", "kid"]), "t").endswith("same run (rows come from different "
+                                                                         "runs: compare speedups, not latencies).")
+
+
 def test_plots_are_written_non_empty_png_and_pdf(tmp_path):
     kept, _ = mt.deduplicate(mt.measurements(mt.find_records([FIXTURES])))
     paths = mt.make_plots(mt.measured_frame(kept), tmp_path, "fixture")

@@ -89,3 +89,18 @@ def accept_prob1(rule, p: torch.Tensor, q: torch.Tensor, x: int, depth: int) -> 
 def tv1(rule, p: torch.Tensor, q: torch.Tensor, depth: int) -> float:
     """A rule's exact one-step TV for one (p, q) pair at ``depth``."""
     return float(rule.one_step_tv(p[None], q[None], torch.tensor([depth], device=p.device))[0])
+
+
+def generations(decoder, n: int, prompt: str = "p", batch: int = 100):
+    """Images of ``prompt`` for seeds 0..n−1, decoded in batches of ``batch`` (each image as if alone)."""
+    for start in range(0, n, batch):
+        seeds = list(range(start, min(start + batch, n)))
+        yield from decoder.generate_batch([prompt] * len(seeds), seeds)
+
+
+def sequence_counts(decoder, model, n: int, prompt: str = "p") -> torch.Tensor:
+    """Counts of every complete sequence (base-V index) over seeds 0..n−1 of a lookup model."""
+    counts = torch.zeros(model.codebook_size ** model.num_image_tokens)
+    for gen in generations(decoder, n, prompt):
+        counts[model.sequence_index(gen.tokens)] += 1
+    return counts

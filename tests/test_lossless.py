@@ -17,7 +17,7 @@ from coolsd.drafters.base import Drafter, NullDrafter
 from coolsd.drafters.model_drafter import ModelDrafter
 from coolsd.models.llamagen import layer_skip_copy
 from coolsd.models.lookup import LookupModel, perturbed_copy
-from tests.helpers import chi_square_pvalue, tiny_llamagen
+from tests.helpers import chi_square_pvalue, sequence_counts, tiny_llamagen
 
 ALPHA = 1e-3
 N_SAMPLES = 6000
@@ -28,13 +28,6 @@ class ResampleFromTarget(ExactRule):
 
     def residual(self, p, q, x, depth):
         return p
-
-
-def sequence_counts(decoder: Decoder, model: LookupModel, n: int) -> torch.Tensor:
-    counts = torch.zeros(model.codebook_size ** model.num_image_tokens)
-    for seed in range(n):
-        counts[model.sequence_index(decoder.generate("p", seed).tokens)] += 1
-    return counts
 
 
 def lookup_pair():

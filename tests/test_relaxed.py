@@ -24,8 +24,8 @@ from coolsd.models.llamagen import layer_skip_copy
 from coolsd.models.lookup import LookupModel, perturbed_copy
 from coolsd.neighbours import compute_neighbours, latent_neighbours
 from coolsd.schedules import omega_table
-from tests.helpers import (acceptance1, chi_square_pvalue, forward1, prefill1, residual1, tiny_llamagen,
-                           tv1)
+from tests.helpers import (acceptance1, chi_square_pvalue, forward1, generations, prefill1, residual1,
+                           tiny_llamagen, tv1)
 
 ALPHA = 1e-3
 N_SAMPLES = 4000
@@ -216,9 +216,8 @@ def test_one_step_output_matches_the_loop(name):
     rule = rules()[name]
     decoder = Decoder(name, target, rule, draft_len=1, drafter=ModelDrafter(target, draft))
     counts = torch.zeros(V * V)
-    for seed in range(N_SAMPLES):
-        tokens = decoder.generate("p", seed).tokens
-        counts[int(tokens[0]) * V + int(tokens[1])] += 1
+    for gen in generations(decoder, N_SAMPLES):
+        counts[int(gen.tokens[0]) * V + int(gen.tokens[1])] += 1
     _, out0 = prefill1(target, "p")
     p0 = target.probs(out0)[0].double()
     expected = torch.zeros(V, V, dtype=torch.float64)

@@ -27,7 +27,7 @@ from coolsd.models.lookup import LookupModel, TokenCache
 from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
 from coolsd.types import TargetOutput
-from tests.helpers import chi_square_pvalue, tiny_llamagen
+from tests.helpers import chi_square_pvalue, sequence_counts, tiny_llamagen
 from tests.test_run import LOOKUP, run_py
 
 ALPHA = 1e-3
@@ -119,13 +119,6 @@ def sjd(model, init: str, drafter_cls=JacobiDrafter, window: int = WINDOW) -> De
 def lookup_model() -> LookupModel:
     # table seed 2: the broken variant's bias is large on it (seeds 0, 1 give weaker but failing p-values)
     return LookupModel(vocab=3, grid=(2, 2), seed=2, sampling={"cfg_scale": 2.0, "top_k": 2})
-
-
-def sequence_counts(decoder: Decoder, model: LookupModel, n: int) -> torch.Tensor:
-    counts = torch.zeros(model.codebook_size ** model.num_image_tokens)
-    for seed in range(n):
-        counts[model.sequence_index(decoder.generate("p", seed).tokens)] += 1
-    return counts
 
 
 @pytest.mark.parametrize("init", ["random", "repeat_horizon"])

@@ -65,7 +65,7 @@ class ModelDrafter(Drafter):
         width = max(counts)
         feed = torch.tensor([p + [p[-1]] * (width - len(p)) for p in self.pending], device=device)
         positions = torch.tensor(self.next_position, device=device)[:, None] + torch.arange(width, device=device)
-        out = self.model.forward_block(self.cache, feed, positions)
+        out = self.model.forward_block(self.cache, feed, self._clamp(positions))
         last = torch.tensor(counts, device=device) - 1
         logits = out.logits.gather(2, last.view(1, -1, 1, 1).expand(out.logits.shape[0], -1, 1, out.logits.shape[-1]))
         self.cache.keep(counts)

@@ -1,0 +1,235 @@
+"""Batched decoding: every image of a batch runs the same algorithm as alone, with its own acceptance.
+
+Statistical tests (seeds fixed, so deterministic; each would fail with probability ALPHA = 1e-3 for a random
+choice of seeds if the implementation were right — the false-alarm probability per test):
+
+* ``test_lossless_decoders_stay_exact_in_mixed_batches``: on a lookup model with one table per prompt
+  ("a", "b"; 3 codes, 2x2 grid: 81 sequences each, known exactly), ``N_SAMPLES`` images per decoder, decoded
+  in batches whose sizes cycle through 1, 3 and 8 and whose prompts alternate, so every batch mixes both
+  distributions; Pearson chi-square per prompt (cells of expected count < 5 pooled).
+* ``test_relaxed_rules_give_their_analytic_one_step_output_in_a_batch_of_8``: a 3-token image whose second
+  token comes from one acceptance step (draft_len 1), batches of 8 mixing two prompts: each prompt's
+  distribution of the first two tokens equals ``p(x0) · P̂(x1 | x0)`` with ``P̂ = q f + Σ_x q(x)(1 − f(x)) G_x``.
+
+Reproducibility: an image depends only on its prompt, seed and config — identical tokens at batch 1, inside a
+batch of 8 with other prompts, at the end of a batch whose other images finish earlier, and through the
+runner (batched quality set vs timed batch-1 subset, resumed runs).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from baselines.exact import ExactRule
+from baselines.lantern import LanternRule
+from baselines.sjd import JacobiDrafter
+from coolsd.cool import CoolSDRule
+from coolsd.decoding import Decoder, NonFiniteError
+from coolsd.drafters.model_drafter import ModelDrafter
+from coolsd.models.llamagen import layer_skip_copy
+from coolsd.models.lookup import LookupModel, perturbed_copy
+from coolsd.neighbours import compute_neighbours
+from tests.helpers import chi_square_pvalue, forward1, prefill1, residual1, tiny_llamagen
+from tests.test_run import LOOKUP, run_py
+
+ALPHA = 1e-3
+N_SAMPLES = 3000
+PROMPTS = ("a", "b")
+SMALL_TREE = '{"name": "small", "paths": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}'
+
+
+def mixed_batches(n: int, sizes=(1, 3, 8)):
+    """(prompts, seeds) chunks covering seeds 0..n−1: batch sizes cycle through ``sizes``, prompts alternate."""
+    start, k = 0, 0
+    while start < n:
+        size = min(sizes[k % len(sizes)], n - start)
+        seeds = list(range(start, start + size))
+        yield [PROMPTS[s % 2] for s in seeds], seeds
+        start, k = start + size, k + 1
+
+
+def lookup_pair(grid=(2, 2), vocab=3):
+    target = LookupModel(vocab=vocab, grid=grid, seed=5, scale=1.0, sampling=dict(cfg_scale=2.0), prompts=PROMPTS)
+    return target, perturbed_copy(target, noise=1.5, seed=2)
+
+
+def lossless_decoders(target, draft, tmp_path):
+    tree = tmp_path / "small.json"
+    tree.write_text(SMALL_TREE)
+    table = compute_neighbours(torch.randn(3, 2, generator=torch.Generator().manual_seed(0)), 2)
+    model_drafter = lambda: ModelDrafter(target, draft)  # noqa: E731
+    return {
+        "ar": Decoder("ar", target, ExactRule()),
+        "sd_chain": Decoder("sd", target, ExactRule(), draft_len=2, drafter=model_drafter()),
+        "sd_static_tree": Decoder("sd", target, ExactRule(), drafter=model_drafter(), tree=str(tree)),
+        "sd_dynamic_tree": Decoder("sd", target, ExactRule(), drafter=model_drafter(), tree="dynamic",
+                                   dynamic_tree=dict(top_k=2, depth=2, total_tokens=5)),
+        "sjd_random": Decoder("sjd", target, ExactRule(), draft_len=3, drafter=JacobiDrafter(target, init="random")),
+        "sjd_repeat_horizon": Decoder("sjd", target, ExactRule(), draft_len=3,
+                                      drafter=JacobiDrafter(target, init="repeat_horizon")),
+        "coolsd_lossless": Decoder("coolsd", target, CoolSDRule(delta=1.0, draft_len=2, schedule="uniform"),
+                                   draft_len=2, drafter=model_drafter()),
+        "lantern_pp_lossless": Decoder("lantern_pp", target, LanternRule(table, k=1, mode="multiplicative",
+                                                                         budget=1.0, resample="optimal"),
+                                       drafter=model_drafter(), tree=str(tree)),
+    }
+
+
+@pytest.mark.parametrize("name", ["ar", "sd_chain", "sd_static_tree", "sd_dynamic_tree", "sjd_random",
+                                  "sjd_repeat_horizon", "coolsd_lossless", "lantern_pp_lossless"])
+def test_lossless_decoders_stay_exact_in_mixed_batches(name, tmp_path):
+    target, draft = lookup_pair()
+    decoder = lossless_decoders(target, draft, tmp_path)[name]
+    assert decoder.rule.lossless
+    counts = {p: torch.zeros(81) for p in PROMPTS}
+    for prompts, seeds in mixed_batches(N_SAMPLES):
+        for prompt, gen in zip(prompts, decoder.generate_batch(prompts, seeds)):
+            counts[prompt][target.sequence_index(gen.tokens)] += 1
+    for prompt in PROMPTS:
+        assert chi_square_pvalue(counts[prompt], target.exact_sequence_probs(prompt)) > ALPHA, prompt
+
+
+def brute_force_output(rule, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``q f + Σ_x q(x)(1 − f(x)) G_x`` at depth 1, each rejected token with its own residual."""
+    f = rule.accept_prob(p.expand(len(p), -1), q.expand(len(p), -1), torch.arange(len(p)),
+                         torch.ones(len(p), dtype=torch.long))
+    out = q * f
+    for x in range(len(p)):
+        if q[x] > 0 and f[x] < 1:
+            out = out + q[x] * (1 - f[x]) * residual1(rule, p, q, x, 1)
+    return out
+
+
+@pytest.mark.parametrize("name", ["coolsd_exp_d2", "lantern_ref", "lantern_pp"])
+def test_relaxed_rules_give_their_analytic_one_step_output_in_a_batch_of_8(name):
+    v = 6
+    target, draft = lookup_pair(grid=(1, 3), vocab=v)
+    table = compute_neighbours(torch.randn(v, 3, generator=torch.Generator().manual_seed(0)), v - 1)
+    rule = {"coolsd_exp_d2": CoolSDRule(delta=2.0, draft_len=1),
+            "lantern_ref": LanternRule(table, k=3, mode="additive", budget=0.3, resample="reference"),
+            "lantern_pp": LanternRule(table, k=2, mode="multiplicative", budget=4.0)}[name]
+    decoder = Decoder(name, target, rule, draft_len=1, drafter=ModelDrafter(target, draft), track_tv=False)
+    counts = {p: torch.zeros(v * v) for p in PROMPTS}
+    for prompts, seeds in mixed_batches(4000, sizes=(8,)):
+        for prompt, gen in zip(prompts, decoder.generate_batch(prompts, seeds)):
+            counts[prompt][int(gen.tokens[0]) * v + int(gen.tokens[1])] += 1
+    for prompt in PROMPTS:
+        _, out0 = prefill1(target, prompt)
+        p0 = target.probs(out0)[0].double()
+        expected = torch.zeros(v, v, dtype=torch.float64)
+        for x0 in range(v):
+            cache, _ = prefill1(target, prompt)
+            p1 = target.probs(forward1(target, cache, torch.tensor([x0]), torch.tensor([0])))[0].double()
+            dcache, _ = prefill1(draft, prompt)
+            q1 = draft.probs(forward1(draft, dcache, torch.tensor([x0]), torch.tensor([0])))[0].double()
+            expected[x0] = p0[x0] * brute_force_output(rule, p1, q1)
+        assert chi_square_pvalue(counts[prompt], expected.flatten()) > ALPHA, prompt
+
+
+@pytest.mark.parametrize("decoder", ["sd", "lantern", "lantern_pp", "coolsd", "sjd"])
+def test_an_image_is_the_same_alone_and_inside_any_batch(decoder):
+    """Tiny LlamaGen (float64, CFG), the suite's configurations (EAGLE-style layer-skip drafter; LANTERN on a
+    dynamic tree, LANTERN++ on naive_extend_57): identical tokens and statistics at batch 1 and in a batch of
+    8 with other prompts, images finishing at different iterations."""
+    model = tiny_llamagen(dtype="float64")
+    drafter = lambda: ModelDrafter(model, layer_skip_copy(model, 1))  # noqa: E731
+    table = compute_neighbours(model.codebook(), 11)
+    build = {
+        "sd": lambda: Decoder("sd", model, ExactRule(), draft_len=4, drafter=drafter()),
+        "lantern": lambda: Decoder("lantern", model, LanternRule(table, k=10, mode="additive", budget=0.2),
+                                   drafter=drafter(), tree="dynamic"),
+        "lantern_pp": lambda: Decoder("lantern_pp", model, LanternRule(table, k=5, mode="multiplicative",
+                                                                       budget=5.0), drafter=drafter(),
+                                      tree="naive_extend_57"),
+        "coolsd": lambda: Decoder("coolsd", model, CoolSDRule(delta=2.0, draft_len=4), draft_len=4,
+                                  drafter=drafter()),
+        "sjd": lambda: Decoder("sjd", model, ExactRule(), draft_len=15, drafter=JacobiDrafter(model)),
+    }[decoder]
+    prompts = ["one", "four", "seven", "nine", "zero", "two", "six", "three"]
+    seeds = [11, 3, 5, 8, 2, 13, 21, 34]
+    batch = build().generate_batch(prompts, seeds)
+    iterations = {g.stats.iterations for g in batch}
+    assert len(iterations) > 1  # the images finish at different iterations
+    alone = build()
+    for k in (0, 3, 7):
+        single = alone.generate(prompts[k], seeds[k])
+        assert torch.equal(single.tokens, batch[k].tokens), k
+        assert single.stats.accepted_hist == batch[k].stats.accepted_hist
+        assert single.stats.drafter_forwards == batch[k].stats.drafter_forwards
+        assert single.stats.tv_sum == pytest.approx(batch[k].stats.tv_sum, rel=1e-9, abs=1e-12)
+    assert [g.stats.batch_size for g in batch] == [8] * 8
+
+
+def test_a_batch_whose_images_accept_everything_and_a_batch_of_one():
+    """Greedy, with a drafter identical to the target (all its layers, so q = p): every draft is accepted, every
+    image commits full chains and finishes with the others, and the images are greedy AR's. A batch of one
+    is ``generate``; an empty batch returns nothing."""
+    model = tiny_llamagen(dtype="float64", temperature=0.0)
+    same = Decoder("sd", model, ExactRule(), draft_len=4, drafter=ModelDrafter(model, layer_skip_copy(model, 4)))
+    ar = Decoder("ar", model, ExactRule())
+    prompts = ["one", "five", "eight"]
+    batch = same.generate_batch(prompts, [0, 1, 2])
+    n = model.num_image_tokens
+    for prompt, gen in zip(prompts, batch):
+        assert torch.equal(gen.tokens, ar.generate(prompt, 0).tokens)  # greedy: the drafts are AR's tokens
+        assert gen.stats.accepted_hist[4] == (n - 1) // 5 and gen.stats.num_tokens == n  # 5 tokens committed
+    one = same.generate_batch(["two"], [9])
+    assert len(one) == 1 and torch.equal(one[0].tokens, same.generate("two", 9).tokens)
+    assert same.generate_batch([], []) == []
+
+
+class NaNAt(LookupModel):
+    """A lookup model whose logits are NaN for image position ``position`` of prompt "b"."""
+
+    def __init__(self, position: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.bad_position = position
+
+    def forward_block(self, cache, tokens, positions, tree_mask=None):
+        out = super().forward_block(cache, tokens, positions, tree_mask)
+        of_b = torch.tensor([self.prompts[t] == "b" for t in cache.tables])[:, None]
+        bad = (positions + 1 == self.bad_position) & of_b  # the output at position t predicts token t + 1
+        out.logits[:, bad] = float("nan")
+        return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("kind", ["ar", "sd"])
+def test_non_finite_logits_raise_with_the_model_decoder_image_and_position(kind, temperature):
+    target = NaNAt(2, vocab=3, grid=(2, 2), prompts=PROMPTS,
+                   sampling=dict(cfg_scale=2.0, temperature=temperature))
+    draft = perturbed_copy(target, noise=0.5)
+    decoder = Decoder(kind, target, ExactRule(), draft_len=2 if kind == "sd" else 0,
+                      drafter=ModelDrafter(target, draft) if kind == "sd" else None)
+    decoder.generate("a", 0)  # the other prompt is fine
+    with pytest.raises(NonFiniteError, match=rf"target \(NaNAt\).*decoder '{kind}': image 7 \(prompt 'b'"):
+        decoder.generate_batch(["a", "b"], [0, 1], labels=[6, 7])
+    clean = LookupModel(vocab=3, grid=(2, 2), prompts=PROMPTS, sampling=target.sampling)
+    bad_draft = NaNAt(1, vocab=3, grid=(2, 2), prompts=PROMPTS, sampling=target.sampling)
+    sd = Decoder("sd", clean, ExactRule(), draft_len=2, drafter=ModelDrafter(clean, bad_draft))
+    with pytest.raises(NonFiniteError, match=r"from the drafter \(ModelDrafter\)"):
+        sd.generate("b", 0)
+
+
+def test_the_runner_makes_the_same_images_batched_timed_and_resumed(tmp_path):
+    """The timed subset (batch 1) and the batched rest hold the same images as a run timed throughout; a run
+    resumed with more prompts keeps the first images and adds the same ones a fresh run makes."""
+    common = [*LOOKUP, "eval.threads=1", "eval.warmup=0", "decoder=sd", "compare=none"]
+    run_py(*common, "eval.num_prompts=6", "eval.speed_prompts=2", "eval.batch_size=3",
+           f"hydra.run.dir={tmp_path / 'a'}")
+    run_py(*common, "eval.num_prompts=6", f"hydra.run.dir={tmp_path / 'b'}")  # every image timed at batch 1
+    for n in (3, 6):  # a run, then the same folder with more prompts
+        run_py(*common, f"eval.num_prompts={n}", "eval.batch_size=2", "eval.speed_prompts=1",
+               f"hydra.run.dir={tmp_path / 'c'}")
+
+    def tokens(folder, name):
+        lines = (tmp_path / folder / "records" / f"{name}.jsonl").read_text().splitlines()
+        return {r["index"]: r["tokens"] for r in map(json.loads, lines)}
+
+    for name in ("ar", "sd"):
+        a, b, c = tokens("a", name), tokens("b", name), tokens("c", name)
+        assert a == b == c and len(a) == 6, name
+    record = json.loads((tmp_path / "a" / "run.json").read_text())["per_decoder"]["sd"]
+    assert record["num_timed"] == 2 and record["throughput_images"] == 4 and record["throughput_batch_size"] == 3

@@ -33,6 +33,7 @@ import torch
 from coolsd import validate
 from coolsd.acceptance import AcceptanceRule, summed_tv, verify_chain, verify_tree
 from coolsd.drafters.base import Drafter, NullDrafter
+from coolsd.kv_cache import swap_remove
 from coolsd.models.base import ImageARModel
 from coolsd.rng import ACCEPT, SAMPLE, Streams, sample
 from coolsd.sampling import finite_images
@@ -166,7 +167,7 @@ class Decoder:
                 for phase in ("prefill_s", "draft_s", "verify_s", "accept_s", "observe_s", "diagnostics_s"):
                     setattr(rec, phase, getattr(phases, phase))
                 done[r] = Generation(tokens=tokens[i, :n_tokens].clone(), stats=rec.freeze(n_tokens, elapsed, b))
-            keep = [i for i, ti in enumerate(t) if ti < n_tokens]
+            keep = swap_remove(len(t), finished)  # the last images take the finished ones' places
             if keep:
                 index = torch.tensor(keep, device=device)
                 cache.select(keep)

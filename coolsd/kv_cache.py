@@ -1,12 +1,13 @@
 """Static, preallocated key/value cache for a batch of images: per-row lengths, rollback and compaction.
 
-Every layer owns a slice of one ``(layers, S·B, H, S_max, D)`` buffer: ``B`` images (prompt rows), each with
-``S`` classifier-free-guidance streams, laid out stream-major (cache row ``s·B + b``). Every image has its own
+Every layer owns a slice of one ``(layers, B·S, H, S_max, D)`` buffer: ``B`` images (prompt rows), each with
+``S`` classifier-free-guidance streams, laid out image-major (cache row ``b·S + s``). Every image has its own
 committed length. A forward over ``T`` new tokens per image writes slots ``[length_b, length_b + T)`` of row
 ``b`` (a *block*) and attends to that row's committed slots plus, inside the block, a causal mask or an
 explicit per-row tree mask. After verification the caller keeps a subset of each row's block: a prefix
 (chains: a pointer move, stale slots are overwritten later) or an ordered subset (trees: the kept slots are
-copied to be contiguous again). Rows of finished images leave the batch (``select``).
+copied to be contiguous again). Finished images leave the batch (``select``): the caller fills their places
+with images from the end of the batch, so only those move and the buffers shrink to a prefix view.
 
 Design after pytorch-labs/gpt-fast ``model.py: KVCache`` and EAGLE ``kv_cache.py`` (copy-on-accept).
 
@@ -44,7 +45,7 @@ class StaticKVCache:
         self.lengths = [0] * batch  # committed slots per image
         self.block_starts = [0] * batch  # first slot of the latest block per image
         self.block_len = 0
-        self._slots: torch.Tensor | None = None  # (S·B, T) slot of every block token when starts differ
+        self._slots: torch.Tensor | None = None  # (B·S, T) slot of every block token when starts differ
         self._end = 0
 
     @property
@@ -52,12 +53,15 @@ class StaticKVCache:
         return len(self.lengths)
 
     def _rows(self, per_image: torch.Tensor) -> torch.Tensor:
-        """A per-image tensor (B, ...) repeated for every stream -> per cache row (S·B, ...)."""
-        return per_image.repeat(self.streams, *([1] * (per_image.dim() - 1))) if self.streams > 1 else per_image
+        """A per-image tensor (B, ...) repeated for every stream -> per cache row (B·S, ...), image-major."""
+        return per_image.repeat_interleave(self.streams, dim=0) if self.streams > 1 else per_image
 
     # -- one forward ------------------------------------------------------------------------------------
     def begin_block(self, num_tokens: int, tree_mask: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Reserve ``num_tokens`` slots per image; return the attention mask (S·B, 1, T, end) or None.
+        """Reserve ``num_tokens`` slots per image; return the attention mask (B·S, 1, T, end) or None.
+
+        The mask is additive (0 where a query may attend, −inf elsewhere) in the cache's dtype: the form the
+        attention kernels take without converting it in every layer.
 
         ``tree_mask`` (T, K) shared or (B, T, K) per image, bool, K >= T, covers each row's last K slots
         (earlier speculative blocks, then this block): ``tree_mask[i, j]`` = new token i may attend to slot
@@ -77,35 +81,40 @@ class StaticKVCache:
         self._slots = None
         if not uniform:
             start_t = self._rows(torch.tensor(starts, device=device))
-            self._slots = start_t[:, None] + torch.arange(t, device=device)  # (S·B, T)
+            self._slots = start_t[:, None] + torch.arange(t, device=device)  # (B·S, T)
         if tree_mask is None and t == 1 and not self.has_padding and uniform:
             return None
         block = torch.ones(t, t, dtype=torch.bool, device=device).tril() if tree_mask is None \
             else tree_mask.to(device=device, dtype=torch.bool)
         k = block.shape[-1]
-        valid = self.key_valid[:, :end]  # (S·B, end)
+        valid = self.key_valid[:, :end]  # (B·S, end)
         if uniform:  # one window for every row: slice assignments, no gathers
-            mask = valid[:, None, :].expand(-1, t, -1).clone()  # (S·B, T, end)
+            mask = valid[:, None, :].expand(-1, t, -1).clone()  # (B·S, T, end)
             win = block if block.dim() == 2 else self._rows(block)
             mask[..., end - k:] &= win
             idx = torch.arange(t, device=device)
             mask[:, idx, end - t + idx] = True  # a padded query still attends to itself (LlamaGen's diagonal)
-            return mask.unsqueeze(1)
-        ends = self._rows(torch.tensor(self.lengths, device=device))  # (S·B,)
+            return self._additive(mask)
+        ends = self._rows(torch.tensor(self.lengths, device=device))  # (B·S,)
         col = torch.arange(end, device=device)
-        rel = col[None, :] - (ends - k)[:, None]  # (S·B, end): column inside each row's window
+        rel = col[None, :] - (ends - k)[:, None]  # (B·S, end): column inside each row's window
         old = (rel < 0) & valid
         block = block.expand(self.batch, -1, -1) if block.dim() == 2 else block
         padded = torch.cat([self._rows(block), torch.zeros_like(block[:1, :, :1]).expand(
-            self.streams * self.batch, t, 1)], dim=-1)  # (S·B, T, K + 1): column K is "not in the window"
+            self.streams * self.batch, t, 1)], dim=-1)  # (B·S, T, K + 1): column K is "not in the window"
         where = torch.where((rel >= 0) & (rel < k), rel, torch.full_like(rel, k))
         win = padded.gather(-1, where[:, None, :].expand(-1, t, -1)) & valid[:, None, :]
-        mask = old[:, None, :] | win  # (S·B, T, end)
+        mask = old[:, None, :] | win  # (B·S, T, end)
         mask.scatter_(-1, self._slots[:, :, None], True)
-        return mask.unsqueeze(1)
+        return self._additive(mask)
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """Boolean visibility (B·S, T, end) -> the additive attention mask (B·S, 1, T, end)."""
+        return torch.zeros(visible.shape, dtype=self.k.dtype, device=visible.device).masked_fill_(
+            ~visible, float("-inf")).unsqueeze(1)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the block's K/V (S·B, H, T, D) for ``layer``; return all K/V up to the block end."""
+        """Store the block's K/V (B·S, H, T, D) for ``layer``; return all K/V up to the block end."""
         end = self._end
         if self._slots is None:
             s = end - self.block_len
@@ -137,7 +146,7 @@ class StaticKVCache:
         if torch.equal(index, torch.arange(n, device=device).expand_as(index)):
             return
         start_t = torch.tensor(starts, device=device)[:, None]
-        src = self._rows(start_t + index)  # (S·B, n)
+        src = self._rows(start_t + index)  # (B·S, n)
         dst = self._rows(start_t + torch.arange(n, device=device))
         rows = torch.arange(src.shape[0], device=device)[:, None]
         # gather first, then scatter: a kept slot may be another one's destination
@@ -153,20 +162,39 @@ class StaticKVCache:
         self.lengths = list(lengths)
 
     def set_padding(self, key_valid: torch.Tensor) -> None:
-        """Mark prefix slots (S·B, P) as valid keys or padding (left-padded prompts)."""
+        """Mark prefix slots (B·S, P) as valid keys or padding (left-padded prompts)."""
         p = key_valid.shape[1]
         self.key_valid[:, :p] = key_valid.to(self.key_valid.device, torch.bool)
         self.has_padding = not bool(key_valid.all())
 
+    @torch.inference_mode()
     def select(self, images: Sequence[int]) -> None:
-        """Keep only the listed images (prompt rows), in that order; the others leave the batch."""
+        """Keep only the listed images (positions in the batch), in that order; the others leave the batch.
+
+        Only images whose position changes are copied; the buffers become views of their first rows, so a
+        caller that fills the places of finished images with the last ones (``swap_remove``) moves little.
+        """
+        images = list(images)
         device = self.k.device
-        idx = torch.tensor(list(images), dtype=torch.long, device=device)
-        b = self.batch
-        rows = torch.cat([idx + s * b for s in range(self.streams)])
-        self.k = self.k.index_select(1, rows)
-        self.v = self.v.index_select(1, rows)
-        self.key_valid = self.key_valid.index_select(0, rows)
+        s = self.streams
+        moved = [(j, i) for j, i in enumerate(images) if i != j]
+        if moved:
+            dst = torch.tensor([j * s + r for j, _ in moved for r in range(s)], device=device)
+            src = torch.tensor([i * s + r for _, i in moved for r in range(s)], device=device)
+            self.k[:, dst] = self.k[:, src]
+            self.v[:, dst] = self.v[:, src]
+            self.key_valid[dst] = self.key_valid[src]
+        rows = len(images) * s
+        self.k, self.v, self.key_valid = self.k[:, :rows], self.v[:, :rows], self.key_valid[:rows]
         self.has_padding = not bool(self.key_valid.all())
         self.lengths = [self.lengths[i] for i in images]
         self.block_starts = [self.block_starts[i] for i in images]
+
+
+def swap_remove(count: int, finished: Sequence[int]) -> list[int]:
+    """The order of the images that stay when ``finished`` (positions in a batch of ``count``) leave: every
+    place of a finished image is filled by one of the last images, the rest keep their places."""
+    gone = set(finished)
+    keep = count - len(gone)
+    tail = [i for i in range(keep, count) if i not in gone]
+    return [tail.pop() if i in gone else i for i in range(keep)]

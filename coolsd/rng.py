@@ -3,10 +3,12 @@
 Batched decoding must not let an image depend on its batch neighbours, the batch size, the shard count or
 where a resumed run restarted. A ``torch.Generator`` shared by the batch cannot give that (a row's draws
 would depend on how many draws the other rows made before it). Here every random number is a pure function
-of its key: the SplitMix64 finaliser (Steele, Lea & Flood 2014; the mixing function of ``java.util.
-SplittableRandom``) applied to the image's seed and the counters, so a row's stream is the same at batch 1
-and inside any batch. One iteration of the decoding loop starts at image position ``t`` (the first
-uncommitted token), which is unique per iteration of an image, so ``(seed, t, kind, index)`` never repeats.
+of its key: SplitMix64 (Steele, Lea & Flood 2014; the generator of ``java.util.SplittableRandom``) over a
+counter — the image's mixed seed plus the packed ``(kind, t, index)`` times the golden gamma, then the
+SplitMix64 finaliser — so a row's stream is the same at batch 1 and inside any batch. One iteration of the
+decoding loop starts at image position ``t`` (the first uncommitted token), which is unique per iteration
+of an image, so ``(seed, t, kind, index)`` never repeats; the packing (kind: 8 bits, t: 16, index: 40) is
+one-to-one.
 
 Samples use the uniforms: a token from a distribution by inverse CDF (``sample``: the first code whose
 cumulative mass exceeds ``u·total``, so a zero-probability code is never drawn); several distinct tokens one
@@ -72,9 +74,10 @@ class Streams:
 
     def uniform_at(self, position: torch.Tensor, kind: int, index: torch.Tensor) -> torch.Tensor:
         """Uniforms (B, *index.shape) for the draws ``index`` (any shape, int64) of ``kind`` at ``position``."""
-        base = mix(mix(self.keys ^ (kind << 56)) ^ position.to(self.keys.device, torch.long))  # (B,)
-        flat = index.to(base.device, torch.long).reshape(-1)
-        return to_unit(mix(base[:, None] ^ flat[None, :])).view(base.shape[0], *index.shape)
+        counter = (position.to(self.keys.device, torch.long) << 40) + (self.keys + (kind << 56))  # (B,)
+        flat = index.to(counter.device, torch.long).reshape(-1)
+        z = mix((counter[:, None] + flat[None, :]) * _GAMMA)
+        return to_unit(z).view(counter.shape[0], *index.shape)
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

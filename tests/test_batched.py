@@ -112,7 +112,7 @@ def test_relaxed_rules_give_their_analytic_one_step_output_in_a_batch_of_8(name)
             "lantern_pp": LanternRule(table, k=2, mode="multiplicative", budget=4.0)}[name]
     decoder = Decoder(name, target, rule, draft_len=1, drafter=ModelDrafter(target, draft), track_tv=False)
     counts = {p: torch.zeros(v * v) for p in PROMPTS}
-    for prompts, seeds in mixed_batches(4000, sizes=(8,)):
+    for prompts, seeds in mixed_batches(8000, sizes=(8,)):
         for prompt, gen in zip(prompts, decoder.generate_batch(prompts, seeds)):
             counts[prompt][int(gen.tokens[0]) * v + int(gen.tokens[1])] += 1
     for prompt in PROMPTS:

@@ -64,14 +64,14 @@ def test_mask_is_causal_within_block_and_respects_padding():
     cache = StaticKVCache(num_layers=1, batch=1, num_heads=1, max_len=8, head_dim=2,
                           dtype=torch.float32, device="cpu")
     cache.set_padding(torch.tensor([[False, True]]))
-    mask = cache.begin_block(2)
+    mask = cache.begin_block(2) == 0  # additive: 0 = visible, -inf = hidden
     assert mask[0, 0].tolist() == [[True, False], [False, True]]  # padded slot 0 sees itself only
     cache.keep(2)
-    mask = cache.begin_block(2)
+    mask = cache.begin_block(2) == 0
     assert mask[0, 0].tolist() == [[False, True, True, False], [False, True, True, True]]
     cache.keep(0)
     tree = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])
-    mask = cache.begin_block(3, tree)
+    mask = cache.begin_block(3, tree) == 0
     assert mask[0, 0, :, 2:].tolist() == tree.tolist()
 
 

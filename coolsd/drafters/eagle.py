@@ -58,7 +58,7 @@ from coolsd import validate
 from coolsd.drafters.base import Drafter, empty_draft
 from coolsd.io import atomic_write_bytes
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import ImageARModel, attention_context, check_prefix
+from coolsd.models.base import ImageARModel, attention_context, check_prefix, per_stream, stream_rows, to_rows
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, load_state_dict
 from coolsd.rng import DRAFT, sample
 from coolsd.sampling import finite_images, stream_probs
@@ -154,7 +154,7 @@ class EagleHead(nn.Module):
         """Pairs ``(f_t, x_{t+1})`` -> predicted next features ``f̂_{t+1}`` (R, T, H).
 
         ``features`` (R, T, H) are ``f_t``; ``tokens`` are ``x_{t+1}``: (T,) shared by every row, or (B, T)
-        with R a multiple of B (the CFG streams of B images, stream-major: row ``s·B + b``); ``positions``
+        with R a multiple of B (the CFG streams of B images, image-major: row ``b·S + s``); ``positions``
         are the pair positions ``t``: (T,) shared or (B, T) likewise. ``cache``/``mask`` as in
         ``ImageARModel.make_draft_layer`` (``None``: teacher-forced causal pass).
         """
@@ -163,9 +163,9 @@ class EagleHead(nn.Module):
         if e.dim() == 2:
             e = e.unsqueeze(0).expand(rows, -1, -1)
         elif e.shape[0] != rows:
-            e = e.repeat(rows // e.shape[0], 1, 1)
+            e = stream_rows(e, rows // e.shape[0])
         if positions.dim() == 2 and positions.shape[0] != rows:
-            positions = positions.repeat(rows // positions.shape[0], 1)
+            positions = stream_rows(positions, rows // positions.shape[0])
         h = self.fc(torch.cat([e, features.to(self.fc.weight.dtype)], dim=-1))  # (R, T, H)
         return self.layer(h, positions, cache, mask)
 
@@ -402,7 +402,7 @@ class EagleDrafter(Drafter):
         s, b, t, h = features.shape
         mask = self.cache.begin_block(t, tree_mask)
         with attention_context(getattr(self.target, "attention_kernel", "auto")):  # the target's decode kernel
-            f_hat = self.head(features.reshape(s * b, t, h), tokens, positions, self.cache, mask).view(s, b, t, h)
+            f_hat = per_stream(self.head(to_rows(features), tokens, positions, self.cache, mask), s)  # (S, B, T, H)
         if rows is not None:
             f_hat_q = f_hat.gather(2, rows.view(1, b, 1, 1).expand(s, b, 1, h))
         else:

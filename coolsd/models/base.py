@@ -68,6 +68,24 @@ def pixels_to_uint8(pixels: torch.Tensor, rounding: str) -> torch.Tensor:
     return x.clamp(0.0, 255.0).to(torch.uint8)
 
 
+def stream_rows(x: torch.Tensor, streams: int) -> torch.Tensor:
+    """Per-image rows (B, ...) repeated for every CFG stream, image-major (B·S, ...) as the caches lay them out
+    (row ``b·S + s``: an image's streams are adjacent, so dropping finished images moves whole blocks)."""
+    if streams == 1:
+        return x
+    return x.unsqueeze(1).expand(x.shape[0], streams, *x.shape[1:]).reshape(x.shape[0] * streams, *x.shape[1:])
+
+
+def per_stream(rows: torch.Tensor, streams: int) -> torch.Tensor:
+    """Cache rows (B·S, ...), image-major -> the stream axis first (S, B, ...) (a view)."""
+    return rows.view(-1, streams, *rows.shape[1:]).transpose(0, 1)
+
+
+def to_rows(x: torch.Tensor) -> torch.Tensor:
+    """Per-stream tensors (S, B, ...) -> cache rows (B·S, ...), image-major."""
+    return x.transpose(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
 def attention_context(kernel: str) -> contextlib.AbstractContextManager:
     """The context a decode/verify forward runs in for ``model.attention_kernel`` (``ATTENTION_KERNELS``)."""
     if kernel == "math":
@@ -236,7 +254,7 @@ class ImageARModel(nn.Module, abc.ABC):
         The returned module must provide:
 
         * ``forward(h, positions, cache, mask) -> (R, T, H)``: ``h`` (R, T, H) are the fused inputs,
-          R = the CFG streams of a batch of images at decode time (stream-major, as the cache) or any batch
+          R = the CFG streams of a batch of images at decode time (image-major, as the cache) or any batch
           of sequences in training; ``positions`` (T,) shared or (R, T) long are *pair positions*: the pair ``(f_t, x_{t+1})`` sits at position
           ``t``, the image index of the target input that produced ``f_t`` (``t = -1`` for the prefill's
           last hidden state, which is paired with ``x_0``). How a pair position maps onto the target's

@@ -57,6 +57,8 @@ from coolsd.models.base import (
     check_reference_options,
     pixels_to_uint8,
     set_tf32,
+    per_stream,
+    stream_rows,
 )
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.llamagen import resolve_device, resolve_dtype
@@ -487,8 +489,8 @@ class JanusPro(ImageARModel):
         )
 
     def _output(self, hidden: torch.Tensor) -> TargetOutput:
-        """Hidden states of the cache rows (S·B, T, H) -> per-stream output (S, B, T, ·)."""
-        hidden = hidden.view(self.num_streams, -1, *hidden.shape[1:])
+        """Hidden states of the cache rows (B·S, T, H) -> per-stream output (S, B, T, ·)."""
+        hidden = per_stream(hidden, self.num_streams)
         return TargetOutput(logits=self.head(hidden), hidden=hidden)
 
     @torch.inference_mode()
@@ -505,11 +507,12 @@ class JanusPro(ImageARModel):
         positions = (torch.arange(width)[None, :] - pad).clamp_min(0)  # (B, P): from 0 at each prompt's start
         valid = torch.arange(width)[None, :] >= pad  # (B, P)
         cache = self._new_cache(lengths.to(self.device), width, extra_slots)
-        cache.set_padding(valid.repeat(s, 1).to(self.device))
-        rows = ids.reshape(s * b, width).to(self.device)
-        h = self.lm.embed_tokens(rows)  # (S·B, P, H)
+        cache.set_padding(valid.repeat_interleave(s, dim=0).to(self.device))
+        rows = ids.transpose(0, 1).reshape(b * s, width).to(self.device)  # image-major: each image's streams
+        h = self.lm.embed_tokens(rows)  # (B·S, P, H)
         mask = cache.begin_block(width)
-        hidden = run_layers(self.lm, h, positions.repeat(s, 1).to(self.device), cache, mask, self.active_layers)
+        hidden = run_layers(self.lm, h, positions.repeat_interleave(s, dim=0).to(self.device), cache, mask,
+                            self.active_layers)
         return cache, self._output(hidden[:, -1:])
 
     @torch.inference_mode()
@@ -518,7 +521,7 @@ class JanusPro(ImageARModel):
         h = self.embed(tokens.to(self.device))  # (B, T, H)
         seq = positions.to(self.device) + cache.prefix_lens[:, None]  # (B, T)
         if s > 1:
-            h, seq = h.repeat(s, 1, 1), seq.repeat(s, 1)
+            h, seq = stream_rows(h, s), stream_rows(seq, s)
         mask = cache.begin_block(tokens.shape[1], tree_mask)
         with attention_context(self.attention_kernel):
             hidden = run_layers(self.lm, h, seq, cache, mask, self.active_layers)

@@ -6,7 +6,9 @@ tokens first (a class embedding for ``c2i``, a projected caption for ``t2i``) wh
 (so their q and k vanish; a quirk of the reference that this copy keeps). Parameter names equal the
 released checkpoints' (``tok_embeddings``, ``layers.{i}.attention.wqkv``, ``cls_embedding.cap_proj.fc1`` ...).
 
-CFG layout: the batch is ``[cond; uncond]`` halves (not interleaved); the unconditional condition is the
+CFG layout: each image's conditional and unconditional rows are adjacent in the batch (image-major, as every
+adapter's cache lays them out; the reference stacks ``[cond; uncond]`` halves, which computes the same); the
+unconditional condition is the
 null class (``c2i``) or the learned ``uncond_embedding`` (``t2i``).
 
 Example: ``python run.py model=tiny`` (a random-weight class-conditional instance).
@@ -24,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import ImageARModel, attention_context, check_prefix, check_reference_options, set_tf32
+from coolsd.models.base import (ImageARModel, attention_context, check_prefix, check_reference_options, set_tf32,
+                                per_stream, stream_rows)
 from coolsd.models.vq import VQConfig, VQModel
 from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
@@ -89,8 +92,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        # the reference's x.float() * rsqrt(mean(x²) + eps), then type_as(x) * weight, in one fused kernel
+        out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return out.type_as(x) * self.weight
 
 
@@ -123,17 +126,23 @@ def rope_2d_table(grid: int, head_dim: int, base: float, prefix: int) -> torch.T
     return torch.cat([torch.zeros(prefix, head_dim // 2, 2), table])
 
 
+def rope_rotation(table: torch.Tensor) -> torch.Tensor:
+    """A (cos, sin) table (T, D/2, 2) shared or (B, T, D/2, 2) per row -> complex rotations (1|B, T, 1, D/2),
+    computed once per forward and applied by every layer (``apply_rope``)."""
+    rot = torch.view_as_complex(table)  # (T, D/2) or (B, T, D/2)
+    return rot.unsqueeze(-2) if rot.dim() == 3 else rot[None, :, None]
+
+
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of ``x`` (B, T, H, D) by ``table`` (T, D/2, 2) shared or (B, T, D/2, 2) per row, of
-    (cos, sin), in float32 (or the table's wider dtype).
+    """Rotate pairs of ``x`` (B, T, H, D) by a (cos, sin) table (see ``rope_rotation``) or by its complex
+    rotations, in float32 (or the table's wider dtype).
 
     One complex product ``(x0 + i x1)(cos + i sin)``: the reference's four real products, difference and sum
     (``x0 cos − x1 sin``, ``x1 cos + x0 sin``) in one kernel instead of ten (bitwise equal on CPU; on a GPU the
     compiler may fuse a product into the sum, a last-bit difference in float32).
     """
+    rot = table if table.is_complex() else rope_rotation(table)
     xs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, T, H, D/2) complex
-    rot = torch.view_as_complex(table)  # (T, D/2) or (B, T, D/2)
-    rot = rot.view(-1 if rot.dim() == 3 else 1, xs.shape[1], 1, xs.shape[3])  # (1 or B, T, 1, D/2)
     return torch.view_as_real(xs * rot).flatten(3).type_as(x)
 
 
@@ -244,7 +253,7 @@ class DraftBlock(Float32Rope):
         positions = positions.to(self.freqs_cis.device)
         cells = (positions + 1).clamp(max=self.num_cells)  # (T,); past the grid: the zero row
         cells = torch.where(positions < -1, self.num_cells, cells)  # prefix pairs: the zero row
-        rope = self.freqs_cis[cells]
+        rope = rope_rotation(self.freqs_cis[cells])
         h = h + self.attention(h, rope, cache, 0, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -357,7 +366,7 @@ class Transformer(Float32Rope):
         ``num_layers`` runs only the first blocks (layer-skip drafting); ``None`` runs all.
         """
         h = self.tok_dropout(h)
-        rope = self.freqs_cis[seq_positions]
+        rope = rope_rotation(self.freqs_cis[seq_positions])
         for i, layer in enumerate(itertools.islice(self.layers, num_layers)):  # slicing would build a ModuleList
             h = layer(h, rope, cache, i, mask)
         return self.norm(h)
@@ -466,15 +475,15 @@ class LlamaGenAdapter(ImageARModel):
         return self.gpt.tok_embeddings.weight.device
 
     def _output(self, hidden: torch.Tensor) -> TargetOutput:
-        """Hidden states of the cache rows (S·B, T, H) -> per-stream output (S, B, T, ·)."""
-        hidden = hidden.view(self.num_streams, -1, *hidden.shape[1:])
+        """Hidden states of the cache rows (B·S, T, H) -> per-stream output (S, B, T, ·)."""
+        hidden = per_stream(hidden, self.num_streams)
         return TargetOutput(logits=self.head(hidden), hidden=hidden)
 
     def _prefill_condition(
         self, h: torch.Tensor, key_valid: torch.Tensor | None, extra_slots: int
     ) -> tuple[LlamaGenCache, TargetOutput]:
-        """Run condition embeddings ``h`` (S·B, C, dim), stream-major, through a fresh cache; ``key_valid``
-        (S·B, C) marks the prefix slots other tokens may attend to (``None``: all). Returns the output of
+        """Run condition embeddings ``h`` (B·S, C, dim), image-major, through a fresh cache; ``key_valid``
+        (B·S, C) marks the prefix slots other tokens may attend to (``None``: all). Returns the output of
         the last slot."""
         cache = self._new_cache(h.shape[0] // self.num_streams, extra_slots)
         if key_valid is not None:
@@ -482,8 +491,8 @@ class LlamaGenAdapter(ImageARModel):
         mask = cache.begin_block(h.shape[1])
         hidden = self.gpt.forward_hidden(
             h, torch.arange(h.shape[1], device=self.device), cache, mask, self.active_layers
-        )  # (S·B, C, dim)
-        hidden = hidden.view(self.num_streams, -1, *hidden.shape[1:])  # (S, B, C, dim)
+        )  # (B·S, C, dim)
+        hidden = per_stream(hidden, self.num_streams)  # (S, B, C, dim)
         last = hidden[:, :, -1:]
         return cache, TargetOutput(logits=self.head(last), hidden=last, prefix_hidden=hidden)
 
@@ -492,8 +501,8 @@ class LlamaGenAdapter(ImageARModel):
         s = self.num_streams
         h = self.gpt.tok_embeddings(tokens.to(self.device))  # (B, T, dim)
         seq = positions.to(self.device) + cache.prefix_len  # (B, T)
-        if s > 1:  # cache rows are stream-major: [images of stream 0; images of stream 1]
-            h, seq = h.repeat(s, 1, 1), seq.repeat(s, 1)
+        if s > 1:  # cache rows are image-major: [image 0's streams, image 1's streams, ...]
+            h, seq = stream_rows(h, s), stream_rows(seq, s)
         mask = cache.begin_block(tokens.shape[1], tree_mask)
         with attention_context(self.attention_kernel):  # LlamaGen decodes with the math kernel
             hidden = self.gpt.forward_hidden(h, seq, cache, mask, self.active_layers)
@@ -579,8 +588,8 @@ class LlamaGen(LlamaGenAdapter):
     def prefill(self, prompts: list[str], extra_slots: int = 64,
                 streams: Streams | None = None) -> tuple[LlamaGenCache, TargetOutput]:
         label = torch.tensor([self.class_index(p) for p in prompts], device=self.device)
-        if self.num_streams == 2:
-            label = torch.cat([label, torch.full_like(label, self.cfg.num_classes)])  # [cond; uncond]
+        if self.num_streams == 2:  # each image's [cond, uncond] rows (the null class)
+            label = torch.stack([label, torch.full_like(label, self.cfg.num_classes)], dim=1).flatten()
         return self._prefill_condition(self.gpt.condition(label), None, extra_slots)
 
     @torch.inference_mode()

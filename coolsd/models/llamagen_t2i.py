@@ -443,16 +443,16 @@ class LlamaGenT2I(LlamaGenAdapter):
 
     # -- the adapter interface -------------------------------------------------------------------------
     def condition(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Condition embeddings (S·B, C, dim) and prefix key validity (S·B, C), stream-major:
-        ``[captions; uncond]``. Each caption is encoded alone, so an image does not depend on its batch."""
+        """Condition embeddings (B·S, C, dim) and prefix key validity (B·S, C), image-major: each image's
+        ``[caption, uncond]`` rows. Each caption is encoded alone, so an image does not depend on its batch."""
         captions = [self.text(p) for p in prompts]
         dtype = self.gpt.tok_embeddings.weight.dtype
         valid = torch.cat([c.valid for c in captions]).to(self.device)  # (B, C)
         cond = torch.cat([c.features for c in captions]).to(self.device, dtype) * valid[..., None]  # c = emb*mask
         if self.num_streams == 2:
             uncond = self.gpt.cls_embedding.uncond_embedding[None].expand(len(prompts), -1, -1)  # not masked
-            cond = torch.cat([cond, uncond.to(dtype)])
-            valid = valid.repeat(2, 1)  # the unconditional half reuses the caption's mask
+            cond = torch.stack([cond, uncond.to(dtype)], dim=1).flatten(0, 1)
+            valid = valid.repeat_interleave(2, dim=0)  # the unconditional row reuses the caption's mask
         return self.gpt.condition(cond), valid
 
     @torch.inference_mode()

@@ -80,7 +80,8 @@ from transformers.models.chameleon.modeling_chameleon import (
 )
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import ImageARModel, attention_context, check_reference_options, set_tf32
+from coolsd.models.base import (ImageARModel, attention_context, check_reference_options, per_stream, set_tf32,
+                                stream_rows, to_rows)
 from coolsd.models.chameleon_vqgan import ChameleonVQGAN, ChameleonVQGANConfig, load_vqgan
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, missing_together, strict_load
 from coolsd.models.llamagen import resolve_device
@@ -732,12 +733,9 @@ class LuminaMGPT(ImageARModel):
             max_len=p + self.num_image_tokens + rows + 2 * extra_slots + 2, head_dim=self.head_dim,
             dtype=self.lm.lm_head.weight.dtype, device=self.device,
         )
-        streams = [conds]
-        if s == 2:  # unconditional stream: only the image header
-            streams.append([header] * b)
         ids, positions, valid, bases = [], [], [], []
-        for stream in streams:
-            for seq in stream:
+        for cond in conds:  # image-major rows: each image's conditional stream, then its unconditional one
+            for seq in ([cond, header] if s == 2 else [cond]):  # the unconditional stream: only the header
                 pad = p - len(seq)
                 ids.append([self.vocabulary.image_start] * pad + list(seq))
                 positions.append([0] * pad + list(range(len(seq))))  # from 0 at the stream's own start
@@ -748,13 +746,13 @@ class LuminaMGPT(ImageARModel):
         hidden = self._hidden(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
                               kv, mask)
         cache = LuminaCache(kv=kv, prefix_len=p, width=self.grid[1],
-                            position_base=torch.tensor(bases, device=self.device).view(s, b),
+                            position_base=torch.tensor(bases, device=self.device).view(b, s).t(),
                             slot=[[] for _ in range(b)], newline=[[] for _ in range(b)])
         return cache, self._output(hidden[:, -1:])
 
     def _output(self, hidden: torch.Tensor) -> TargetOutput:
-        """Hidden states of the cache rows (S·B, T, H) -> per-stream output (S, B, T, ·)."""
-        hidden = hidden.view(self.num_streams, -1, *hidden.shape[1:])
+        """Hidden states of the cache rows (B·S, T, H) -> per-stream output (S, B, T, ·)."""
+        hidden = per_stream(hidden, self.num_streams)
         return TargetOutput(logits=self.head(hidden), hidden=hidden)
 
     @torch.inference_mode()
@@ -767,7 +765,7 @@ class LuminaMGPT(ImageARModel):
         ids = torch.where(block.is_node, codes, self.vocabulary.end_of_row)
         model_positions = cache.position_base[:, :, None] + block.offsets[None]  # (S, B, Tm)
         with attention_context(self.attention_kernel):
-            hidden = self._hidden(ids.repeat(s, 1), model_positions.flatten(0, 1), cache.kv, block.attention)
+            hidden = self._hidden(stream_rows(ids, s), to_rows(model_positions), cache.kv, block.attention)
         out = self._output(hidden)  # (S, B, Tm, ·)
         gather = block.output_rows.view(1, *block.output_rows.shape, 1)
         return TargetOutput(logits=out.logits.gather(2, gather.expand(s, -1, -1, out.logits.shape[-1])),

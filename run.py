@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from eval.runner import run_experiment
@@ -25,6 +26,14 @@ def decoder_chosen(task_overrides: list[str]) -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == "decoder" for o in task_overrides)
 
 
+def job_info(hc) -> dict:
+    """What names this job in W&B and ``run.json``: Hydra's job name, the overrides that make it (multirun:
+    the swept values, ``hydra.job.override_dirname``), the sweep folder and job number (None when not a sweep)."""
+    multirun = hc.mode == RunMode.MULTIRUN
+    return {"name": hc.job.name, "override_dirname": hc.job.override_dirname or None,
+            "sweep_dir": str(hc.sweep.dir) if multirun else None, "num": hc.job.num if multirun else None}
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> float:
     hc = HydraConfig.get()
@@ -33,6 +42,7 @@ def main(cfg: DictConfig) -> float:
         output_dir=hc.runtime.output_dir,
         decoder_overridden=decoder_chosen(list(hc.overrides.task)),
         choices=dict(hc.runtime.choices),
+        job=job_info(hc),
     )
     return float(record.get("metrics", {}).get("speedup", 0.0))  # {} on ranks > 0 of a torchrun job
 

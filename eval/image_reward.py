@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, load_state_dict
+from eval.metrics import MeanScore
 
 HUB_REPO = "THUDM/ImageReward"
 CHECKPOINT_FILE = "ImageReward.pt"
@@ -601,8 +602,11 @@ def resolve_weights(pretrained: str) -> tuple[str, str]:
 
 # ---------------------------------------------------------------- the metric
 
-class ImageReward:
-    """The ``image_reward`` metric: mean ImageReward-v1.0 score of generated images against their prompts."""
+class ImageReward(MeanScore):
+    """The ``image_reward`` metric: mean ImageReward-v1.0 score of generated images against their prompts
+    (t interval over images, ``eval.metrics.MeanScore``)."""
+
+    key = "image_reward"
 
     def __init__(self, pretrained: str | None = f"hub:{HUB_REPO}", tokenizer: Any = TOKENIZER_REPO,
                  batch_size: int = 16, arch: Mapping[str, Any] | None = None) -> None:
@@ -681,9 +685,9 @@ class ImageReward:
             out.append(model(torch.stack(pixels).to(device), ids.to(device), mask.to(device)).double().cpu())
         return torch.cat(out).numpy() if out else np.zeros(0)
 
+    def details(self, n: int) -> dict[str, Any]:
+        return {"image_reward_num_images": n}
+
     def compute(self, image_paths: Sequence[str | os.PathLike], prompts: Sequence[str],
-                device: torch.device | str = "cpu") -> dict[str, float]:
-        scores = self.scores(image_paths, prompts, device)
-        if not len(scores):
-            raise ValueError("ImageReward needs at least one image")
-        return {"image_reward": float(scores.mean()), "image_reward_num_images": len(scores)}
+                device: torch.device | str = "cpu") -> dict[str, Any]:
+        return self.estimate(self.per_image(image_paths, prompts, device), torch.device(device))

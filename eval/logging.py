@@ -1,14 +1,31 @@
 """Experiment loggers: Weights & Biases (online, offline or disabled) or none.
 
-W&B mirrors ``run.json``; nothing downstream reads W&B back. Offline runs are uploaded later with
-``wandb sync <output_dir>/wandb/offline-run-*``.
+W&B mirrors ``run.json``; nothing downstream reads W&B back but ``scripts/make_tables.py --wandb``, which takes
+the run's copy of ``run.json``. One W&B run per ``run.py`` job, named after the experiment and the overrides
+that make the job (``sweep_coolsd_delta[decoder.delta=1.1]``; Hydra's ``hydra.job.override_dirname``) and
+grouped by experiment (or sweep folder), unless ``logger.name`` / ``logger.group`` say otherwise. It logs the
+flat metrics with their interval ends (``metrics/<key>_ci_lo``, ``_ci_hi``) and paired comparisons
+(``metrics/vs_sd/fid/difference``, ``.../p``), the per-decoder table twice (numbers with interval ends, and
+the printed ``value ± half-width`` cells), the speed–quality plot, image grids and a samples table.
+
+Self-contained run folder: every file the run logs lives under ``<output_dir>/wandb/``. ``run.json`` and
+``table.md`` are copied (not symlinked) into the run's ``files/``; images logged one by one are copied by W&B
+into ``files/media/``; the samples table's images, which W&B stages as artifact files in its data folder
+(``~/.local/share/wandb/artifacts/staging`` by default, outside the run), are staged under
+``<output_dir>/wandb/artifacts/staging`` (``WANDB_DATA_DIR`` is pointed there while the run logs) and also
+logged as image lists ``samples/<decoder>`` in ``files/media/``. Offline runs are uploaded later with
+``wandb sync <output_dir>/wandb/offline-run-*`` (from where they were made: W&B records the staged artifact
+files by absolute path; the ``files/`` folder is found relative to the run).
 
 Example: ``python run.py logger=wandb logger.mode=online logger.project=coolsd``.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 MODES = ("online", "offline", "disabled")
 
@@ -26,6 +43,57 @@ def sample_rows(record: dict[str, Any], out_dir: Path, per_decoder: int = 8) -> 
     return rows
 
 
+def flatten(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Scalars only: ``<key>_ci`` -> ``<key>_ci_lo``/``_ci_hi``; ``vs_<b>`` -> ``vs_<b>/<key>/<field>``."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if key.endswith("_ci"):
+            lo, hi = value if value is not None else (None, None)
+            out[f"{key}_lo"], out[f"{key}_hi"] = lo, hi
+        elif isinstance(value, dict):
+            for sub, comp in value.items():
+                if isinstance(comp, dict):
+                    for field in ("difference", "p", "t", "df"):
+                        if comp.get(field) is not None:
+                            out[f"{key}/{sub}/{field}"] = comp[field]
+                    if comp.get("ci"):
+                        out[f"{key}/{sub}/ci_lo"], out[f"{key}/{sub}/ci_hi"] = comp["ci"]
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out[key] = value
+    return out
+
+
+def run_name(record: dict[str, Any]) -> str:
+    """``<experiment or decoder>[<overrides of this job>]``, e.g. ``sweep_coolsd_delta[decoder.delta=1.1]``."""
+    job = record.get("job") or {}
+    base = (record.get("config") or {}).get("experiment_name") or record["decoder"]
+    overrides = job.get("override_dirname")
+    return f"{base}[{overrides}]" if overrides else base
+
+
+def run_group(record: dict[str, Any]) -> str | None:
+    """The experiment's name, else the sweep folder of a multirun, else None (a single run)."""
+    experiment = (record.get("config") or {}).get("experiment_name")
+    if experiment:
+        return str(experiment)
+    sweep = (record.get("job") or {}).get("sweep_dir")
+    return f"sweep {sweep}" if sweep else None
+
+
+@contextlib.contextmanager
+def staging_inside(folder: Path) -> Iterator[None]:
+    """Point W&B's data folder (where it stages artifact files, e.g. a table's images) into ``folder``."""
+    old = os.environ.get("WANDB_DATA_DIR")
+    os.environ["WANDB_DATA_DIR"] = str(folder)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("WANDB_DATA_DIR", None)
+        else:
+            os.environ["WANDB_DATA_DIR"] = old
+
+
 class NullLogger:
     """Logs nothing."""
 
@@ -34,39 +102,60 @@ class NullLogger:
 
 
 class WandbLogger:
-    """Log a run's metrics (flat), per-decoder table and image grids to W&B."""
+    """Log a run's metrics with intervals, per-decoder tables, plots and images to W&B (see the module doc)."""
 
     def __init__(self, project: str = "coolsd", mode: str = "offline", entity: str | None = None,
-                 tags: Sequence[str] = (), name: str | None = None) -> None:
+                 tags: Sequence[str] = (), name: str | None = None, group: str | None = None) -> None:
+        """``name``/``group``: None takes them from the experiment and the job's overrides (``run_name``,
+        ``run_group``)."""
         if mode not in MODES:
             raise ValueError(f"logger.mode must be one of {MODES}, got {mode!r}")
         self.project, self.mode, self.entity = project, mode, entity
-        self.tags, self.name = list(tags), name
+        self.tags, self.name, self.group = list(tags), name, group
 
     def log_run(self, record: dict[str, Any], out_dir: Path) -> None:
         import wandb
 
-        run = wandb.init(project=self.project, entity=self.entity, mode=self.mode, dir=str(out_dir),
-                         tags=self.tags, name=self.name, config=record["config"], reinit="finish_previous",
-                         settings=wandb.Settings(silent=True, console="off"))
-        try:
-            run.log({f"metrics/{k}": v for k, v in record["metrics"].items()})
-            columns = ["decoder", *sorted({k for m in record["per_decoder"].values() for k in m})]
-            rows = [[name, *[m.get(c) for c in columns[1:]]] for name, m in record["per_decoder"].items()]
-            run.log({"per_decoder": wandb.Table(columns=columns, data=rows)})
-            samples = sample_rows(record, Path(out_dir))
-            if samples:
-                table = wandb.Table(columns=["decoder", "index", "prompt", "image"])
-                for name, index, prompt, path in samples:
-                    table.add_data(name, index, prompt, wandb.Image(str(path)))
-                run.log({"samples": table})
-            grids = sorted(Path(out_dir).glob("grid_*.png"))
-            if grids:
-                run.log({f"images/{g.stem}": wandb.Image(str(g)) for g in grids})
-            run.summary.update({"git_commit": record["git"].get("commit"), "decoder": record["decoder"],
-                                "model": record.get("model")})
-            record_file = (Path(out_dir) / "run.json").resolve()
-            if record_file.is_file():  # scripts/make_tables.py --wandb reads it back
-                run.save(str(record_file), base_path=str(record_file.parent), policy="now")
-        finally:
-            run.finish()
+        from eval.report import table_cells
+
+        out_dir = Path(out_dir)
+        with staging_inside(out_dir / "wandb"):
+            run = wandb.init(project=self.project, entity=self.entity, mode=self.mode, dir=str(out_dir),
+                             tags=self.tags, name=self.name or run_name(record),
+                             group=self.group or run_group(record), job_type=record["decoder"],
+                             config=record["config"], reinit="finish_previous",
+                             settings=wandb.Settings(silent=True, console="off"))
+            try:
+                self._log(wandb, run, record, out_dir, table_cells)
+            finally:
+                run.finish()
+
+    def _log(self, wandb: Any, run: Any, record: dict[str, Any], out_dir: Path, table_cells: Any) -> None:
+        run.log({f"metrics/{k}": v for k, v in flatten(record["metrics"]).items() if v is not None})
+        flat = {name: flatten(m) for name, m in record["per_decoder"].items()}
+        columns = ["decoder", *sorted({k for m in flat.values() for k in m})]
+        rows = [[name, *[m.get(c) for c in columns[1:]]] for name, m in flat.items()]
+        titles, cells = table_cells(record["per_decoder"])
+        run.log({"per_decoder": wandb.Table(columns=columns, data=rows),
+                 "per_decoder_table": wandb.Table(columns=titles, data=cells)})
+        samples = sample_rows(record, out_dir)
+        if samples:
+            table = wandb.Table(columns=["decoder", "index", "prompt", "image"])
+            by_decoder: dict[str, list] = {}
+            for name, index, prompt, path in samples:
+                table.add_data(name, index, prompt, wandb.Image(str(path)))
+                by_decoder.setdefault(name, []).append(wandb.Image(str(path), caption=f"{index}: {prompt}"))
+            run.log({"samples": table, **{f"samples/{name}": images for name, images in by_decoder.items()}})
+        images = {f"images/{g.stem}": wandb.Image(str(g)) for g in sorted(out_dir.glob("grid_*.png"))}
+        if (out_dir / "speed_quality.png").is_file():
+            images["plots/speed_quality"] = wandb.Image(str(out_dir / "speed_quality.png"))
+        if images:
+            run.log(images)
+        run.summary.update({"git_commit": record["git"].get("commit"), "decoder": record["decoder"],
+                            "model": record.get("model")})
+        files = Path(run.dir)  # the run's files/ folder: copies, so a moved run keeps them
+        for name in ("run.json", "table.md"):  # scripts/make_tables.py --wandb reads run.json back
+            source = out_dir / name
+            if source.is_file():
+                shutil.copyfile(source, files / name)
+                run.save(str(files / name), base_path=str(files), policy="now")

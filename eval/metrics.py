@@ -7,7 +7,11 @@ Written after GaParmar/clean-fid ``cleanfid/fid.py``, ``cleanfid/features.py``,
 Every metric has ``preflight()`` (resolve every file it needs — reference images or features, weights,
 tokenizer — and fail with a message naming the file, where it was looked for and the command that fetches
 it; ``eval.runner`` calls it before the model is built), ``compute(image_paths, prompts, device) -> dict``,
-and per-image ``scores`` (CLIP, HPS) or ``*_features`` (FID/KID) for resampling.
+and, for intervals and paired comparisons (``ImageMetric``, ``eval/stats.py``) without scoring twice:
+``per_image`` (what is resampled: per-image scores, or the generated images' features for FID/KID),
+``estimate`` (the point estimates from them; ``compute = estimate(per_image(...))``), ``replicates`` (each
+estimate on bootstrap resamples of the images) and ``interval``; ``min_images`` is checked before any image
+is generated (FID needs 2: one image has no covariance).
 
 **FID / KID** (``FIDKID``), two protocols, recorded as ``fid_protocol`` in every result:
 
@@ -61,12 +65,75 @@ import torch
 from torch import nn
 
 from coolsd.models.checkpoints import MissingWeightsError
+from eval import stats
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 PROTOCOLS = ("clean", "torch_fidelity")
 COCO_VAL_URL = "http://images.cocodataset.org/zips/val2017.zip"
 HPS_REPO = "xswu/HPSv2"
 HPS_FILES = {"v2.0": "HPS_v2_compressed.pt", "v2.1": "HPS_v2.1_compressed.pt"}
+
+
+# ------------------------------------------------------------------------------------ metric protocol
+
+
+class ImageMetric:
+    """What the runner needs of an image-quality metric besides ``preflight``: per-image values, point
+    estimates from them, bootstrap replicates of each estimate and its interval (``eval/stats.py``)."""
+
+    min_images = 1  # eval.num_prompts below this is refused before generation
+
+    def per_image(self, image_paths: Sequence[str | Path], prompts: Sequence[str],
+                  device: torch.device) -> np.ndarray:
+        """What is resampled: (N,) scores or (N, D) features, in image order."""
+        raise NotImplementedError
+
+    def estimate(self, values: np.ndarray, device: torch.device) -> dict[str, Any]:
+        """The metric's entries of ``run.json`` from ``per_image``'s values."""
+        raise NotImplementedError
+
+    def replicates(self, values: np.ndarray, weights: np.ndarray, device: torch.device) -> dict[str, np.ndarray]:
+        """{estimate key: (B,) its value on each resample}; ``weights`` (B, N): how often each image is drawn."""
+        raise NotImplementedError
+
+    def interval(self, key: str, values: np.ndarray, estimate: dict[str, Any], replicates: dict[str, np.ndarray],
+                 level: float) -> list[float] | None:
+        """The ``level`` interval of ``estimate[key]`` (default: re-centred bootstrap percentiles)."""
+        return stats.shifted_interval(estimate[key], replicates[key], level)
+
+    def compute(self, image_paths: Sequence[str | Path], prompts: Sequence[str],
+                device: torch.device) -> dict[str, Any]:
+        return self.estimate(self.per_image(image_paths, prompts, device), device)
+
+
+class MeanScore(ImageMetric):
+    """A metric that is the mean of per-image ``scores`` (CLIP score, ImageReward, HPS): t interval over
+    images; replicates are the resampled means (for paired differences)."""
+
+    key = "score"
+
+    def scores(self, image_paths: Sequence[str | Path], prompts: Sequence[str], device: torch.device) -> np.ndarray:
+        raise NotImplementedError
+
+    def details(self, n: int) -> dict[str, Any]:
+        """Entries beside the mean (sample size, model name)."""
+        return {}
+
+    def per_image(self, image_paths: Sequence[str | Path], prompts: Sequence[str],
+                  device: torch.device) -> np.ndarray:
+        return np.asarray(self.scores(image_paths, prompts, device), dtype=np.float64)
+
+    def estimate(self, values: np.ndarray, device: torch.device) -> dict[str, Any]:
+        if not len(values):
+            raise ValueError(f"{type(self).__name__} needs at least one image")
+        return {self.key: float(np.mean(values)), **self.details(len(values))}
+
+    def replicates(self, values: np.ndarray, weights: np.ndarray, device: torch.device) -> dict[str, np.ndarray]:
+        return {self.key: weights @ np.asarray(values, np.float64) / len(values)}
+
+    def interval(self, key: str, values: np.ndarray, estimate: dict[str, Any], replicates: dict[str, np.ndarray],
+                 level: float) -> list[float] | None:
+        return stats.t_interval(values, level)
 
 
 # ------------------------------------------------------------------------------------------ image paths
@@ -291,8 +358,13 @@ def extract_clean(extractor: nn.Module, paths: Sequence[str | Path], size: int, 
 # --------------------------------------------------------------------------------------------- FID / KID
 
 
-class FIDKID:
-    """FID and KID of generated images against a reference image folder (features cached)."""
+class FIDKID(ImageMetric):
+    """FID and KID of generated images against a reference image folder (features cached).
+
+    Intervals: bootstrap over the generated images' features with the reference fixed, re-centred on the
+    estimate (``eval/stats.py``); at least 2 images (one image has no covariance)."""
+
+    min_images = 2
 
     def __init__(self, reference_dir: str | None = None, protocol: str = "clean", extractor: str = "inception",
                  weights_path: str | None = "auto", image_size: int = 256, max_reference: int | None = None,
@@ -315,6 +387,7 @@ class FIDKID:
         self.batch_size, self.num_workers, self.cache_dir, self.seed = batch_size, num_workers, cache_dir, seed
         self._extractor: nn.Module | None = None
         self._reference: np.ndarray | None = None
+        self._reference_stats: tuple[np.ndarray, stats.ReferenceStats] | None = None
 
     @property
     def extractor(self) -> nn.Module:
@@ -395,17 +468,33 @@ class FIDKID:
         kid = kid_features_to_metric(torch.from_numpy(reference.astype(np.float64)),
                                      torch.from_numpy(generated.astype(np.float64)), kid_subset_size=subset,
                                      kid_subsets=100, rng_seed=self.seed, verbose=False)
-        prefix = "fid" if self.extractor_kind == "inception" else f"fid_{self.extractor_kind}"
-        kid_key = prefix.replace("fid", "kid")
+        prefix, kid_key = self.keys()
         return {prefix: fid, kid_key: float(kid["kernel_inception_distance_mean"]),
                 kid_key + "_std": float(kid["kernel_inception_distance_std"]),
                 "fid_num_images": len(generated), "fid_num_reference": len(reference),
                 "fid_protocol": self.protocol}
 
-    def compute(self, image_paths: Sequence[str | Path], prompts: Sequence[str],
-                device: torch.device) -> dict[str, Any]:
-        return self.metrics_from_features(self.reference_features(device),
-                                          self.generated_features(image_paths, device))
+    def keys(self) -> tuple[str, str]:
+        """(FID key, KID key) of this extractor: ``fid``/``kid`` for Inception, ``fid_<extractor>`` otherwise."""
+        prefix = "fid" if self.extractor_kind == "inception" else f"fid_{self.extractor_kind}"
+        return prefix, prefix.replace("fid", "kid")
+
+    def per_image(self, image_paths: Sequence[str | Path], prompts: Sequence[str],
+                  device: torch.device) -> np.ndarray:
+        if len(image_paths) < self.min_images:
+            raise ValueError(f"FID/KID need at least {self.min_images} images, got {len(image_paths)}")
+        return self.generated_features(image_paths, device)
+
+    def estimate(self, values: np.ndarray, device: torch.device) -> dict[str, Any]:
+        return self.metrics_from_features(self.reference_features(device), values)
+
+    def replicates(self, values: np.ndarray, weights: np.ndarray, device: torch.device) -> dict[str, np.ndarray]:
+        reference = self.reference_features(device)
+        if self._reference_stats is None or self._reference_stats[0] is not reference:  # S_r^1/2 once per run
+            self._reference_stats = (reference, stats.ReferenceStats.of(reference, device))
+        fid_key, kid_key = self.keys()
+        return {fid_key: stats.fid_replicates(values, self._reference_stats[1], weights, device),
+                kid_key: stats.kid_replicates(values, reference, weights, device)}
 
 
 # ------------------------------------------------------------------------------------ open_clip metrics
@@ -446,8 +535,10 @@ def _tokenizer(model_name: str, cache_dir: str | None):
                                   f"access") from err
 
 
-class CLIPScore:
+class CLIPScore(MeanScore):
     """Mean cosine similarity between open_clip image and text embeddings, LANTERN's recipe."""
+
+    key = "clip_score"
 
     def __init__(self, model_name: str = "ViT-B-32-quickgelu", pretrained: str | None = "openai",
                  prefix: str = "A photo depicts ", image_size: int | None = 256, model_config: str | None = None,
@@ -560,11 +651,8 @@ class CLIPScore:
             out.append((img * txt).sum(-1).cpu())
         return torch.cat(out).double().numpy()
 
-    def compute(self, image_paths: Sequence[str | Path], prompts: Sequence[str],
-                device: torch.device) -> dict[str, Any]:
-        scores = self.scores(image_paths, prompts, device)
-        return {"clip_score": float(scores.mean()), "clip_num_images": len(scores),
-                "clip_model": f"{self.model_name}/{self.pretrained}"}
+    def details(self, n: int) -> dict[str, Any]:
+        return {"clip_num_images": n, "clip_model": f"{self.model_name}/{self.pretrained}"}
 
 
 def hps_image_tensor(image, size: int, antialias: bool = True) -> torch.Tensor:
@@ -596,8 +684,10 @@ def load_hps_state(model: nn.Module, state: dict[str, torch.Tensor], assign: boo
                          f"({len(result.unexpected_keys)})")
 
 
-class HPSv2:
+class HPSv2(MeanScore):
     """Human Preference Score v2 (v2.1 by default): open_clip ViT-H-14 with HPSv2's weights, mean score."""
+
+    key = "hps_v2"
 
     def __init__(self, pretrained: str = f"hub:{HPS_REPO}", version: str = "v2.1", model_name: str = "ViT-H-14",
                  model_config: str | None = None, batch_size: int = 16, antialias: bool = True,
@@ -676,10 +766,8 @@ class HPSv2:
             out.append((img * txt).sum(-1).cpu())
         return torch.cat(out).double().numpy()
 
-    def compute(self, image_paths: Sequence[str | Path], prompts: Sequence[str],
-                device: torch.device) -> dict[str, Any]:
-        scores = self.scores(image_paths, prompts, device)
-        return {"hps_v2": float(scores.mean()), "hps_v2_num_images": len(scores), "hps_version": self.version}
+    def details(self, n: int) -> dict[str, Any]:
+        return {"hps_v2_num_images": n, "hps_version": self.version}
 
 
 # --------------------------------------------------------------------------------------- class accuracy
@@ -698,12 +786,14 @@ class Classifier(nn.Module):
         return self.head(self.features(x))
 
 
-class ClassAccuracy:
+class ClassAccuracy(MeanScore):
     """Accuracy of a Fashion-MNIST classifier on generated images against their prompt class.
 
     It stands in for CLIP score on the embedded model (no CLIP weights exist offline) and is named
-    "class accuracy" in every table, never "CLIP".
+    "class accuracy" in every table, never "CLIP". Interval: Wilson's score interval of a proportion.
     """
+
+    key = "class_accuracy"
 
     def __init__(self, checkpoint: str, class_names: Sequence[str]) -> None:
         from safetensors.torch import load_file
@@ -726,8 +816,9 @@ class ClassAccuracy:
         x = images.reshape(len(images), 1, 28, 28).float() / 255.0
         return float((self.model(x).argmax(-1) == labels).float().mean())
 
-    def compute(self, image_paths: Sequence[str | Path], prompts: Sequence[str],
-                device: torch.device) -> dict[str, float]:
+    @torch.inference_mode()
+    def scores(self, image_paths: Sequence[str | Path], prompts: Sequence[str], device: torch.device) -> np.ndarray:
+        """(N,) 1.0 where the classifier names the image's prompt class, else 0.0."""
         from PIL import Image
 
         unknown = sorted({p for p in prompts if p not in self.class_names})
@@ -738,4 +829,9 @@ class ClassAccuracy:
             with Image.open(path) as im:
                 images.append(torch.from_numpy(np.asarray(im.convert("L").resize((28, 28)), dtype=np.uint8).copy()))
         labels = torch.tensor([self.class_names.index(p) for p in prompts])
-        return {"class_accuracy": self.accuracy(torch.stack(images), labels)}
+        x = torch.stack(images).reshape(len(images), 1, 28, 28).float() / 255.0
+        return (self.model(x).argmax(-1) == labels).double().numpy()
+
+    def interval(self, key: str, values: np.ndarray, estimate: dict[str, Any], replicates: dict[str, np.ndarray],
+                 level: float) -> list[float] | None:
+        return stats.wilson_interval(float(np.sum(values)), len(values), level)

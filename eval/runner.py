@@ -14,6 +14,10 @@ Sharded: launched by ``torchrun --nproc_per_node=K run.py ...`` every rank takes
 computes the metrics and writes ``run.json``. On SLURM use the Hydra submitit launcher (one job per
 override set), with torchrun inside a job for several GPUs.
 
+Every metric of ``run.json`` carries its 95 % interval (``<metric>_ci: [lo, hi]``) and every decoder its
+paired comparisons with the baselines of ``eval.compare_to`` (``vs_<baseline>``); ``eval/stats.py`` says
+which interval and test goes with which number, ``run.json``'s ``uncertainty`` block repeats it.
+
 Example: ``python run.py decoder=sd eval.num_prompts=32``;
 ``torchrun --nproc_per_node=8 run.py model=llamagen_t2i_512 decoder=coolsd eval=coco5k hydra.run.dir=runs/x``.
 """
@@ -41,8 +45,11 @@ from coolsd.decoding import Decoder
 from coolsd.fingerprint import TOKEN_CODE_VERSION, differing_keys, json_digest, weights_digest
 from coolsd.io import atomic_write_bytes
 from coolsd.types import pooled_accepted_length
+from eval import stats
+from eval.labels import decoder_options, method_label
 from eval.records import JsonlLog, atomic_write_json, environment, git_commit, load_records, save_png
-from eval.report import markdown_table, one_line_summary, speed_quality_plot
+from eval.report import comparison_table, markdown_table, one_line_summary, speed_quality_plot
+from eval.stats import Bootstrap
 
 WARMUP_SEED = 2**31 - 1
 
@@ -63,7 +70,9 @@ class EvalSuite:
     image-quality metrics computed on each decoder's images; ``resume``: ``auto`` reuses finished records
     that match this run's fingerprint and refuses on any that do not, ``overwrite`` deletes mismatching
     records first; ``reuse_ar``: take AR images of the batched set from the cache of earlier runs with the
-    same fingerprint (``$COOLSD_CACHE/ar``).
+    same fingerprint (``$COOLSD_CACHE/ar``). ``bootstrap``: resamples, seed and level of every interval and
+    test (``eval.stats.Bootstrap``); ``compare_to``: the baselines of the paired comparisons (see
+    ``baselines``).
     """
 
     num_prompts: int = 8
@@ -76,6 +85,8 @@ class EvalSuite:
     resume: str = "auto"
     reuse_ar: bool = True
     metrics: list[Any] = field(default_factory=list)
+    bootstrap: Bootstrap = field(default_factory=Bootstrap)
+    compare_to: Any = ("sd",)
 
     def __post_init__(self) -> None:
         validate.eval_options(self.num_prompts, self.warmup, self.seed, self.save_images, self.threads,
@@ -85,6 +96,19 @@ class EvalSuite:
         validate.boolean("eval.reuse_ar", self.reuse_ar)
         if self.metrics and not self.save_images:
             raise ValueError("eval.metrics score the saved images: set eval.save_images=true or eval.metrics=[]")
+        if not isinstance(self.bootstrap, Bootstrap):
+            self.bootstrap = Bootstrap(**validate.mapping("eval.bootstrap", self.bootstrap,
+                                                          ("resamples", "seed", "level")))
+        names = [self.compare_to] if isinstance(self.compare_to, str) or self.compare_to is None else \
+            list(self.compare_to)
+        self.compare_to = [validate.string("eval.compare_to", n) for n in names if n is not None]
+        for metric in self.metrics:  # before any image: FID of one image crashes only after generation
+            need = getattr(metric, "min_images", 1)
+            if self.num_prompts < need:
+                raise ValueError(f"eval.metrics: {type(metric).__name__} needs at least {need} images per decoder "
+                                 f"(the covariance of one image's features is undefined), but eval.num_prompts="
+                                 f"{self.num_prompts}: set eval.num_prompts>={need} or leave that metric out of "
+                                 "eval.metrics")
 
     @property
     def num_timed(self) -> int:
@@ -159,50 +183,158 @@ def select_decoders(cfg: DictConfig, decoder_overridden: bool) -> dict[str, Dict
     return chosen
 
 
-def summarize(records: list[dict], ar_latency: float | None) -> dict[str, float]:
-    """Flat metrics of one decoder over its images (pooled accepted length, latency, throughput, speedup).
+PHASES = ("prefill_s", "draft_s", "verify_s", "accept_s", "observe_s", "diagnostics_s", "decode_s")
 
-    Latency and phase times come from the timed images (``timed``: batch 1, interleaved); throughput from
-    the batches generated in this run (reused images have no timing here); counts from every image.
+
+def _mean_ci(out: dict[str, Any], key: str, values: list[float], level: float) -> None:
+    out[key] = sum(values) / len(values)
+    out[f"{key}_ci"] = stats.t_interval(values, level)
+
+
+def _timed_latency(records: list[dict]) -> dict[int, float]:
+    return {r["index"]: r["stats"]["latency_s"] for r in records if r.get("timed")}
+
+
+def summarize(records: list[dict], ar_records: list[dict] | None = None,
+              bootstrap: Bootstrap | None = None) -> dict[str, Any]:
+    """Flat metrics of one decoder over its images, each with its interval (``<key>_ci``, ``eval/stats.py``).
+
+    Latency and phase times come from the timed images (``timed``: batch 1, interleaved); speedup is AR's mean
+    latency over the decoder's, on the prompts timed for both (``ar_records``; None: no speedup); throughput
+    from the batches generated in this run (reused images have no timing here); counts from every image.
+    Intervals: t over images for means, percentile bootstrap over images / prompts / batches for the pooled
+    accepted length, TV per token, speedup and throughput; None where there are fewer than 2 units.
     """
+    boot = bootstrap or Bootstrap()
+    level = boot.level
     n = len(records)
-    stats = [r["stats"] for r in records]
+    stats_ = [r["stats"] for r in records]
     timed = [r["stats"] for r in records if r.get("timed")]
-    tokens = sum(s["num_tokens"] for s in stats)
-    out: dict[str, float] = {
+    tokens = sum(s["num_tokens"] for s in stats_)
+    out: dict[str, Any] = {
         "num_images": n,
         "num_timed": len(timed),
-        "mean_accepted_length": pooled_accepted_length(stats),
-        "target_forwards_per_image": sum(s["target_forwards"] for s in stats) / n,
-        "drafter_forwards_per_image": sum(s["drafter_forwards"] for s in stats) / n,
-        "tv_per_step": sum(s["tv_per_step"] for s in stats) / n,
+        "mean_accepted_length": pooled_accepted_length(stats_),
+        "mean_accepted_length_ci": stats.ratio_interval([s["num_tokens"] - 1 for s in stats_],
+                                                        [s["iterations"] for s in stats_], boot, "images"),
     }
-    if all("tv_sum" in s for s in stats):
-        out["tv_per_image"] = sum(s["tv_sum"] for s in stats) / n
-        out["tv_per_token"] = sum(s["tv_sum"] for s in stats) / max(tokens, 1)
+    _mean_ci(out, "target_forwards_per_image", [s["target_forwards"] for s in stats_], level)
+    _mean_ci(out, "drafter_forwards_per_image", [s["drafter_forwards"] for s in stats_], level)
+    _mean_ci(out, "tv_per_step", [s["tv_per_step"] for s in stats_], level)
+    if all("tv_sum" in s for s in stats_):
+        _mean_ci(out, "tv_per_image", [s["tv_sum"] for s in stats_], level)
+        out["tv_per_token"] = sum(s["tv_sum"] for s in stats_) / max(tokens, 1)
+        out["tv_per_token_ci"] = stats.ratio_interval([s["tv_sum"] for s in stats_],
+                                                      [s["num_tokens"] for s in stats_], boot, "images")
     if timed:
-        latency = sum(s["latency_s"] for s in timed) / len(timed)
-        var = sum((s["latency_s"] - latency) ** 2 for s in timed) / max(len(timed) - 1, 1)
-        out["latency_s"] = latency
-        out["latency_std_s"] = math.sqrt(var)
-        for phase in ("prefill_s", "draft_s", "verify_s", "accept_s", "observe_s", "diagnostics_s", "decode_s"):
+        latencies = [s["latency_s"] for s in timed]
+        _mean_ci(out, "latency_s", latencies, level)
+        latency = out["latency_s"]
+        out["latency_std_s"] = math.sqrt(sum((x - latency) ** 2 for x in latencies) / max(len(timed) - 1, 1))
+        for phase in PHASES:
             if all(phase in s for s in timed):
-                out[phase] = sum(s[phase] for s in timed) / len(timed)
-        if ar_latency is not None:
-            out["speedup"] = ar_latency / latency
+                _mean_ci(out, phase, [s[phase] for s in timed], level)
+        ar = _timed_latency(ar_records) if ar_records is not None else {}
+        if ar:
+            mine = _timed_latency(records)
+            common = sorted(set(ar) & set(mine))  # the same prompts (and seeds): paired by prompt
+            out["speedup"] = (sum(ar.values()) / len(ar)) / latency
+            out["speedup_ci"] = stats.ratio_interval([ar[i] for i in common], [mine[i] for i in common], boot,
+                                                     "timed")
+            out["speedup_num_pairs"] = len(common)
     batches: dict[str, tuple[int, float]] = {}
     for r in records:
         if r.get("batch_id") and not r.get("reused"):
             batches[r["batch_id"]] = (r["stats"]["batch_size"], r["batch_s"])
     if batches:
         sizes = [b for b, _ in batches.values()]
-        out["throughput_img_s"] = sum(sizes) / sum(w for _, w in batches.values())
+        walls = [w for _, w in batches.values()]
+        out["throughput_img_s"] = sum(sizes) / sum(walls)
+        out["throughput_img_s_ci"] = stats.ratio_interval(sizes, walls, boot, "batches")  # over batches
         out["throughput_images"] = sum(sizes)
+        out["throughput_batches"] = len(batches)
         out["throughput_batch_size"] = max(sizes)
-    peaks = [s["peak_mem_mb"] for s in stats if s.get("peak_mem_mb") is not None]
+    peaks = [s["peak_mem_mb"] for s in stats_ if s.get("peak_mem_mb") is not None]
     if peaks:
         out["peak_mem_mb"] = max(peaks)
     return out
+
+
+def baselines(names: list[str], compare_to: list[str]) -> dict[str, list[str]]:
+    """Which decoders each decoder of the run is compared with (``eval.compare_to``, default ``[sd]``).
+
+    Every decoder but ``ar`` is compared with each ``compare_to`` decoder this run measured, except itself;
+    one left with none (the baseline itself, or a run without it) is compared with ``ar``. ``ar`` is compared
+    with nothing: it is the speedup's denominator (``speedup_ci`` is the comparison with AR's speed).
+    """
+    out = {}
+    for name in names:
+        if name == "ar":
+            out[name] = []
+            continue
+        chosen = [b for b in compare_to if b != name and b in names]
+        out[name] = chosen or (["ar"] if "ar" in names else [])
+    return out
+
+
+def compare_records(records: list[dict], base_records: list[dict], bootstrap: Bootstrap) -> dict[str, Any]:
+    """Decoding comparisons of a decoder with a baseline on the same prompts: Welch's t-test on per-image
+    accepted length (the COOL-SD paper's test) and a paired bootstrap on latency (prompts timed for both)."""
+    out: dict[str, Any] = {
+        "mean_accepted_length": {
+            **stats.welch([r["stats"]["mean_accepted_length"] for r in records],
+                          [r["stats"]["mean_accepted_length"] for r in base_records], bootstrap.level),
+            "statistic": "mean of per-image accepted lengths"}}
+    mine, base = _timed_latency(records), _timed_latency(base_records)
+    common = sorted(set(mine) & set(base))
+    if common:
+        out["latency_s"] = stats.paired_bootstrap([mine[i] for i in common], [base[i] for i in common],
+                                                  bootstrap, "timed")
+    return out
+
+
+def score_metric(metric: Any, ordered: dict[str, list[dict]], out_dir: Path, device: torch.device,
+                 bootstrap: Bootstrap, compared: dict[str, list[str]]) -> tuple[dict[str, dict], dict[str, dict]]:
+    """One image metric on every decoder: ({decoder: estimates with ``_ci``}, {decoder: {baseline:
+    {key: paired difference}}}). Per-image values are computed once; every decoder's replicates use the same
+    resampled prompt sets, so differences of replicates are paired by prompt."""
+    values, estimates, reps = {}, {}, {}
+    for name, recs in tqdm(ordered.items(), desc=f"scoring {type(metric).__name__}", unit="decoder"):
+        values[name] = metric.per_image([out_dir / r["image"] for r in recs], [r["prompt"] for r in recs], device)
+        estimates[name] = metric.estimate(values[name], device)
+    n = len(next(iter(ordered.values())))
+    weights = bootstrap.weights(n, "images")
+    for name in ordered:
+        reps[name] = metric.replicates(values[name], weights, device)
+        for key in reps[name]:
+            estimates[name][f"{key}_ci"] = metric.interval(key, values[name], estimates[name], reps[name],
+                                                           bootstrap.level)
+    differences: dict[str, dict] = {}
+    for name, bases in compared.items():
+        for base in bases:
+            differences.setdefault(name, {})[base] = {
+                key: stats.bootstrap_difference(estimates[name][key] - estimates[base][key],
+                                                reps[name][key] - reps[base][key], bootstrap.level, n=n)
+                for key in reps[name]}
+    return estimates, differences
+
+
+UNCERTAINTY = {  # run.json's description of each interval (eval/stats.py has the reasons)
+    "mean_accepted_length": "percentile bootstrap over images of committed tokens / verify forwards (pooled)",
+    "target_forwards_per_image": "t interval over images", "drafter_forwards_per_image": "t interval over images",
+    "tv_per_step": "t interval over images (per-image mean TV per acceptance test)",
+    "tv_per_image": "t interval over images", "tv_per_token": "percentile bootstrap over images (ratio of sums)",
+    "latency_s": "t interval over the timed images", "<phase>_s": "t interval over the timed images",
+    "speedup": "percentile bootstrap over prompts timed for both the decoder and AR (ratio of mean latencies)",
+    "throughput_img_s": "percentile bootstrap over batches (images / wall seconds)",
+    "fid, kid": "bootstrap over generated images' features, reference fixed, re-centred on the estimate",
+    "clip_score, image_reward, hps_v2": "t interval over images",
+    "class_accuracy": "Wilson score interval",
+    "vs_<baseline>": "mean_accepted_length: Welch t-test on per-image accepted lengths; latency_s: paired "
+                     "bootstrap over prompts; image metrics (fid, kid, clip_score, ...): paired bootstrap over "
+                     "prompts (difference of the two decoders' replicates); p two-sided",
+    "none": "counts, maxima (peak_mem_mb) and spreads (latency_std_s, kid_std) carry no interval",
+}
 
 
 def decoder_fingerprint(cfg: DictConfig, name: str, decoder_cfg: DictConfig) -> dict[str, Any]:
@@ -425,8 +557,11 @@ class Generator:
 
 
 def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: bool = True,
-                   choices: dict[str, Any] | None = None) -> dict[str, Any]:
+                   choices: dict[str, Any] | None = None, job: dict[str, Any] | None = None) -> dict[str, Any]:
     """Generate, measure and score; rank 0 writes ``run.json``, ``table.md``, grids; returns the record.
+
+    ``job``: what Hydra says about this job (``name``, ``override_dirname``, ``sweep_dir``, ``num``), recorded
+    in ``run.json`` and used by the W&B logger for the run's name and group.
 
     Order of work: cheap checks first (config values, metric resources, prompts and class names, finished
     records), then the model and decoders (which look up their checkpoint files before building), then
@@ -478,22 +613,36 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
     if any(missing.values()):
         raise RuntimeError(f"records missing after generation: {missing}")
     ordered = {name: [found[name][i] for i in range(len(prompts))] for name in decoders}
-    ar_latency = summarize(ordered["ar"], None).get("latency_s")
-    per_decoder = {name: summarize(recs, ar_latency) for name, recs in ordered.items()}
+    boot = suite.bootstrap
+    per_decoder = {name: summarize(recs, ordered["ar"], boot) for name, recs in ordered.items()}
+    compared = baselines(list(decoders), suite.compare_to)
+    comparisons = {name: {base: compare_records(ordered[name], ordered[base], boot) for base in bases}
+                   for name, bases in compared.items()}
     for metric in suite.metrics:
-        for name, recs in tqdm(ordered.items(), desc=f"scoring {type(metric).__name__}", unit="decoder"):
-            per_decoder[name].update(metric.compute([out_dir / r["image"] for r in recs],
-                                                    [r["prompt"] for r in recs], model.device))
+        estimates, differences = score_metric(metric, ordered, out_dir, model.device, boot, compared)
+        for name in ordered:
+            per_decoder[name].update(estimates[name])
+            for base, diffs in differences.get(name, {}).items():
+                comparisons[name][base].update(diffs)
+    for name, by_base in comparisons.items():
+        for base, diffs in by_base.items():
+            per_decoder[name][f"vs_{base}"] = {"baseline": base, **diffs}
     if suite.save_images:
         for name, recs in ordered.items():
             save_grid(out_dir / f"grid_{name}.png", out_dir, recs)
 
     selected = cfg.decoder.name
+    labels = {name: method_label(name, decoder_options(OmegaConf.to_container(dc, resolve=True)), [])
+              for name, dc in decoder_cfgs.items()}
     record = {
         "decoder": selected,
         "model": (choices or {}).get("model"),
         "metrics": per_decoder[selected],
         "per_decoder": per_decoder,
+        "labels": labels,
+        "uncertainty": {"level": boot.level, "resamples": boot.resamples, "seed": boot.seed,
+                        "compare_to": compared, "fid_min_images": stats.FID_MIN_IMAGES, "intervals": UNCERTAINTY},
+        "job": dict(job or {}),
         "num_prompts": len(prompts),
         "world_size": shards.world,
         "config": OmegaConf.to_container(cfg, resolve=True),
@@ -504,7 +653,10 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
         "output_dir": str(out_dir),
     }
     table = markdown_table(per_decoder)
-    speed_quality_plot(per_decoder, out_dir / "speed_quality.png", len(prompts))
+    versus = comparison_table(per_decoder)
+    if versus:
+        table += "\n\n" + versus
+    speed_quality_plot(per_decoder, out_dir / "speed_quality.png", len(prompts), labels=labels)
     atomic_write_json(out_dir / "run.json", record)
     atomic_write_bytes(out_dir / "table.md", (table + "\n").encode())
     logger = instantiate(cfg.logger)

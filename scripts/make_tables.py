@@ -5,18 +5,29 @@ runs of a W&B project, turns each decoder a run measured (its ``per_decoder`` en
 row of a pandas frame, and writes, for a table name ``<name>``:
 
 * ``<out>/tables/<name>.md``, ``.tex`` (booktabs) and ``.csv``: rows = methods grouped by model, columns =
-  CLIP score, FID (KID, ImageReward, HPSv2.1, class accuracy when measured), accepted length, latency,
-  speedup, TV per step; best value per column and model in bold; images per method, hardware, torch version
-  and the FID/KID protocol (``fid_protocol`` of the runs: ``clean`` is the paper's) in the caption;
-* ``<out>/figures/<name>_*.png`` and ``.pdf``: FID, CLIP and ImageReward vs speedup with the Pareto front of
-  every method, accepted length vs relaxation strength, TV per step vs accepted length.
+  N (images / timed images), CLIP score, FID (KID, ImageReward, HPSv2.1, class accuracy when measured),
+  accepted length, latency, speedup, TV per step and per token; every value ± half its 95 % interval (the
+  CSV: ``<key>_lo``, ``<key>_hi``); images per method, hardware, torch version and the FID/KID protocol
+  (``fid_protocol`` of the runs: ``clean`` is the paper's) in the caption;
+* ``<out>/figures/<name>_*.png`` and ``.pdf``: FID, CLIP and ImageReward vs speedup with 95 % error bars on
+  both axes, each method's sweep joined in the order of its swept option (δ, λ, k, draft length) as one curve
+  and its Pareto front drawn over it; accepted length vs the swept option; TV per step vs accepted length.
+
+``<out>`` is the input folder (several: their common folder) unless ``--out`` is given; nothing is written
+into the repository's ``results/`` unless asked.
+
+Bold. The best value of a column within a model is bold only when it is significantly better than the
+runner-up: their 95 % intervals do not overlap (a conservative test: for equal widths it rejects at about
+p < 0.006). A row without an interval (published numbers, runs made before intervals) is never bold.
+FIDs over fewer than 1,000 images (``eval.stats.FID_MIN_IMAGES``) are marked † (strongly biased; read KID).
 
 Rules. A row is one (model, decoder, decoder options, drafter); when several runs measured the same row the
 newest (by ``started``) is kept and a note names the dropped runs — AR is measured in every run (it is each
 run's speedup denominator), so the AR row is the newest AR measurement. A method measured on one model but
 not on another, and a metric a row lacks, show as "—"; nothing is filled in. Columns no row reports are left
 out. The method label is the paper's name plus its defining options (δ, k, λ, the tree of vanilla SD) and any
-other option that differs between rows of the same decoder (tree, schedule, resampling, …).
+other option that differs between rows of the same decoder (tree, schedule, resampling, …), each once
+(``eval/labels.py``).
 
 ``--published`` adds the numbers of the COOL-SD paper's main table (``scripts/published_numbers.csv``, from
 ``shared/docs/algorithms.md``) as a separate table marked "published"; they are never mixed into the
@@ -28,7 +39,7 @@ Examples::
     python scripts/make_tables.py results/runs/table_llamagen --published
     python scripts/make_tables.py results/runs/sweep_coolsd_delta results/runs/sweep_lantern --name tradeoff
     python scripts/make_tables.py --wandb my-entity/coolsd --name wandb_table
-    python scripts/make_tables.py --published          # the published table alone
+    python scripts/make_tables.py --published --out /tmp/published   # the published table alone
 """
 from __future__ import annotations
 
@@ -37,6 +48,7 @@ import datetime as dt
 import io
 import json
 import math
+import os
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -44,9 +56,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from coolsd.io import atomic_write_bytes
+from eval.labels import (ALWAYS_NOTED, DECODER_LABELS, HEADLINE, STRENGTH, SWEEP_KEYS, SWEEP_NAMES, SYMBOLS,
+                         canonical, decoder_options, method_label, point_label)
+from eval.report import error_bar, nonnegative_axis
+from eval.stats import FID_MIN_IMAGES
 
 PUBLISHED_CSV = Path(__file__).resolve().parent / "published_numbers.csv"
 PUBLISHED_TITLE = ("Published: COOL-SD paper (arXiv 2601.09212) main table, as reported; not measured here "
@@ -65,6 +82,7 @@ class Column:
 
 
 COLUMNS = (
+    Column("num_images", "N (timed)", "count", None),
     Column("clip_score", "CLIP score", "{:.4f}", "max"),
     Column("fid", "FID", "{:.2f}", "min"),
     Column("kid", "KID", "{:.4f}", "min"),
@@ -76,7 +94,10 @@ COLUMNS = (
     Column("latency_s", "latency (s/image)", "latency", "min"),
     Column("speedup", "speedup (×)", "{:.2f}×", "max"),
     Column("tv_per_step", "TV per step", "{:.4f}", None),
+    Column("tv_per_token", "TV per token", "{:.4f}", None),
 )
+BIASED = "†"
+INTERVAL_KEYS = tuple(c.key for c in COLUMNS if c.fmt != "count")
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 PROTOCOLS = {  # fid_protocol of a run (eval.metrics.FIDKID) -> what the caption says
     "clean": "clean protocol (LANTERN's evaluation, the paper's: centre crop, LANCZOS to 256 px, clean-fid "
@@ -96,19 +117,6 @@ MODEL_LABELS = {  # config name -> the paper's name; the order is the tables' mo
     "tiny": "tiny LlamaGen (random weights)",
     "lookup": "lookup model (synthetic)",
 }
-DECODER_LABELS = {  # the order is the tables' method order
-    "ar": "AR", "sjd": "SJD", "sd": "vanilla SD", "lantern": "LANTERN", "lantern_pp": "LANTERN++",
-    "coolsd": "COOL-SD"}
-HEADLINE = {"coolsd": ("delta",), "lantern": ("delta", "k"), "lantern_pp": ("k", "lam")}  # always labelled
-ALWAYS_NOTED = {"sd": ("tree",)}  # always in the label's parenthesis
-STRENGTH = {"coolsd": "delta", "lantern": "delta", "lantern_pp": "lam"}  # the relaxation-strength option
-SYMBOLS = {"delta": "δ", "lam": "λ", "nu": "ν", "mu": "μ", "draft_len": "L"}
-TREES = {None: "chain", "mc_sim_7b_63": "EAGLE-1 tree", "dynamic": "EAGLE-2 tree"}
-RESAMPLING = {"reference": "reference resampling", "reference_q": "q-side resampling",
-              "optimal": "G* resampling"}
-# decoder keys that do not change what a decoder computes, or are shown elsewhere
-BOOKKEEPING = {"_target_", "name", "track_tv", "sync_phases", "neighbour_cache"}
-
 
 @dataclass(frozen=True)
 class Measurement:
@@ -177,18 +185,30 @@ def wandb_records(project: str, api: Any = None) -> list[tuple[dict[str, Any], s
     return found
 
 
+def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    """W&B's scalar columns back to ``run.json`` keys: ``<key>_ci_lo``/``_ci_hi`` -> ``<key>_ci`` (the
+    comparisons ``vs_<b>/...`` stay flat: the tables do not read them)."""
+    out = {k: v for k, v in flat.items() if not k.endswith(("_ci_lo", "_ci_hi"))}
+    for key in flat:
+        if key.endswith("_ci_lo") and "/" not in key:
+            base = key.removesuffix("_lo")
+            lo, hi = flat[key], flat.get(base + "_hi")
+            out[base] = [lo, hi] if lo is not None and hi is not None else None
+    return out
+
+
 def record_from_wandb_summary(run: Any, tmp: Path) -> dict[str, Any]:
     """A ``run.json``-like record from a W&B run that has no ``run.json`` file."""
     summary, config = dict(run.summary), dict(run.config)
     decoder = summary.get("decoder") or config.get("decoder", {}).get("name", "unknown")
-    metrics = {k.split("/", 1)[1]: v for k, v in summary.items() if k.startswith("metrics/")}
+    metrics = unflatten({k.split("/", 1)[1]: v for k, v in summary.items() if k.startswith("metrics/")})
     per_decoder = {decoder: metrics}
     table = summary.get("per_decoder")
     if isinstance(table, dict) and table.get("path"):
         run.file(table["path"]).download(root=str(tmp), replace=True).close()
         data = json.loads((tmp / table["path"]).read_text())
         columns = data["columns"]
-        per_decoder = {row[0]: {c: v for c, v in zip(columns[1:], row[1:]) if v is not None}
+        per_decoder = {row[0]: unflatten({c: v for c, v in zip(columns[1:], row[1:]) if v is not None})
                        for row in data["data"]}
     model_target = str(config.get("model", {}).get("_target_", "unknown"))
     metadata = getattr(run, "metadata", None) or {}
@@ -203,14 +223,6 @@ def record_from_wandb_summary(run: Any, tmp: Path) -> dict[str, Any]:
         "started": str(getattr(run, "created_at", "") or ""),
         "world_size": 1,
     }
-
-
-def decoder_options(decoder_cfg: dict[str, Any]) -> dict[str, Any]:
-    """What identifies a decoder configuration: its options minus bookkeeping keys."""
-    options = {k: v for k, v in decoder_cfg.items() if k not in BOOKKEEPING}
-    if options.get("tree") != "dynamic":
-        options.pop("dynamic_tree", None)  # only read by the dynamic tree
-    return options
 
 
 def measurements(records: Iterable[tuple[dict[str, Any], str]]) -> list[Measurement]:
@@ -286,53 +298,6 @@ def model_order(model: str) -> tuple[int, str]:
     return (names.index(model), "") if model in names else (len(names), model)
 
 
-def value_text(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, dict):
-        if "checkpoint" in value:
-            return Path(str(value["checkpoint"])).name
-        if "_target_" in value:
-            return str(value["_target_"]).rsplit(".", 1)[-1]
-        return json.dumps(value, sort_keys=True)
-    return str(value)
-
-
-def option_text(key: str, value: Any, options: dict[str, Any]) -> str:
-    """One option as labels show it: ``δ=1.1``, ``EAGLE-1 tree``, ``G* resampling``, ``uniform schedule``."""
-    if key == "tree":
-        text = TREES.get(value, f"{value} tree")
-        return f"{text}, L={options['draft_len']}" if value is None and "draft_len" in options else text
-    if key == "resample":
-        return RESAMPLING.get(value, f"{value} resampling")
-    if key == "schedule":
-        return f"{value} schedule"
-    if key == "drafter":
-        return f"drafter {value_text(value)}"
-    return f"{SYMBOLS.get(key, key)}={value_text(value)}"
-
-
-def method_label(decoder: str, options: dict[str, Any], noted: Sequence[str],
-                 skip: Sequence[str] = ()) -> str:
-    """The paper's name, its headline options, then ``noted`` options in parentheses (``skip`` left out)."""
-    parts = [DECODER_LABELS.get(decoder, decoder)]
-    head = [option_text(k, options[k], options) for k in HEADLINE.get(decoder, ())
-            if k in options and k not in skip]
-    if head:
-        parts.append(", ".join(head))
-    extra = [option_text(k, options.get(k), options) for k in (*ALWAYS_NOTED.get(decoder, ()), *noted)
-             if k not in skip and (k in options or k == "tree")]
-    if extra:
-        parts.append("(" + ", ".join(extra) + ")")
-    return " ".join(parts)
-
-
-def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
-
-
 def sort_value(value: Any) -> tuple:
     if value is None:
         return (0, 0.0, "")
@@ -362,27 +327,50 @@ def varying_options(rows: Sequence[Measurement]) -> dict[str, list[str]]:
 # ----------------------------------------------------------------------------------------------- frames
 
 
+def sweep_keys(rows: Sequence[Measurement]) -> dict[str, str | None]:
+    """For each decoder: the option its rows sweep — the first of δ, λ, k, draft length (``SWEEP_KEYS``) whose
+    value differs between its rows of some model — else its relaxation strength (δ, λ), else None. A curve
+    joins the rows that agree on every other option, in the order of this one."""
+    groups: dict[tuple[str, str], list[Measurement]] = {}
+    for m in rows:
+        groups.setdefault((m.model, m.decoder), []).append(m)
+    varying: dict[str, set[str]] = {}
+    for (_, decoder), group in groups.items():
+        varying.setdefault(decoder, set()).update(
+            k for k in SWEEP_KEYS if len({canonical(m.options.get(k)) for m in group}) > 1)
+    out = {}
+    for decoder in {m.decoder for m in rows}:
+        swept = [k for k in SWEEP_KEYS if k in varying.get(decoder, set())]
+        out[decoder] = swept[0] if swept else STRENGTH.get(decoder)
+    return out
+
+
 def measured_frame(rows: Sequence[Measurement]) -> pd.DataFrame:
-    """One row per kept measurement: labels, raw metrics and provenance, in table order."""
+    """One row per kept measurement: labels, raw metrics and their intervals, provenance, in table order."""
     varying = varying_options(rows)
+    swept = sweep_keys(rows)
     records = []
     order = list(DECODER_LABELS)
     for m in rows:
         noted = varying[m.decoder]
         labelled = (*HEADLINE.get(m.decoder, ()), *ALWAYS_NOTED.get(m.decoder, ()), *noted)
+        key = swept[m.decoder]
+        strength = m.options.get(key) if key else None
         records.append({
             "kind": "measured",
             "model": m.model,
             "model_label": model_label(m.model),
             "method": method_label(m.decoder, m.options, noted),
-            "curve": method_label(m.decoder, m.options, noted, skip=(STRENGTH.get(m.decoder, ""),)),
+            "curve": method_label(m.decoder, m.options, noted, skip=(key,) if key else ()),
             "decoder": m.decoder,
-            "strength": m.options.get(STRENGTH[m.decoder]) if m.decoder in STRENGTH else None,
+            "strength": strength if isinstance(strength, (int, float)) and not isinstance(strength, bool) else None,
+            "strength_key": key,
             "_order": (model_order(m.model), order.index(m.decoder) if m.decoder in order else len(order),
                        m.decoder, tuple(sort_value(m.options.get(k)) for k in labelled)),
             **{k: m.metrics.get(k) for k in COLUMN_KEYS},
+            **{f"{k}_ci": interval(m.metrics.get(f"{k}_ci")) for k in INTERVAL_KEYS},
             "fid_protocol": m.metrics.get("fid_protocol"),
-            "num_images": m.metrics.get("num_images"),
+            "fid_num_images": m.metrics.get("fid_num_images"),
             "num_timed": m.metrics.get("num_timed"),
             "hardware": hardware(m.environment, m.world_size),
             "torch": m.environment.get("torch"),
@@ -399,6 +387,14 @@ def measured_frame(rows: Sequence[Measurement]) -> pd.DataFrame:
     return frame.sort_values("_order", kind="stable").reset_index(drop=True)
 
 
+def interval(value: Any) -> tuple[float, float] | None:
+    """A ``run.json`` interval ``[lo, hi]`` as a tuple (None when missing or not finite)."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or any(v is None for v in value):
+        return None
+    lo, hi = float(value[0]), float(value[1])
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else None
+
+
 def published_frame(path: Path = PUBLISHED_CSV) -> pd.DataFrame:
     """The published numbers (one row per model and method), in the measured frame's columns."""
     table = pd.read_csv(path, keep_default_na=True)
@@ -407,7 +403,7 @@ def published_frame(path: Path = PUBLISHED_CSV) -> pd.DataFrame:
     table["model_label"] = table["model"]
     table["_order"] = [(i, order.index(d) if d in order else len(order), d, ())
                        for i, d in zip(pd.factorize(table["model"])[0], table["decoder"])]
-    for key in COLUMN_KEYS:
+    for key in (*COLUMN_KEYS, *(f"{k}_ci" for k in INTERVAL_KEYS), "num_timed", "fid_num_images"):
         if key not in table:
             table[key] = None
     table = table.astype(object).where(table.notna(), None)
@@ -426,12 +422,55 @@ def hardware(env: dict[str, Any], world_size: int = 1) -> str:
 # ------------------------------------------------------------------------------------------------ tables
 
 
-def format_value(column: Column, value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return MISSING
+def missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def number_text(column: Column, value: float, like: float | None = None) -> str:
+    """A number in the column's format (latency: 3 decimals under 1 s, else 2, decided by ``like``)."""
     if column.fmt == "latency":
-        return f"{value:.3f}" if value < 1 else f"{value:.2f}"
-    return column.fmt.format(value)
+        return f"{value:.3f}" if (value if like is None else like) < 1 else f"{value:.2f}"
+    return column.fmt[: column.fmt.rindex("}") + 1].format(value)
+
+
+def fid_biased(row: Any) -> bool:
+    """FID over fewer than ``FID_MIN_IMAGES`` images (its images, else the row's)."""
+    n = row.get("fid_num_images")
+    n = row.get("num_images") if missing(n) else n
+    return not missing(n) and n < FID_MIN_IMAGES
+
+
+def format_value(column: Column, row: Any) -> str:
+    """``3.33 ± 0.02``, ``2.73 ± 0.03×``, ``21.03 ± 0.31†``, ``5,000 (1,000)`` or "—"."""
+    value = row.get(column.key)
+    if missing(value):
+        return MISSING
+    if column.fmt == "count":
+        timed = row.get("num_timed")
+        text = f"{int(value):,}"
+        return text if missing(timed) or int(timed) == int(value) else f"{text} ({int(timed):,})"
+    text = number_text(column, value)
+    ci = interval(row.get(f"{column.key}_ci"))
+    if ci is not None:
+        half = (ci[1] - ci[0]) / 2
+        shown = number_text(column, half, like=value)
+        text += " ± " + (f"{half:.1g}" if half > 0 and float(shown) == 0 else shown)
+    text += "" if column.fmt == "latency" else column.fmt[column.fmt.rindex("}") + 1:]
+    return text + BIASED if column.key in ("fid", "fid_random_conv") and fid_biased(row) else text
+
+
+def significantly_best(values: dict[str, float], intervals: dict[str, tuple[float, float] | None],
+                       better: str) -> set[str]:
+    """{the best method} if its interval and the runner-up's do not overlap, else {} (also on ties and when
+    either has no interval)."""
+    if len(values) < 2:
+        return set()
+    ranked = sorted(values, key=lambda m: values[m], reverse=better == "max")
+    best, runner_up = ranked[0], ranked[1]
+    a, b = intervals.get(best), intervals.get(runner_up)
+    if values[best] == values[runner_up] or a is None or b is None:
+        return set()
+    return {best} if (a[0] > b[1] if better == "max" else a[1] < b[0]) else set()
 
 
 @dataclass(frozen=True)
@@ -449,7 +488,8 @@ class TableRow:
 
 
 def layout(frame: pd.DataFrame, columns: Sequence[Column]) -> list[TableRow]:
-    """Rows grouped by model, every method of any model in every group ("—" where not measured), bold best."""
+    """Rows grouped by model, every method of any model in every group ("—" where not measured); bold the best
+    value of a column when it is significantly better than the runner-up (``significantly_best``)."""
     if frame.empty:
         return []
     methods = frame.drop_duplicates("method").sort_values("_order", kind="stable")
@@ -457,18 +497,19 @@ def layout(frame: pd.DataFrame, columns: Sequence[Column]) -> list[TableRow]:
     rows = []
     for model, group in frame.groupby("model_label", sort=False):
         by_method = {r["method"]: r for _, r in group.iterrows()}
-        texts = {m: [format_value(c, row[c.key]) for c in columns] for m, row in by_method.items()}
+        texts = {m: [format_value(c, row) for c in columns] for m, row in by_method.items()}
         best = []
         for j, column in enumerate(columns):
-            values = {m: by_method[m][column.key] for m in by_method if texts[m][j] != MISSING}
-            if column.better is None or len(values) < 2:
+            present = [m for m in by_method if texts[m][j] != MISSING]
+            if column.better is None:
                 best.append(set())
                 continue
-            target = (max if column.better == "max" else min)(values.values())
-            best.append({texts[m][j] for m in values if values[m] == target})
+            best.append(significantly_best({m: float(by_method[m][column.key]) for m in present},
+                                           {m: interval(by_method[m].get(f"{column.key}_ci")) for m in present},
+                                           column.better))
         ordered = sorted(set(by_method) | set(method_rank), key=lambda m: (method_rank[m], m))
         for i, method in enumerate(ordered):
-            cells = tuple(Cell(texts[method][j], texts[method][j] in best[j]) if method in by_method
+            cells = tuple(Cell(texts[method][j], method in best[j]) if method in by_method
                           else Cell(MISSING, False) for j in range(len(columns)))
             rows.append(TableRow(model, method, cells, i == 0))
     return rows
@@ -560,7 +601,8 @@ def tex_escape(text: str) -> str:
     text = "".join(out)
     for plain, tex in (("G*", "$G^*$"), ("δ", r"$\delta$"), ("λ", r"$\lambda$"), ("ν", r"$\nu$"),
                        ("μ", r"$\mu$"), ("×", r"$\times$"), ("—", "---"), ("–", "--"), ("↑", r"$\uparrow$"),
-                       ("↓", r"$\downarrow$"), ("÷", r"$\div$")):
+                       ("↓", r"$\downarrow$"), ("÷", r"$\div$"),
+                       ("±", r"$\pm$"), ("†", r"$^\dagger$")):
         text = text.replace(plain, tex)
     return text
 
@@ -595,6 +637,24 @@ class Tables:
     csv: str
 
 
+INTERVAL_NOTE = ("± = half the width of the 95 % interval (the CSV holds its ends; see eval/stats.py for which "
+                 "interval each metric gets); N = images per method (timed images for latency and speedup).")
+BOLD_NOTE = ("Bold: the best value of its column and model, only where its 95 % interval does not overlap the "
+             "runner-up's (a conservative test); values without an interval are never bold.")
+BIAS_NOTE = (f"† FID over fewer than {FID_MIN_IMAGES:,} images: strongly biased upwards (the bias falls like "
+             "1/N, so FIDs of different N are not comparable); compare KID, which is unbiased.")
+
+
+def csv_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with every ``<key>_ci`` split into ``<key>_lo`` and ``<key>_hi`` beside its value."""
+    out = frame.copy()
+    for key in INTERVAL_KEYS:
+        cis = [interval(v) for v in out[f"{key}_ci"]] if f"{key}_ci" in out else [None] * len(out)
+        out[f"{key}_lo"] = [c[0] if c else None for c in cis]
+        out[f"{key}_hi"] = [c[1] if c else None for c in cis]
+    return out
+
+
 def build_tables(measured: pd.DataFrame, notes: Sequence[str], name: str, wanted: Sequence[str],
                  published: pd.DataFrame | None = None) -> Tables:
     """The measured table (and the published one beside it) as markdown, LaTeX and CSV text."""
@@ -602,7 +662,9 @@ def build_tables(measured: pd.DataFrame, notes: Sequence[str], name: str, wanted
     if not measured.empty:
         columns = present_columns([measured], wanted)
         rows = layout(measured, columns)
-        all_notes = [*notes]
+        all_notes = [*notes, INTERVAL_NOTE, BOLD_NOTE]
+        if any(c.text.endswith(BIASED) for r in rows for c in r.cells):
+            all_notes.append(BIAS_NOTE)
         if any(c.text == MISSING for r in rows for c in r.cells):
             all_notes.append("— = not measured (no run of that method on that model, or the metric was not "
                              "computed); no value is filled in.")
@@ -614,13 +676,16 @@ def build_tables(measured: pd.DataFrame, notes: Sequence[str], name: str, wanted
         columns = present_columns([published], wanted)
         rows = layout(published, columns)
         pub_notes = sorted({str(n) for n in published["note"].dropna()}) if "note" in published else []
+        pub_notes.append("No intervals were published, so nothing is bold.")
         pub_notes.append("— = not reported in the paper.")
         md.append(markdown(rows, columns, PUBLISHED_TITLE, pub_notes))
         tex.append(latex(rows, columns, PUBLISHED_TITLE, pub_notes, f"{name}_published"))
         frames.append(published)
-    keep = ["kind", "model", "model_label", "method", "decoder", "strength", *COLUMN_KEYS, "fid_protocol",
-            "num_images", "num_timed", "hardware", "torch", "started", "source", "experiment", "options", "note"]
-    table = pd.concat([f.reindex(columns=keep) for f in frames], ignore_index=True)
+    values = [c for k in COLUMN_KEYS for c in ((k,) if k == "num_images" else (k, f"{k}_lo", f"{k}_hi"))]
+    keep = ["kind", "model", "model_label", "method", "decoder", "strength_key", "strength", *values,
+            "num_timed", "fid_num_images", "fid_protocol", "hardware", "torch", "started", "source", "experiment",
+            "options", "note"]
+    table = pd.concat([csv_frame(f).reindex(columns=keep) for f in frames], ignore_index=True)
     table = table.dropna(axis=1, how="all")
     return Tables("\n".join(md), "\n".join(tex), table.to_csv(index=False, lineterminator="\n"))
 
@@ -639,13 +704,47 @@ def pareto_front(points: Sequence[tuple[float, float]], lower_is_better: bool) -
     return sorted(set(front))
 
 
-def annotate_strength(ax: Any, group: pd.DataFrame, x: str, y: str) -> None:
-    """Write ``δ=1.1`` / ``λ=5`` beside each point of a relaxed method."""
-    for _, row in group.iterrows():
-        if row["strength"] is not None and not pd.isna(row["strength"]):
-            symbol = SYMBOLS.get(STRENGTH[row["decoder"]], STRENGTH[row["decoder"]])
-            ax.annotate(f"{symbol}={float(row['strength']):g}", (float(row[x]), float(row[y])), fontsize=6,
-                        xytext=(3, 3), textcoords="offset points")
+def sweep_curves(frame: pd.DataFrame, x: str, y: str) -> list[tuple[str, str, pd.DataFrame]]:
+    """(model label, curve label, its rows) for the rows that report ``x`` and ``y``: one curve per method and
+    options other than the swept one (``sweep_keys``), its rows in the order of the swept option (of ``x``
+    when a row has none)."""
+    if frame.empty or x not in frame or y not in frame:
+        return []
+    data = frame.dropna(subset=[x, y])
+    out = []
+    for (model, curve), group in data.groupby(["model_label", "curve"], sort=False):
+        by = "strength" if group["strength"].notna().all() else x
+        out.append((model, curve, group.sort_values(by, kind="stable")))
+    return out
+
+
+def errors(group: pd.DataFrame, key: str) -> np.ndarray:
+    """(2, n) distances below and above each value to its interval's ends (0 without one)."""
+    ci = group[f"{key}_ci"] if f"{key}_ci" in group else [None] * len(group)
+    return np.array([error_bar(float(v), interval(c)) for v, c in zip(group[key], ci)]).T.reshape(2, len(group))
+
+
+def draw_curve(ax: Any, group: pd.DataFrame, x: str, y: str, color: str, label: str,
+               lower_is_better: bool | None = None, marker: str = "o") -> dict[str, Any]:
+    """One method's sweep: 95 % error bars on both axes at every point, the points joined in sweep order (thin
+    line) and, for a trade-off (``lower_is_better`` given), its Pareto front over them (thick line). Returns
+    the drawn lines ({"sweep": …, "front": …}) and the labels for ``label_inside``."""
+    xs, ys = group[x].astype(float).to_numpy(), group[y].astype(float).to_numpy()
+    xerr = errors(group, x) if x != "strength" else None
+    ax.errorbar(xs, ys, xerr=xerr, yerr=errors(group, y), fmt=marker, ms=4, color=color, elinewidth=0.7,
+                capsize=2, zorder=3)
+    drawn: dict[str, Any] = {"points": [(px, py, point_label(k, v)) for px, py, k, v
+                                        in zip(xs, ys, group["strength_key"], group["strength"])
+                                        if point_label(k, v) and x != "strength"]}
+    if len(group) > 1:
+        drawn["sweep"], = ax.plot(xs, ys, "-", lw=0.9, alpha=0.55, color=color, zorder=2)
+    if lower_is_better is not None and len(group) > 1:
+        front = pareto_front(list(zip(xs, ys)), lower_is_better)
+        if len(front) > 1:
+            drawn["front"], = ax.plot([p[0] for p in front], [p[1] for p in front], "-", lw=2.4, alpha=0.8,
+                                      color=color, solid_capstyle="round", zorder=2)
+    ax.plot([], [], "-" + marker, ms=4, color=color, label=label)  # the legend's entry
+    return drawn
 
 
 def make_plots(frame: pd.DataFrame, figures: Path, name: str) -> list[Path]:
@@ -654,6 +753,8 @@ def make_plots(frame: pd.DataFrame, figures: Path, name: str) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from eval.report import label_inside
 
     written: list[Path] = []
     if frame.empty:
@@ -669,70 +770,76 @@ def make_plots(frame: pd.DataFrame, figures: Path, name: str) -> list[Path]:
             written.append(path)
         plt.close(fig)
 
+    def finish(ax, points, xlabel: str, ylabel: str, title: str) -> None:
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.margins(x=0.12, y=0.12)
+        label_inside(ax, points, fontsize=6)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: never on data
+
     models = list(dict.fromkeys(frame["model_label"]))
     colors = {c: f"C{i % 10}" for i, c in enumerate(dict.fromkeys(frame["curve"]))}  # same in all panels
     for metric, ylabel, lower, stem in (("fid", "FID (lower is better)", True, "fid"),
                                         ("clip_score", "CLIP score (cosine, higher is better)", False, "clip"),
                                         ("image_reward", "ImageReward (higher is better)", False, "image_reward")):
-        data = frame.dropna(subset=[metric, "speedup"]) if metric in frame else frame.iloc[0:0]
-        if data.empty:
+        curves = sweep_curves(frame, "speedup", metric)
+        if not curves:
             continue
-        fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.4), squeeze=False,
+        fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.6), squeeze=False,
                                  layout="constrained")
         for ax, model in zip(axes[0], models):
-            for curve, group in data[data["model_label"] == model].groupby("curve", sort=False):
-                pts = list(zip(group["speedup"].astype(float), group[metric].astype(float)))
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", alpha=0.45, color=colors[curve])
-                front = pareto_front(pts, lower)
-                ax.plot([p[0] for p in front], [p[1] for p in front], "-o", color=colors[curve], label=curve)
-                annotate_strength(ax, group, "speedup", metric)
-            ax.set_title(model)
-            ax.set_xlabel("speedup over AR (×)")
-            ax.set_ylabel(ylabel)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: never on data
+            points = []
+            for _, curve, group in (c for c in curves if c[0] == model):
+                points += draw_curve(ax, group, "speedup", metric, colors[curve], curve, lower)["points"]
+            finish(ax, points, "speedup over AR (×)", ylabel, model)
+        fig.suptitle("error bars: 95 % intervals; thin line: a sweep in order of its option; thick: its Pareto "
+                     "front", fontsize=8)
         save(fig, f"{stem}_vs_speedup")
 
-    relaxed = frame.dropna(subset=["strength", "mean_accepted_length"])
-    if not relaxed.empty:
-        decoders = list(dict.fromkeys(relaxed["decoder"]))
-        fig, axes = plt.subplots(1, len(decoders), figsize=(5.2 * len(decoders), 4.4), squeeze=False,
+    swept = frame.dropna(subset=["strength", "mean_accepted_length"])
+    if not swept.empty:
+        panels = list(dict.fromkeys(zip(swept["decoder"], swept["strength_key"])))
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), squeeze=False,
                                  layout="constrained")
-        for ax, decoder in zip(axes[0], decoders):
-            rows = relaxed[relaxed["decoder"] == decoder]
-            for (model, curve), group in rows.groupby(["model_label", "curve"], sort=False):
-                group = group.sort_values("strength")
-                ax.plot(group["strength"].astype(float), group["mean_accepted_length"].astype(float), "-",
-                        color=colors[curve], marker="osD^v"[models.index(model) % 5],
-                        label=f"{curve}, {model}" if len(models) > 1 else curve)
-            key = STRENGTH[decoder]
-            ax.set_xlabel(f"relaxation strength {SYMBOLS.get(key, key)} (dimensionless)")
-            ax.set_ylabel("mean accepted length (tokens per target forward)")
-            ax.set_title(DECODER_LABELS.get(decoder, decoder))
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: never on data
+        for ax, (decoder, key) in zip(axes[0], panels):
+            rows = swept[(swept["decoder"] == decoder) & (swept["strength_key"] == key)]
+            for model, curve, group in sweep_curves(rows, "strength", "mean_accepted_length"):
+                draw_curve(ax, group, "strength", "mean_accepted_length", colors[curve],
+                           f"{curve}, {model}" if len(models) > 1 else curve, marker="osD^v"[models.index(model) % 5])
+            finish(ax, [], SWEEP_NAMES.get(key, key),
+                   "mean accepted length (tokens per target forward)", DECODER_LABELS.get(decoder, decoder))
         save(fig, "accepted_length_vs_strength")
 
-    tv = frame.dropna(subset=["tv_per_step", "mean_accepted_length"])
-    if not tv.empty:
-        fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.4), squeeze=False,
+    tv = sweep_curves(frame, "mean_accepted_length", "tv_per_step")
+    if tv:
+        fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.6), squeeze=False,
                                  layout="constrained")
         for ax, model in zip(axes[0], models):
-            for curve, group in tv[tv["model_label"] == model].groupby("curve", sort=False):
-                group = group.sort_values("mean_accepted_length")
-                ax.plot(group["mean_accepted_length"].astype(float), group["tv_per_step"].astype(float),
-                        "-o" if len(group) > 1 else "o", color=colors[curve], label=curve)
-                annotate_strength(ax, group, "mean_accepted_length", "tv_per_step")
-            ax.set_title(model)
-            ax.set_xlabel("mean accepted length (tokens per target forward)")
-            ax.set_ylabel("TV distance to p per step (exact, one-step)")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: never on data
+            points, highs = [], []
+            for _, curve, group in (c for c in tv if c[0] == model):
+                points += draw_curve(ax, group, "mean_accepted_length", "tv_per_step", colors[curve], curve)["points"]
+                highs += list(group["tv_per_step"].astype(float) + errors(group, "tv_per_step")[1])
+            nonnegative_axis(ax, highs)
+            finish(ax, points, "mean accepted length (tokens per target forward)",
+                   "TV distance to p per step (exact, one-step)", model)
         save(fig, "tv_vs_accepted_length")
     return written
 
 
 # --------------------------------------------------------------------------------------------------- CLI
+
+
+def output_folder(paths: Sequence[str | Path], out: str | Path | None) -> Path | None:
+    """``--out`` if given, else the input folder (a ``run.json``: its folder; several: their deepest common
+    folder); None without either."""
+    if out is not None:
+        return Path(out)
+    if not paths:
+        return None
+    folders = [Path(p).resolve() if Path(p).is_dir() else Path(p).resolve().parent for p in paths]
+    return Path(os.path.commonpath([str(f) for f in folders]))
 
 
 def default_name(rows: Sequence[Measurement]) -> str:
@@ -747,8 +854,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="result folders (searched recursively for run.json) or run.json files")
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also read the runs of this W&B project")
     parser.add_argument("--name", help="table name (default: the runs' experiment_name, else 'table')")
-    parser.add_argument("--out", default="results", help="writes <out>/tables/<name>.{md,tex,csv} and "
-                        "<out>/figures/<name>_*.{png,pdf} (default: results)")
+    parser.add_argument("--out", help="writes <out>/tables/<name>.{md,tex,csv} and <out>/figures/<name>_*.{png,pdf} "
+                        "(default: the result folder given, several: their common folder; the repository's "
+                        "results/ only when named here)")
     parser.add_argument("--published", action="store_true",
                         help="add the published numbers as a second table")
     parser.add_argument("--published-file", default=str(PUBLISHED_CSV), help="the published numbers (CSV)")
@@ -770,7 +878,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     measured = measured_frame(kept)
     published = published_frame(Path(args.published_file)) if args.published else None
     tables = build_tables(measured, notes, name, args.columns, published)
-    out = Path(args.out)
+    out = output_folder(args.paths, args.out)
+    if out is None:
+        parser.error("no result folder was given (--wandb or --published alone): say where to write with --out")
     for ext, text in (("md", tables.markdown), ("tex", tables.latex), ("csv", tables.csv)):
         atomic_write_bytes(out / "tables" / f"{name}.{ext}", text.encode())
     print(tables.markdown)

@@ -161,15 +161,52 @@ def test_killed_run_resumes_without_recomputing(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
-def test_offline_wandb_run_holds_the_metrics(tmp_path):
-    subprocess.run([sys.executable, "run.py", *LOOKUP[:-3], "logger=wandb", "logger.mode=offline", "compare=[sd]",
-                    "eval.num_prompts=2", f"hydra.run.dir={tmp_path}"], cwd=ROOT, env=env(), check=True,
-                   capture_output=True, timeout=300)
-    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(runs) == 1
-    blob = runs[0].read_bytes()
-    for key in (b"metrics/mean_accepted_length", b"metrics/speedup", b"per_decoder", b"samples"):
-        assert key in blob
+def test_offline_wandb_run_is_self_contained_and_run_json_has_intervals(tmp_path):
+    """One small run (lookup model, 6 prompts, a random-conv 'FID'): run.json carries intervals and paired
+    comparisons, table.md shows them, and the W&B run folder, copied elsewhere, holds run.json (a copy, not a
+    link), the sample images and the staged table images; the run is named and grouped by its experiment."""
+    import shutil
+
+    reference = tmp_path / "reference.npy"
+    np.save(reference, np.random.default_rng(0).normal(size=(40, 64)))
+    out = tmp_path / "run"
+    metric = (f"eval.metrics=[{{_target_:eval.metrics.FIDKID,reference_features:'{reference}',"
+              "protocol:torch_fidelity,extractor:random_conv,kid_subset_size:4}]")
+    proc = subprocess.run([sys.executable, "run.py", *LOOKUP[:-3], "logger=wandb", "logger.mode=offline",
+                           "compare=[sd]", "eval.num_prompts=6", "eval.warmup=0", "eval.bootstrap.resamples=200",
+                           "+experiment_name=wb_check", metric, f"hydra.run.dir={out}"], cwd=ROOT, env=env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((out / "run.json").read_text())
+    sd = record["per_decoder"]["sd"]
+    for key in ("mean_accepted_length", "latency_s", "speedup", "target_forwards_per_image", "tv_per_step",
+                "fid_random_conv", "kid_random_conv"):
+        assert len(sd[f"{key}_ci"]) == 2, key
+    lo, hi = sd["fid_random_conv_ci"]
+    assert lo < sd["fid_random_conv"] < hi
+    versus = sd["vs_ar"]  # compare_to [sd]: sd itself is compared with AR
+    assert versus["mean_accepted_length"]["test"] == "Welch t" and versus["latency_s"]["test"] == "paired bootstrap"
+    assert versus["fid_random_conv"]["n"] == 6 and len(versus["fid_random_conv"]["ci"]) == 2
+    assert record["uncertainty"]["resamples"] == 200 and record["uncertainty"]["compare_to"] == {"ar": [], "sd": ["ar"]}
+    table = (out / "table.md").read_text()
+    assert " ± " in table and "| sd | ar |" in table and "†" in table  # 6 images: FID marked biased
+
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved, symlinks=True)
+    shutil.rmtree(out)
+    (run_dir,) = list((moved / "wandb").glob("offline-run-*"))
+    copy = run_dir / "files" / "run.json"
+    assert copy.is_file() and not copy.is_symlink() and json.loads(copy.read_text()) == record
+    assert (run_dir / "files" / "table.md").read_text() == table
+    samples = list((run_dir / "files" / "media" / "images" / "samples").glob("*.png"))
+    assert samples and all(not p.is_symlink() and p.stat().st_size > 0 for p in samples)
+    assert list((run_dir / "files" / "media" / "images" / "plots").glob("speed_quality*.png"))
+    staged = list((moved / "wandb" / "artifacts" / "staging").iterdir())  # the samples table's images
+    assert len(staged) >= len(samples)
+    blob = next(run_dir.glob("run-*.wandb")).read_bytes()
+    for key in (b"metrics/mean_accepted_length", b"metrics/speedup_ci_lo", b"metrics/vs_ar/latency_s/p",
+                b"per_decoder_table", b"samples", b"plots/speed_quality", b"wb_check["):
+        assert key in blob, key
 
 
 @pytest.mark.slow

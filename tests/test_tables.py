@@ -3,6 +3,8 @@
 Golden tables come from the fixture records in ``tests/golden/runs`` (made-up numbers under two real model
 names: duplicates, a method missing on one model, a metric missing in one row, an ablation option that
 varies).
+The fixtures carry made-up 95 % intervals (``<metric>_ci``), except ``lumina/3_coolsd`` and
+``llamagen/2_coolsd_old`` (runs "made before intervals": their values are never bold).
 To regenerate the golden files after an intended change of the layout::
 
     python scripts/make_tables.py tests/golden/runs --name fixture_table --published --out /tmp/g --no-plots
@@ -80,20 +82,26 @@ def test_duplicates_keep_the_newest_and_missing_runs_stay_empty(fixture_tables, 
     rows = table_cells(measured)
     llamagen, lumina = mt.MODEL_LABELS["llamagen_t2i_512_lantern"], mt.MODEL_LABELS["lumina_mgpt_768"]
     # COOL-SD δ=1.1 on LlamaGen ran twice: the newer run (3_coolsd, accepted length 2.74) wins, whatever the
-    # folder order, and a note names the dropped run
-    assert rows[(llamagen, "COOL-SD δ=1.1 (exponential schedule)")][3] == "2.74"
+    # folder order, and a note names the dropped run; N per row (images, timed images)
+    assert rows[(llamagen, "COOL-SD δ=1.1 (exponential schedule)")][4] == "2.74 ± 0.02"
+    assert rows[(llamagen, "COOL-SD δ=1.1 (exponential schedule)")][0] == "5,000 (1,000)"
+    assert rows[(lumina, "SJD")][0] == "1,000"
     assert "dropped runs/llamagen/2_coolsd_old" in measured
     # SJD never ran on LlamaGen, COOL-SD δ=2 never on Lumina-mGPT: every cell is "—", nothing is filled in
     assert set(rows[(llamagen, "SJD")]) == {"—"}
     assert set(rows[(lumina, "COOL-SD δ=2 (exponential schedule)")]) == {"—"}
-    assert rows[(lumina, "COOL-SD δ=1.1 (exponential schedule)")][0] == "—"  # that run did not score CLIP
-    # the CSV holds the measured rows (raw numbers, empty where missing) and the published rows, marked
+    assert rows[(lumina, "COOL-SD δ=1.1 (exponential schedule)")][1] == "—"  # that run did not score CLIP
+    # the CSV holds the measured rows (raw numbers and interval ends, empty where missing) and the published
+    # rows, marked
     table = pd.read_csv(fixture_tables / "fixture_table.csv")
     measured_rows = table[table["kind"] == "measured"]
     assert len(measured_rows) == 12 and set(table["kind"]) == {"measured", "published"}
     cool = measured_rows[(measured_rows["model"] == "lumina_mgpt_768")
                          & (measured_rows["decoder"] == "coolsd")]
-    assert len(cool) == 1 and np.isnan(cool["clip_score"].iloc[0])
+    assert len(cool) == 1 and np.isnan(cool["clip_score"].iloc[0]) and np.isnan(cool["fid_lo"].iloc[0])
+    sd = measured_rows[(measured_rows["model"] == "llamagen_t2i_512_lantern") & (measured_rows["decoder"] == "sd")]
+    assert (sd["fid_lo"].iloc[0], sd["fid"].iloc[0], sd["fid_hi"].iloc[0]) == (20.716, 20.95, 21.236)
+    assert sd["num_images"].iloc[0] == 5000 and sd["num_timed"].iloc[0] == 1000
     # reordering the folders does not change which duplicate is kept
     moved = tmp_path / "runs"
     shutil.copytree(FIXTURES, moved)
@@ -105,17 +113,59 @@ def test_duplicates_keep_the_newest_and_missing_runs_stay_empty(fixture_tables, 
     assert any("dropped runs/llamagen/9_coolsd_old" in n for n in notes)
 
 
-def test_bold_marks_the_best_measured_value_per_model_and_column(fixture_tables):
+def test_bold_marks_only_a_significantly_best_value(fixture_tables):
     measured, published = (fixture_tables / "fixture_table.md").read_text().split(mt.PUBLISHED_TITLE)
     rows = table_cells(measured)
     llamagen, lumina = mt.MODEL_LABELS["llamagen_t2i_512_lantern"], mt.MODEL_LABELS["lumina_mgpt_768"]
-    # columns: CLIP, FID, KID, accepted length, latency, speedup, TV per step
+    # columns: N, CLIP, FID, KID, accepted length, latency, speedup, TV per step
     best = rows[(llamagen, "COOL-SD δ=2 (exponential schedule)")]
-    assert best[3:6] == ["**3.33**", "**3.76**", "**2.73×**"]
-    assert rows[(llamagen, "AR")][1] == "**20.91**" and rows[(lumina, "SJD")][1] == "**29.00**"
-    assert rows[(lumina, "AR")][2] == rows[(lumina, "SJD")][2] == "**0.0051**"  # a tie: both bold
-    assert not any(cells[6].startswith("**") for cells in rows.values())  # TV per step: a diagnostic
+    assert best[4:7] == ["**3.33 ± 0.02**", "**3.76 ± 0.02**", "**2.73 ± 0.03×**"]  # intervals apart from δ=1.5's
+    # AR's FID 20.91 is the lowest on LlamaGen but its interval overlaps vanilla SD's (20.95): not bold
+    assert rows[(llamagen, "AR")][2] == "20.91 ± 0.26" and rows[(llamagen, "vanilla SD (EAGLE-1 tree)")][2] == \
+        "20.95 ± 0.26"
+    # COOL-SD has Lumina-mGPT's best accepted length and speedup, but that run has no intervals: never bold
+    assert rows[(lumina, "COOL-SD δ=1.1 (exponential schedule)")][4:7] == ["3.12", "63.00", "2.70×"]
+    assert not any("**" in c for (model, _), cells in rows.items() if model == lumina for c in cells)
+    assert rows[(lumina, "AR")][3] == rows[(lumina, "SJD")][3].split(" ±")[0] == "0.0051"  # a tie: never bold
+    assert not any(cells[7].startswith("**") for cells in rows.values())  # TV per step: a diagnostic
     assert "28.99" in published and "28.99" not in measured  # published numbers stay in their own table
+    assert not any("**" in line for line in published.splitlines() if line.startswith("| "))  # no intervals
+
+
+def test_bold_depends_on_significance():
+    def frame(intervals):
+        rows = [{"model_label": "m", "method": name, "_order": ((0, ""), i, name, ()), "speedup": value,
+                 "speedup_ci": ci, "num_images": 100, "num_timed": 100}
+                for i, (name, value, ci) in enumerate(intervals)]
+        return pd.DataFrame(rows)
+
+    column = [c for c in mt.COLUMNS if c.key == "speedup"]
+    apart = mt.layout(frame([("a", 2.0, (1.9, 2.1)), ("b", 2.5, (2.4, 2.6))]), column)
+    assert [c.bold for r in apart for c in r.cells] == [False, True]
+    overlapping = mt.layout(frame([("a", 2.0, (1.8, 2.45)), ("b", 2.5, (2.4, 2.6))]), column)
+    assert [c.bold for r in overlapping for c in r.cells] == [False, False]
+    assert [c.text for r in apart for c in r.cells] == ["2.00 ± 0.10×", "2.50 ± 0.10×"]
+    # a third, worse row does not matter: the comparison is with the runner-up
+    three = mt.layout(frame([("a", 2.0, (1.9, 2.1)), ("b", 2.5, (2.4, 2.6)), ("c", 1.0, (0.9, 1.1))]), column)
+    assert [c.bold for r in three for c in r.cells] == [False, True, False]
+
+
+def test_small_fid_samples_are_marked_biased(tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(FIXTURES / "lumina", runs / "lumina")
+    path = runs / "lumina" / "0_sd" / "run.json"
+    record = json.loads(path.read_text())
+    for metrics in record["per_decoder"].values():
+        metrics["fid_num_images"] = 500
+    path.write_text(json.dumps(record))
+    frame = mt.measured_frame(mt.deduplicate(mt.measurements(mt.find_records([runs])))[0])
+    tables = mt.build_tables(frame, [], "t", mt.COLUMN_KEYS)
+    rows = table_cells(tables.markdown)
+    model = mt.MODEL_LABELS["lumina_mgpt_768"]
+    assert rows[(model, "vanilla SD (EAGLE-1 tree)")][2] == "29.07 ± 0.55†"
+    assert rows[(model, "SJD")][2] == "29.00 ± 0.55"  # its run scored 1,000 images
+    assert mt.BIAS_NOTE in tables.markdown and "KID" in mt.BIAS_NOTE
+    assert r"$^\dagger$" in tables.latex
 
 
 def test_published_numbers_match_the_spec():
@@ -202,6 +252,62 @@ def test_plots_are_written_non_empty_png_and_pdf(tmp_path):
             assert path.read_bytes().startswith(b"%PDF")
 
 
+def sweep_records(tmp_path: Path) -> Path:
+    """A draft-length sweep of vanilla SD (L = 4, 2, 3 in folder order) and a δ sweep of COOL-SD, each run
+    with its AR, made from the LlamaGen fixture."""
+    base = json.loads((FIXTURES / "llamagen" / "0_sd" / "run.json").read_text())
+    runs = tmp_path / "sweep"
+    for k, (decoder, options, speedup, fid) in enumerate([
+            ("sd", {"draft_len": 4}, 2.3, 20.99), ("sd", {"draft_len": 2}, 1.8, 20.96), ("sd", {"draft_len": 3}, 2.1, 20.97),
+            ("coolsd", {"delta": 2.0}, 2.7, 21.2), ("coolsd", {"delta": 1.1}, 2.3, 21.0)]):
+        record = json.loads(json.dumps(base))
+        config = {"_target_": "x", "name": decoder, "tree": None, "draft_len": 4, **options}
+        record["decoder"] = decoder
+        record["config"]["decoder"] = config
+        record["started"] = f"2026-01-0{k + 1}T00:00:00"
+        metrics = dict(record["per_decoder"]["sd"])
+        metrics.update(speedup=speedup, speedup_ci=[speedup - 0.05, speedup + 0.05], fid=fid,
+                       fid_ci=[fid - 0.2, fid + 0.2])
+        record["per_decoder"] = {"ar": record["per_decoder"]["ar"], decoder: metrics}
+        folder = runs / f"{k}_{decoder}"
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps(record))
+    return runs
+
+
+def test_a_sweep_is_drawn_as_one_curve_in_the_order_of_its_option(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    frame = mt.measured_frame(mt.deduplicate(mt.measurements(mt.find_records([sweep_records(tmp_path)])))[0])
+    curves = {curve: group for _, curve, group in mt.sweep_curves(frame, "speedup", "fid")}
+    assert set(curves) == {"AR", "vanilla SD (chain)", "COOL-SD"}  # one curve per method, not one per L
+    assert list(curves["vanilla SD (chain)"]["strength"]) == [2, 3, 4]  # joined in the order of L
+    assert list(curves["COOL-SD"]["strength"]) == [1.1, 2.0]
+    assert set(frame.loc[frame["decoder"] == "sd", "method"]) == {f"vanilla SD (chain, L={n})" for n in (2, 3, 4)}
+    fig, ax = plt.subplots()
+    drawn = mt.draw_curve(ax, curves["vanilla SD (chain)"], "speedup", "fid", "C0", "vanilla SD (chain)", True)
+    assert list(drawn["sweep"].get_xdata()) == [1.8, 2.1, 2.3]  # the sweep line, L = 2, 3, 4
+    assert [p[2] for p in drawn["points"]] == ["L=2", "L=3", "L=4"]
+    front = list(zip(drawn["front"].get_xdata(), drawn["front"].get_ydata()))
+    assert front == mt.pareto_front([(1.8, 20.96), (2.1, 20.97), (2.3, 20.99)], lower_is_better=True)
+    plt.close(fig)
+    paths = mt.make_plots(frame, tmp_path / "figures", "sweep")
+    assert {p.stem for p in paths} >= {"sweep_fid_vs_speedup", "sweep_accepted_length_vs_strength"}
+
+
+def test_tables_are_written_next_to_their_input_folder(tmp_path):
+    runs = sweep_records(tmp_path)
+    assert mt.main([str(runs), "--no-plots", "--name", "t"]) == 0
+    assert (runs / "tables" / "t.md").is_file() and not (ROOT / "results" / "tables" / "t.md").exists()
+    assert mt.output_folder([runs / "0_sd", runs / "1_sd" / "run.json"], None) == runs.resolve()
+    assert mt.output_folder([], None) is None and mt.output_folder([runs], "elsewhere") == Path("elsewhere")
+    with pytest.raises(SystemExit):
+        mt.main(["--published", "--no-plots"])  # no input folder: --out is required
+
+
 def test_pareto_front_and_labels():
     points = [(1.0, 20.9), (2.0, 21.0), (2.5, 21.3), (2.4, 21.1), (2.7, 21.2)]
     front = [(1.0, 20.9), (2.0, 21.0), (2.4, 21.1), (2.7, 21.2)]  # (2.5, 21.3) is dominated by (2.7, 21.2)
@@ -212,6 +318,12 @@ def test_pareto_front_and_labels():
     assert mt.method_label("lantern_pp", {"k": 10, "lam": 5.0, "resample": "optimal"}, ["resample"]) == \
         "LANTERN++ k=10, λ=5 (G* resampling)"
     assert mt.method_label("lantern", {"k": 1000, "delta": 0.1}, [], skip=("delta",)) == "LANTERN k=1000"
+    # a draft-length sweep of vanilla SD: L once (it was "vanilla SD (chain, L=2, L=2)"); its curve without L
+    assert mt.method_label("sd", {"tree": None, "draft_len": 2}, ["draft_len"]) == "vanilla SD (chain, L=2)"
+    assert mt.method_label("sd", {"tree": None, "draft_len": 2}, ["draft_len"], skip=("draft_len",)) == \
+        "vanilla SD (chain)"
+    assert mt.method_label("coolsd", {"delta": 2.0, "draft_len": 3, "tree": None}, ["draft_len"]) == \
+        "COOL-SD δ=2 (L=3)"
     assert mt.tex_escape("COOL-SD δ=2 (G* resampling, naive_extend_57 tree) 2.7×") == \
         r"COOL-SD $\delta$=2 ($G^*$ resampling, naive\_extend\_57 tree) 2.7$\times$"
 
@@ -253,8 +365,8 @@ class FakeApi:
 
 def test_wandb_runs_are_read_from_run_json_or_rebuilt_from_the_summary():
     record = json.loads((FIXTURES / "lumina" / "1_sjd" / "run.json").read_text())
-    table = {"columns": ["decoder", "latency_s", "mean_accepted_length", "speedup"],
-             "data": [["ar", 10.0, 1.0, 1.0], ["coolsd", 4.0, 2.8, 2.5]]}
+    table = {"columns": ["decoder", "latency_s", "mean_accepted_length", "speedup", "speedup_ci_hi", "speedup_ci_lo"],
+             "data": [["ar", 10.0, 1.0, 1.0, 1.0, 1.0], ["coolsd", 4.0, 2.8, 2.5, 2.6, 2.4]]}
     path = "media/table/per_decoder_1_abc.table.json"
     summary = {"metrics/latency_s": 4.0, "metrics/speedup": 2.5, "decoder": "coolsd", "model": "tiny",
                "per_decoder": {"_type": "table-file", "path": path}}
@@ -267,6 +379,7 @@ def test_wandb_runs_are_read_from_run_json_or_rebuilt_from_the_summary():
     rebuilt = {m.decoder: m for m in mt.measurements([found[1]])}
     assert rebuilt["coolsd"].model == "tiny" and rebuilt["coolsd"].options == {"delta": 2.0, "tree": None}
     assert rebuilt["coolsd"].metrics["speedup"] == 2.5 and rebuilt["ar"].metrics["latency_s"] == 10.0
+    assert rebuilt["coolsd"].metrics["speedup_ci"] == [2.4, 2.6] and "speedup_ci_lo" not in rebuilt["coolsd"].metrics
 
 
 # ------------------------------------------------------------------------------------- experiment configs

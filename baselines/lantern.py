@@ -51,8 +51,10 @@ class LanternRule(AcceptanceRule):
     tokens and depths (N,).
     """
 
-    #: the one-step TV sums (rows, V, k+1) gathers; rows are processed in chunks of at most this many entries
+    #: the one-step TV gathers (rows, V, k) neighbour masses; rows are processed in chunks of at most this many
     TV_CHUNK = 1 << 24
+    #: codebooks up to this size sum over the zeroing sets with a dense (V, V) membership matrix
+    DENSE_MEMBERSHIP = 4096
 
     def __init__(self, neighbours: torch.Tensor, k: int, mode: str, budget: float,
                  resample: str = "reference") -> None:
@@ -70,20 +72,32 @@ class LanternRule(AcceptanceRule):
         self.k, self.mode, self.budget, self.resample = k, mode, budget, resample
         self.lossless = budget == (0.0 if mode == "additive" else 1.0) and resample == "optimal"
 
-    def relaxed(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def relaxed(self, p: torch.Tensor, x: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(p̃(x), m*(x))`` for drafts ``x`` (N,) under rows ``p`` (N, V), or for every code at once when
-        ``x`` is (N, V) (each row's whole codebook) -> (N,) or (N, V)."""
-        nb = self.table(p.device)[x, : self.k]  # (N, k) or (N, V, k)
-        if x.dim() == 1:
-            mass, px = p.gather(-1, nb), p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+        ``x`` is None (each row's whole codebook) -> (N,) or (N, V)."""
+        if x is None:  # one neighbour table for every row: a column gather, no per-row index tensor
+            nb = self.table(p.device)[:, : self.k]  # (V, k)
+            mass = p.index_select(-1, nb.flatten()).view(*p.shape, self.k)  # (N, V, k)
+            px = p
         else:
-            mass = p.gather(-1, nb.flatten(1)).view(nb.shape)
-            px = p.gather(-1, x)
+            nb = self.table(p.device)[x, : self.k]  # (N, k)
+            mass, px = p.gather(-1, nb), p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
         prefix = mass.cumsum(-1)  # S_1..S_k, non-decreasing
         tau = torch.full_like(px, self.budget) if self.mode == "additive" else (self.budget - 1.0) * px
         m_star = (prefix <= tau.unsqueeze(-1)).sum(-1)  # feasible prefixes form a prefix
         moved = prefix.gather(-1, (m_star - 1).clamp_min(0).unsqueeze(-1)).squeeze(-1) * (m_star > 0)
         return px + moved, m_star
+
+    def membership(self, device: torch.device) -> torch.Tensor | None:
+        """(V, V) float64 with row x marking the zeroing set Z(x) (the k + 1 nearest neighbours), cached, or
+        None for codebooks too large to hold it densely (sums then gather the table)."""
+        v = self.neighbours.shape[0]
+        if v > self.DENSE_MEMBERSHIP:
+            return None
+        if getattr(self, "_membership", None) is None or self._membership.device != device:
+            z = self.table(device)[:, : self.k + 1]
+            self._membership = torch.zeros(v, v, dtype=torch.float64, device=device).scatter_(1, z, 1.0)
+        return self._membership
 
     def table(self, device: torch.device) -> torch.Tensor:
         """The neighbour table on ``device`` (moved once)."""
@@ -91,11 +105,8 @@ class LanternRule(AcceptanceRule):
             self.neighbours = self.neighbours.to(device)
         return self.neighbours
 
-    def _every_code(self, p: torch.Tensor) -> torch.Tensor:
-        return torch.arange(p.shape[-1], device=p.device).expand(p.shape[0], -1)
-
     def acceptance(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        p_tilde, _ = self.relaxed(p, self._every_code(p))  # (N, V)
+        p_tilde, _ = self.relaxed(p, None)  # (N, V)
         return ratio_acceptance(p_tilde, q)
 
     def accept_prob(self, p, q, x, depth) -> torch.Tensor:
@@ -118,7 +129,8 @@ class LanternRule(AcceptanceRule):
     def one_step_tv(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         """Exact TV (N,) of ``q f + Σ_x q(x)(1 − f(x)) G_x`` to ``p``, with the token-dependent ``G_x``.
 
-        Computed in float64 with ``residual``'s 1e-12 threshold: each ``G_x``'s mass is the residual mass
+        ``f`` and ``m*`` in ``p``'s dtype (as the sampler computes them), the rest in float64 with
+        ``residual``'s 1e-12 threshold: each ``G_x``'s mass is the residual mass
         outside ``Z(x)`` (exact to ~1e-16 in float64, where float32 subtraction left ~6e-8 of an empty
         residual) plus what ``Z(x)`` contributes, so a residual that ``residual`` finds empty (and replaces
         by uniform) is empty here too."""
@@ -126,10 +138,10 @@ class LanternRule(AcceptanceRule):
         return torch.cat([self._one_step_tv(p[i: i + rows], q[i: i + rows]) for i in range(0, p.shape[0], rows)])
 
     def _one_step_tv(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        p, q = p.double(), q.double()
         v = p.shape[-1]
-        p_tilde, m_star = self.relaxed(p, self._every_code(p))  # (N, V)
+        p_tilde, m_star = self.relaxed(p, None)  # (N, V), in p's dtype as the sampler computes it
         f = ratio_acceptance(p_tilde, q)
+        p, q, f = p.double(), q.double(), f.double()
         out = q * f
         reject = q * (1.0 - f)  # (N, V) probability of drafting x and rejecting it
         r = (p - q).clamp_min(0.0)
@@ -137,18 +149,26 @@ class LanternRule(AcceptanceRule):
             out = out + reject.sum(-1, keepdim=True) * normalize(r, fallback=p)
             return 0.5 * (out - p).abs().sum(-1)
         zeroing = m_star >= 1  # (N, V) which rejected tokens zero their neighbourhood
-        z = self.table(p.device)[:, : self.k + 1]  # (V, k+1)
         # G_x's numerator is r with its entries on Z(x) replaced: by 0 (reference: p zeroed there) or by p
         # (reference_q: q zeroed there)
         inside = p if self.resample == "reference_q" else torch.zeros_like(p)
+        member = self.membership(p.device)  # (V, V): row x marks Z(x)
+        if member is not None:
+            on_z = lambda a: a @ member.T  # noqa: E731  (N, V): Σ_{y ∈ Z(x)} a(y) for every x
+        else:
+            z = self.table(p.device)[:, : self.k + 1]
+            on_z = lambda a: a.index_select(-1, z.flatten()).view(*a.shape, -1).sum(-1)  # noqa: E731
         total = r.sum(-1, keepdim=True)
-        outside = (total - r[:, z].sum(-1)).clamp_min(0.0)  # (N, V): Σ_{y ∉ Z(x)} r(y), exact to ~1e-16
-        mass = torch.where(zeroing, outside + inside[:, z].sum(-1), total)  # (N, V) normaliser of each G_x
+        outside = (total - on_z(r)).clamp_min(0.0)  # (N, V): Σ_{y ∉ Z(x)} r(y), exact to ~1e-16
+        mass = torch.where(zeroing, outside + on_z(inside), total)  # (N, V) normaliser of each G_x
         ok = mass > EMPTY_MASS
         c = torch.where(ok, reject / mass.clamp_min(1e-300), torch.zeros_like(mass))
         cz = c * zeroing
-        hits = torch.zeros_like(p).scatter_add_(-1, z.flatten()[None].expand(p.shape[0], -1),
-                                                cz.repeat_interleave(z.shape[1], dim=-1))  # Σ_{x: y∈Z(x)} c_x
+        if member is not None:
+            hits = cz @ member  # (N, V): Σ_{x: y ∈ Z(x)} c_x
+        else:
+            hits = torch.zeros_like(p).scatter_add_(-1, z.flatten()[None].expand(p.shape[0], -1),
+                                                    cz.repeat_interleave(z.shape[1], dim=-1))
         change = inside - r  # per-token change of G_x's numerator on Z(x)
         out = out + c.sum(-1, keepdim=True) * r + hits * change
         out = out + (reject * ~ok).sum(-1, keepdim=True) / v  # empty residual: uniform, as in the reference

@@ -30,6 +30,8 @@ COLUMNS = (
     ("clip_score", "CLIP score", "{:.4f}"),
     ("image_reward", "ImageReward", "{:.4f}"),
     ("hps_v2", "HPSv2.1", "{:.4f}"),
+    ("fid_classifier", "FID (classifier features)", "{:.2f}"),
+    ("kid_classifier", "KID (classifier features)", "{:.4f}"),
     ("fid_random_conv", "FID (random-conv features, not FID)", "{:.3f}"),
     ("class_accuracy", "class accuracy", "{:.3f}"),
 )
@@ -147,6 +149,7 @@ def one_line_summary(record: dict[str, Any]) -> str:
 
 
 QUALITY_AXES = (("fid", "FID (lower is better)"), ("kid", "KID (lower is better)"),
+                ("fid_classifier", "FID, classifier features (lower is better)"),
                 ("clip_score", "CLIP score (cosine)"), ("image_reward", "ImageReward"), ("hps_v2", "HPSv2.1"),
                 ("class_accuracy", "class accuracy"),
                 ("fid_random_conv", "FID (random-conv features, not FID)"), ("tv_per_step", "TV per step"))

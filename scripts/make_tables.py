@@ -88,6 +88,8 @@ COLUMNS = (
     Column("kid", "KID", "{:.4f}", "min"),
     Column("image_reward", "ImageReward", "{:.4f}", "max"),
     Column("hps_v2", "HPSv2.1", "{:.4f}", "max"),
+    Column("fid_classifier", "FID (classifier features) ↓", "{:.2f}", "min"),
+    Column("kid_classifier", "KID (classifier features) ↓", "{:.4f}", "min"),
     Column("fid_random_conv", "FID (random-conv features, not FID)", "{:.3f}", "min"),
     Column("class_accuracy", "class accuracy", "{:.3f}", "max"),
     Column("mean_accepted_length", "accepted length (tokens/forward)", "{:.2f}", "max"),

@@ -19,7 +19,8 @@ Stages:
 4. ``drafter`` — ``scripts/train_drafter.py`` on the new target (teacher-forced real training images; the
    teacher-forced features are regenerated every time, since they depend on the target's weights).
 5. ``classifier`` — a small CNN that scores generated images against their prompt class.
-6. ``reference`` — Inception features of 500 class-balanced test images (FID/KID reference of run.py).
+6. ``reference`` — Inception features of 500 and classifier features of 2,000 class-balanced test images (the
+   FID/KID references of run.py's Inception and classifier-feature scores).
 7. ``evaluate`` — the model card: FID/KID of 500 AR samples, real train images and tokenizer
    reconstructions vs 500 test images, class accuracy, accepted length and speedup of ``sd`` and COOL-SD.
 
@@ -60,6 +61,7 @@ from coolsd.sampling import SamplingConfig, sample, stream_probs  # noqa: E402
 from eval.metrics import Classifier  # noqa: E402
 
 ASSETS = ROOT / "coolsd" / "assets" / "embedded"
+CLASSIFIER_REFERENCE = "fid_reference_classifier_test2000.npy"
 STAGES = ("vq", "tokens", "target", "drafter", "classifier", "reference", "evaluate")
 
 # One source of truth: the model config that run.py uses.
@@ -309,12 +311,27 @@ def features(extractor, images: np.ndarray, batch: int = 50) -> np.ndarray:
     return np.concatenate(feats)
 
 
-def make_reference(args, test) -> None:
-    idx = balanced_indices(test[1], 50, seed=0)
-    feats = features(inception(), test[0][idx])
+def save_npy(path: Path, array: np.ndarray) -> None:
     buf = io.BytesIO()
-    np.save(buf, feats.astype(np.float16))
-    atomic_write_bytes(args.out / "fid_reference_test500.npy", buf.getvalue())
+    np.save(buf, array)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def make_reference(args, test) -> None:
+    """Inception features of 500 and classifier features of 2,000 class-balanced test images (float16)."""
+    idx = balanced_indices(test[1], 50, seed=0)
+    save_npy(args.out / "fid_reference_test500.npy", features(inception(), test[0][idx]).astype(np.float16))
+    make_classifier_reference(args, test)
+
+
+def make_classifier_reference(args, test) -> None:
+    """The reference of "FID (classifier features)": the classifier's penultimate features of 2,000
+    class-balanced test images (200 per class), as the default run scores generated images."""
+    from eval.metrics import ClassifierFeatures
+
+    idx = balanced_indices(test[1], 200, seed=0)
+    extractor = ClassifierFeatures(str(args.out / "classifier.safetensors"))
+    save_npy(args.out / CLASSIFIER_REFERENCE, features(extractor, test[0][idx]).astype(np.float16))
 
 
 # -- stage 7: evaluation and model card ----------------------------------------------------------------------

@@ -233,3 +233,29 @@ def test_the_runner_makes_the_same_images_batched_timed_and_resumed(tmp_path):
         assert a == b == c and len(a) == 6, name
     record = json.loads((tmp_path / "a" / "run.json").read_text())["per_decoder"]["sd"]
     assert record["num_timed"] == 2 and record["throughput_images"] == 4 and record["throughput_batch_size"] == 3
+
+
+def test_a_rerun_with_other_settings_refuses_before_any_work_and_overwrite_replaces(tmp_path):
+    """Records carry a fingerprint of everything that makes their images: a rerun into the same folder with
+    another draft length, seed or temperature is refused before any image is made, naming what differs and
+    the two ways out; ``eval.resume=overwrite`` replaces the mismatching records."""
+    import subprocess
+    import sys
+
+    from tests.test_run import ROOT
+
+    common = [*LOOKUP, "eval.threads=1", "eval.warmup=0", "decoder=sd", "compare=none", "eval.num_prompts=2",
+              f"hydra.run.dir={tmp_path}"]
+    run_py(*common)
+    before = (tmp_path / "records" / "sd.jsonl").read_text()
+    for change, key in (("decoder.draft_len=2", "decoder.draft_len"), ("eval.seed=7", "seed 7"),
+                        ("model.sampling.temperature=0", "model.sampling.temperature")):
+        proc = subprocess.run([sys.executable, "run.py", *common, change], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+        assert proc.returncode != 0 and key in proc.stderr, (change, proc.stderr[-2000:])
+        assert "hydra.run.dir=<new folder>" in proc.stderr and "eval.resume=overwrite" in proc.stderr
+        assert (tmp_path / "records" / "sd.jsonl").read_text() == before  # nothing was generated or lost
+    run_py(*common, "decoder.draft_len=2", "eval.resume=overwrite")
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["config"]["decoder"]["draft_len"] == 2
+    assert record["per_decoder"]["sd"]["mean_accepted_length"] <= 3.0  # at most draft_len + 1

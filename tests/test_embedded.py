@@ -68,7 +68,7 @@ def test_default_run_end_to_end_on_few_prompts(tmp_path):
     record = json.loads((tmp_path / "run.json").read_text())
     assert set(record["per_decoder"]) == {"ar", "sd", "lantern", "lantern_pp", "sjd", "coolsd"}
     for metrics in record["per_decoder"].values():
-        for key in ("mean_accepted_length", "speedup", "fid", "kid", "class_accuracy", "tv_per_step"):
+        for key in ("mean_accepted_length", "speedup", "fid_classifier", "kid_classifier", "class_accuracy", "tv_per_step"):
             assert key in metrics
     assert (tmp_path / "speed_quality.png").stat().st_size > 0
     assert "class accuracy" in (tmp_path / "table.md").read_text()

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import (ImageARModel, attention_context, check_prefix, check_reference_options, set_tf32,
+from coolsd.models.base import (ImageARModel, attend, attention_context, check_prefix, check_reference_options,
+                                set_tf32,
                                 per_stream, stream_rows)
 from coolsd.models.vq import VQConfig, VQModel
 from coolsd.rng import Streams
@@ -191,7 +192,7 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         causal = cache is None and mask is None
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        out = attend(q, k, v, mask, causal)
         return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(b, t, self.dim)))
 
 

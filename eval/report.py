@@ -35,7 +35,7 @@ COLUMNS = (
     ("fid_random_conv", "FID (random-conv features, not FID)", "{:.3f}"),
     ("class_accuracy", "class accuracy", "{:.3f}"),
 )
-FID_KEYS = ("fid", "fid_random_conv")
+FID_KEYS = ("fid", "fid_classifier", "fid_random_conv")  # marked † below FID_MIN_IMAGES images
 BIASED = "†"
 BIAS_NOTE = (f"{BIASED} FID over fewer than {FID_MIN_IMAGES:,} images: strongly biased upwards (the bias falls "
              "like 1/N, so FIDs of different N are not comparable); compare KID, which is unbiased.")
@@ -199,11 +199,15 @@ def label_inside(ax: Any, points: Sequence[tuple[float, float, str]], fontsize: 
             label.remove()
 
 
+MARKERS = "osD^vP*Xph<>"
+
+
 def speed_quality_plot(per_decoder: dict[str, dict[str, Any]], path_png, n_images: int,
                        labels: dict[str, str] | None = None) -> bool:
     """One panel per quality metric the run measured: speedup over AR (x) against quality (y), one point per
-    decoder with its 95 % intervals on both axes, labelled with the method and its defining option (``labels``,
-    e.g. "COOL-SD δ=1.1"; default the decoder name); PNG and PDF. Returns False when there is nothing to plot."""
+    decoder with its 95 % intervals on both axes, in its own colour and marker; one legend under the panels names
+    each with the method and its defining option (``labels``, e.g. "COOL-SD δ=1.1"; default the decoder name), so
+    no label covers a point or another label however close the points are; PNG and PDF. Returns False when there is nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,27 +218,33 @@ def speed_quality_plot(per_decoder: dict[str, dict[str, Any]], path_png, n_image
     axes_keys = [(k, t) for k, t in QUALITY_AXES if any(m.get(k) is not None for m in per_decoder.values())]
     if not axes_keys:
         return False
-    fig, axes = plt.subplots(1, len(axes_keys), figsize=(max(5.6, 4.4 * len(axes_keys)), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(axes_keys), figsize=(max(5.6, 4.4 * len(axes_keys)), 4.3), squeeze=False)
     for ax, (key, title) in zip(axes[0], axes_keys):
-        points, highs = [], []
+        highs = []
         for k, (name, m) in enumerate(per_decoder.items()):
             if m.get(key) is None or m.get("speedup") is None:
                 continue
             x, y = m["speedup"], m[key]
             xerr, yerr = error_bar(x, m.get("speedup_ci")), error_bar(y, m.get(f"{key}_ci"))
-            ax.errorbar([x], [y], xerr=[[xerr[0]], [xerr[1]]], yerr=[[yerr[0]], [yerr[1]]], fmt="o", ms=5,
-                        capsize=2, elinewidth=0.8, color=f"C{k % 10}")
-            points.append((x, y, labels.get(name, name)))
+            ax.errorbar([x], [y], xerr=[[xerr[0]], [xerr[1]]], yerr=[[yerr[0]], [yerr[1]]],
+                        fmt=MARKERS[k % len(MARKERS)], ms=6, capsize=2, elinewidth=0.8, color=f"C{k % 10}",
+                        label=labels.get(name, name))
             highs.append(y + yerr[1])
         ax.set_xlabel("speedup over AR (×), 95 % intervals")
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
-        ax.margins(x=0.18, y=0.15)
+        ax.margins(x=0.12, y=0.12)
         if key in NONNEGATIVE:
             nonnegative_axis(ax, highs)
-        label_inside(ax, points)
-    fig.suptitle(f"speed vs quality, {n_images} images per decoder (bars: 95 % intervals)", fontsize=10)
-    fig.tight_layout()
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
+    biased = any(k in m and fid_is_biased(m) for m in per_decoder.values() for k in FID_KEYS)
+    fig.suptitle(f"speed vs quality, {n_images} images per decoder (bars: 95 % intervals)"
+                 + (f"; FID over < {FID_MIN_IMAGES:,} images is biased upwards, compare KID" if biased else ""),
+                 fontsize=10)
+    rows = -(-len(names) // 6)  # legend rows under the panels
+    fig.tight_layout(rect=(0, 0.03 + 0.05 * rows, 1, 1))
     path_png = Path(path_png)
     for path, options in ((path_png, {"format": "png", "dpi": 120}), (path_png.with_suffix(".pdf"), {"format": "pdf"})):
         buf = io.BytesIO()

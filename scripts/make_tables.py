@@ -62,7 +62,7 @@ import pandas as pd
 from coolsd.io import atomic_write_bytes
 from eval.labels import (ALWAYS_NOTED, DECODER_LABELS, HEADLINE, STRENGTH, SWEEP_KEYS, SWEEP_NAMES, SYMBOLS,
                          canonical, decoder_options, method_label, point_label)
-from eval.report import error_bar, nonnegative_axis
+from eval.report import FID_KEYS, error_bar, nonnegative_axis
 from eval.stats import FID_MIN_IMAGES
 
 PUBLISHED_CSV = Path(__file__).resolve().parent / "published_numbers.csv"
@@ -458,7 +458,7 @@ def format_value(column: Column, row: Any) -> str:
         shown = number_text(column, half, like=value)
         text += " ± " + (f"{half:.1g}" if half > 0 and float(shown) == 0 else shown)
     text += "" if column.fmt == "latency" else column.fmt[column.fmt.rindex("}") + 1:]
-    return text + BIASED if column.key in ("fid", "fid_random_conv") and fid_biased(row) else text
+    return text + BIASED if column.key in FID_KEYS and fid_biased(row) else text
 
 
 def significantly_best(values: dict[str, float], intervals: dict[str, tuple[float, float] | None],

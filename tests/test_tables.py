@@ -471,7 +471,7 @@ def test_tiny_table_multirun_becomes_a_table_and_plots(tmp_path):
     for path in records:  # each row's cells are its own run's numbers
         record = json.loads(path.read_text())
         metrics = record["metrics"]
-        assert f"{metrics['mean_accepted_length']:.2f}" in md and f"{metrics['speedup']:.2f}×" in md
+        assert f"{metrics['mean_accepted_length']:.2f}" in md and f"{metrics['speedup']:.2f} ±" in md
     assert (results / "tables" / "tiny_table.tex").read_text().count(r"\\") >= 7
     for stem in ("accepted_length_vs_strength", "tv_vs_accepted_length"):
         for ext in ("png", "pdf"):

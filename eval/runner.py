@@ -46,7 +46,7 @@ from coolsd.fingerprint import TOKEN_CODE_VERSION, differing_keys, json_digest, 
 from coolsd.io import atomic_write_bytes
 from coolsd.types import pooled_accepted_length
 from eval import stats
-from eval.labels import decoder_options, method_label
+from eval.labels import canonical, decoder_options, method_label
 from eval.records import JsonlLog, atomic_write_json, environment, git_commit, load_records, save_png
 from eval.report import comparison_table, markdown_table, one_line_summary, speed_quality_plot
 from eval.stats import Bootstrap
@@ -317,6 +317,20 @@ def score_metric(metric: Any, ordered: dict[str, list[dict]], out_dir: Path, dev
                                                 reps[name][key] - reps[base][key], bootstrap.level, n=n)
                 for key in reps[name]}
     return estimates, differences
+
+
+def run_labels(decoder_cfgs: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """{suite name: label}: the method's paper name (from the decoder config's ``name``, so suite entries such
+    as ``coolsd_d2`` read "COOL-SD δ=2") with its headline options, plus the options that differ between the
+    run's entries of the same method (``(uniform schedule)``, ``(G* resampling)``)."""
+    options = {name: decoder_options(dc) for name, dc in decoder_cfgs.items()}
+    method = {name: str(dc.get("name", name)) for name, dc in decoder_cfgs.items()}
+    labels = {}
+    for name, opts in options.items():
+        same = [options[n] for n in options if method[n] == method[name]]
+        noted = sorted({k for o in same for k in set(o) | set(opts) if canonical(o.get(k)) != canonical(opts.get(k))})
+        labels[name] = method_label(method[name], opts, noted)
+    return labels
 
 
 UNCERTAINTY = {  # run.json's description of each interval (eval/stats.py has the reasons)
@@ -632,8 +646,7 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
             save_grid(out_dir / f"grid_{name}.png", out_dir, recs)
 
     selected = cfg.decoder.name
-    labels = {name: method_label(name, decoder_options(OmegaConf.to_container(dc, resolve=True)), [])
-              for name, dc in decoder_cfgs.items()}
+    labels = run_labels({name: OmegaConf.to_container(dc, resolve=True) for name, dc in decoder_cfgs.items()})
     record = {
         "decoder": selected,
         "model": (choices or {}).get("model"),

@@ -1,0 +1,37 @@
+"""Decide the COOL-SD paper's claims on the runs of ``experiment=embedded_claims`` (logic: ``eval/claims.py``).
+
+    python run.py -m experiment=embedded_claims            # about an hour or more on 2 CPU cores
+    python scripts/claims.py results/runs/embedded_claims/<time> --out results
+    python run.py -m experiment=embedded_claims_quick      # under 10 minutes
+    python scripts/claims.py results/runs/embedded_claims_quick/<time>
+
+Writes ``<out>/embedded_claims.md`` (verdicts, figures, the μ fit, every point and comparison with its 95 %
+interval), ``<out>/embedded_claims.json`` and ``<out>/figures/embedded_claims_*.{png,pdf}``. ``--out`` defaults
+to the input folder.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from eval.claims import run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="the multirun folder (one sub-folder per regime) or one run")
+    parser.add_argument("--out", type=Path, default=None, help="where the page goes (default: the input folder)")
+    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (seed 0)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    out = args.out or args.folder
+    command = "python scripts/claims.py " + " ".join(sys.argv[1:])
+    record = run(args.folder, out, resamples=args.resamples, command=command, device=args.device)
+    for regime, claims in record["claims"].items():
+        print(regime + ": " + "; ".join(f"{c['key']} {c['verdict']}" for c in claims))
+    print(f"-> {out / 'embedded_claims.md'}")
+
+
+if __name__ == "__main__":
+    main()

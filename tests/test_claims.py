@@ -1,0 +1,158 @@
+"""The claims experiment: its configs compose, the weak drafter is what the model card says, the verdict and μ-fit
+logic on synthetic points, and the quick version end to end on a reduced N (``scripts/claims.py``)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+import coolsd  # noqa: F401  (registers the ${asset:} resolver)
+from eval import claims
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cfg_for(*overrides: str):
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("experiment", ["embedded_claims", "embedded_claims_quick"])
+def test_claims_experiments_compose_in_both_regimes(experiment):
+    chain = cfg_for(f"experiment={experiment}", "regime=strong_chain")
+    tree = cfg_for(f"experiment={experiment}", "regime=weak_tree")
+    assert chain.drafter.checkpoint.endswith("embedded/drafter")
+    assert tree.drafter.checkpoint.endswith("embedded/drafter_weak")
+    for name in chain.compare:
+        entry = chain.suite[name]
+        if entry.name != "sjd":
+            assert entry.tree is None and tree.suite[name].tree == "mc_sim_7b_63", name
+            assert tree.suite[name].drafter.checkpoint.endswith("drafter_weak"), name
+    if experiment == "embedded_claims":
+        assert chain.eval.num_prompts >= 2000 and tree.eval.num_prompts >= 1000
+        schedules = {chain.suite[n].get("schedule") for n in chain.compare if chain.suite[n].name == "coolsd"}
+        assert schedules == {"exponential", "uniform", "linear"}
+        resamplings = {chain.suite[n].resample for n in chain.compare if chain.suite[n].name == "lantern_pp"}
+        assert resamplings == {"reference", "optimal"}
+
+
+def make_point(name, method, tau, fid, tv, n=50, seed=0, **config):
+    """A point whose per-image values give accepted length ``tau``, TV per token ``tv`` (exactly, pooled)."""
+    rng = np.random.default_rng(seed)
+    iterations = np.full(n, 10.0)
+    committed = rng.normal(tau * 10, 0.5, n)
+    committed *= tau * 10 / committed.mean()
+    tokens = committed + 1
+    tv_sum = rng.normal(tv, tv / 20 + 1e-9, n).clip(0) * tokens
+    tv_sum *= tv * tokens.sum() / max(tv_sum.sum(), 1e-12)
+    p = claims.Point(name, name, {"name": method, **config}, list(range(n)), committed, iterations, tv_sum, tokens, {})
+    p.fid_value = fid
+    return p
+
+
+def with_reps(regime: claims.Regime, fid_noise: float, resamples: int = 400) -> None:
+    """compute() without images: FID replicates are the point estimate plus shared-prompt noise."""
+    from eval import stats
+
+    w = stats.Bootstrap(resamples=resamples).weights(regime.num_images, "images")
+    rng = np.random.default_rng(1)
+    common = rng.normal(0, fid_noise, resamples)
+    for p in regime.points.values():
+        p.est["tau"] = p.committed.sum() / p.iterations.sum()
+        p.reps["tau"] = (w @ p.committed) / (w @ p.iterations)
+        p.est["tv"] = p.tv_sum.sum() / p.tokens.sum()
+        p.reps["tv"] = (w @ p.tv_sum) / (w @ p.tokens)
+        p.est["fid"] = p.fid_value
+        p.reps["fid"] = p.fid_value + common + rng.normal(0, fid_noise / 4, resamples)
+    regime.resamples = resamples
+
+
+def regime_of(points) -> claims.Regime:
+    return claims.Regime("synthetic", Path("."), {"config": {}}, {p.name: p for p in points})
+
+
+def cool_curve(offset=0.0):
+    return [make_point(f"cool{d}", "coolsd", tau, fid + offset, tv, seed=i, delta=d, schedule="exponential",
+                       mu="mean")
+            for i, (d, tau, fid, tv) in enumerate([(1.1, 3.0, 10.0, 0.02), (2.0, 3.6, 11.0, 0.04),
+                                                   (3.0, 4.2, 12.0, 0.06)])]
+
+
+def test_frontier_claim_held_not_held_and_inconclusive():
+    """Seeded (0, 1); LANTERN++ 2 FID points above / below / on COOL-SD's interpolated curve with noise ±0.1."""
+    for lpp_fid, expected in ((12.5, claims.HELD), (9.5, claims.NOT_HELD), (10.5, claims.INCONCLUSIVE)):
+        lpp = make_point("lpp", "lantern_pp", 3.3, lpp_fid, 0.03, seed=9, k=10, lam=5.0, resample="reference")
+        regime = regime_of(cool_curve() + [lpp])
+        with_reps(regime, fid_noise=0.1 if expected != claims.INCONCLUSIVE else 2.0)
+        c1 = next(c for c in claims.decide(regime) if c.key == "C1")
+        assert c1.verdict == expected, (lpp_fid, c1.comparisons)
+        assert abs(c1.comparisons[0].difference - (10.5 - lpp_fid)) < 1e-9  # interpolated at 3.3: 10.5
+
+
+def test_a_point_outside_the_curve_is_not_compared():
+    lpp = make_point("lpp", "lantern_pp", 5.0, 20.0, 0.03, seed=9, k=10, lam=5.0, resample="reference")
+    regime = regime_of(cool_curve() + [lpp])
+    with_reps(regime, 0.1)
+    c1 = next(c for c in claims.decide(regime) if c.key == "C1")
+    assert c1.verdict == claims.INCONCLUSIVE and "outside" in c1.comparisons[0].what
+
+
+def test_mu_fit_recovers_the_mu_that_made_the_ratios():
+    """Accepted length of COOL-SD = vanilla SD's × R(ω₁) with R linear in log ω₁; the paper's two ratios are then
+    met at known ω₁, hence known μ; one μ fits both exactly when R was built from it."""
+    nu, depth = 0.7, 4
+    sd = make_point("sd", "sd", 2.4, 10.0, 0.0)
+    mu_true = 0.3
+
+    def ratio(omega1):  # R(ω1) with R(ω1 at δ=1.1, μ_true) = 1.128..., R(at δ=2) = 1.380...
+        x = math.log(omega1)
+        x11, x2 = math.log(1.1) - nu - mu_true, math.log(2.0) - nu - mu_true
+        r11, r2 = claims.PAPER_RATIOS[1.1], claims.PAPER_RATIOS[2.0]
+        return r11 + (x - x11) * (r2 - r11) / (x2 - x11)
+
+    pts = [sd]
+    for i, mu in enumerate([1.0, 0.5, 0.0, -0.5, -1.0]):
+        for delta in (1.1, 2.0):
+            om = delta * math.exp(-nu - mu)
+            pts.append(make_point(f"c{i}_{delta}", "coolsd", 2.4 * ratio(om), 10.0, 0.01, seed=i, delta=delta,
+                                  schedule="exponential", mu=mu, draft_len=depth))
+    regime = regime_of(pts)
+    with_reps(regime, 0.1)
+    fit = claims.fit_mu(regime)
+    for delta in ("1.1", "2"):
+        assert abs(fit["fits"][delta]["mu"] - mu_true) < 0.02, fit["fits"][delta]
+        lo, hi = fit["fits"][delta]["ci"]
+        assert lo <= fit["fits"][delta]["mu"] <= hi
+    assert fit["difference"]["one_mu_fits_both"] is True
+
+
+def test_quick_claims_experiment_runs_end_to_end(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1",
+           "MPLBACKEND": "Agg", "COOLSD_CACHE": str(tmp_path / "cache")}
+    runs = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "run.py", "-m", "experiment=embedded_claims_quick",
+                           "claims_num_prompts.strong_chain=4", "claims_num_prompts.weak_tree=3",
+                           "eval.speed_prompts=2", "eval.warmup=0", "eval.threads=1", f"hydra.sweep.dir={runs}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == ["strong_chain", "weak_tree"]
+    proc = subprocess.run([sys.executable, "scripts/claims.py", str(runs), "--resamples", "50"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (runs / "embedded_claims.md").read_text()
+    for key in ("C1", "C2a", "C2b", "C3a", "C3b", "C4", "The μ question", "weak_tree", "strong_chain"):
+        assert key in page
+    record = json.loads((runs / "embedded_claims.json").read_text())
+    assert set(record["claims"]) == {"strong_chain", "weak_tree"}
+    for verdicts in record["claims"].values():
+        assert {c["verdict"] for c in verdicts} <= {claims.HELD, claims.NOT_HELD, claims.INCONCLUSIVE}
+    assert record["regimes"]["weak_tree"]["num_images"] == 3
+    for stem in ("fid", "tv", "schedules", "gstar"):
+        assert (runs / "figures" / f"embedded_claims_{stem}.png").stat().st_size > 5000

@@ -259,3 +259,24 @@ def test_a_rerun_with_other_settings_refuses_before_any_work_and_overwrite_repla
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["config"]["decoder"]["draft_len"] == 2
     assert record["per_decoder"]["sd"]["mean_accepted_length"] <= 3.0  # at most draft_len + 1
+
+
+@pytest.mark.parametrize("method,tree", [("sd", None), ("sd", "mc_sim_7b_63"), ("lantern", "dynamic"),
+                                         ("lantern_pp", "naive_extend_57"), ("coolsd", None)])
+def test_a_nan_eagle_drafter_raises_on_chains_and_trees_never_falls_back(method, tree):
+    """An EAGLE head with NaN weights: every decoder stops with the drafter named (no IndexError in the dynamic
+    tree, no silent one-token steps on static trees or greedy chains)."""
+    from baselines.lantern import Lantern, LanternPP
+    from coolsd.cool import CoolSD
+    from coolsd.drafters.eagle import EagleDrafter, EagleHead
+
+    model = tiny_llamagen(dtype="float64", temperature=0.0)
+    head = EagleHead(model, prefix="last")
+    with torch.no_grad():
+        head.fc.weight.fill_(float("nan"))
+    drafter = EagleDrafter(model, head=head)
+    common = dict(name=method, model=model, draft_len=3, drafter=drafter, tree=tree, track_tv=False)
+    build = {"sd": lambda: Decoder(rule=ExactRule(), **common), "coolsd": lambda: CoolSD(delta=2.0, **common),
+             "lantern": lambda: Lantern(k=4, **common), "lantern_pp": lambda: LanternPP(k=4, **common)}
+    with pytest.raises(NonFiniteError, match=r"from the drafter \(EagleDrafter\).*image 0"):
+        build[method]().generate_batch(model.class_names[:2], [0, 1])

@@ -349,3 +349,18 @@ def test_a_good_tree_file_still_loads(tmp_path):
     path = tmp_path / "small.json"
     path.write_text('{"name": "small", "paths": [[1], [0], [0, 0]]}')
     assert TreeShape.load(str(path)).paths == ((0,), (1,), (0, 0))
+
+
+def test_a_prompt_that_is_no_class_fails_before_the_model_is_built(tmp_path):
+    """The model's checkpoint points nowhere: had the model been built first, the error would be about weights."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("sneaker\na cat on a sofa\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "run.py", "data=file", f"data.path={prompts}", "eval.num_prompts=2",
+                           "eval.metrics=[]", "logger=none", f"model.gpt_checkpoint={tmp_path / 'absent.safetensors'}",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "['a cat on a sofa'] are not classes" in proc.stderr
+    assert "MissingWeightsError" not in proc.stderr and "not found" not in proc.stderr.lower()
+    assert not (tmp_path / "run" / "images").exists()

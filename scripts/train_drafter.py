@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from coolsd.training.drafter import run  # noqa: E402
+from coolsd.training.drafter import run, summary  # noqa: E402
 
 
 def default_dirs(cfg: DictConfig) -> None:
@@ -44,12 +44,7 @@ def main(cfg: DictConfig) -> None:
     start = time.perf_counter()
     result = run(cfg)
     if result is not None and result.main_process:
-        before = result.before.get("val/accepted_length", float("nan"))
-        after = result.after.get("val/accepted_length", float("nan"))
-        print(f"drafter written to {result.out_dir} after {result.steps} steps in "
-              f"{time.perf_counter() - start:.0f} s; accepted length (sd, draft_len={cfg.val.draft_len}) "
-              f"before {before:.3f} -> after {after:.3f}; teacher-forced agreement after "
-              f"{result.after.get('val/agreement', float('nan')):.3f}")
+        print(summary(result, cfg.val.draft_len, time.perf_counter() - start))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Distillation data for EAGLE drafters: the stored samples and the batches training streams from them.
 
-For each sample, a token sequence (``distill.source=self_distill``: sampled by the target itself with the AR
-decoder under the prompts of the ``data`` group, e.g. ``data=file data.path=prompts.txt``; ``images``: codes of
-real images, given as codes or encoded through the adapter's VQ) is teacher-forced through the target
+For each sample, a token sequence (``distill.source=self_distill``: sampled by the target itself with the
+AR decoder under the prompts of the ``data`` group, e.g. ``data=file data.path=prompts.txt``; ``images``: codes
+of real images, given as codes or encoded through the adapter's VQ) is teacher-forced through the target
 (prefill + one forward over all image tokens) and the last-layer hidden states of every CFG stream are stored:
 ``hidden`` (S, N+1, H) = ``f_{-1} .. f_{N-1}``, or (S, C+N, H) with every condition slot when
 ``head.prefix=all`` (the EAGLE drafter's prefix convention, ``coolsd.drafters.eagle``: LANTERN's, whose

@@ -1,6 +1,7 @@
 """Train an EAGLE drafter for a target model by self-distillation: data, training, validation.
 
-1. **Data** (``stage=data`` or ``all``): distillation samples in safetensors shards (``coolsd.training.data``).
+1. **Data** (``stage=data`` or ``all``): distillation samples in safetensors shards
+   (``coolsd.training.data``).
 2. **Training** (``stage=train`` or ``all``): pairs ``(f_t, x_{t+1}) -> f_{t+1}`` with EAGLE's loss
    ``SmoothL1(f̂, f) + p_w·CE(softmax(head(f)), head(f̂))`` (p_w = 0.1), AdamW, linear warm-up then cosine,
    gradient accumulation, gradient clipping, bf16 autocast on CUDA, checkpoints every
@@ -46,8 +47,8 @@ What stays the project's own, and why:
 
 Multi-GPU: ``torchrun --nproc_per_node=<gpus> scripts/train_drafter.py ... stage=train`` or
 ``accelerate launch --multi_gpu --num_processes=<gpus> scripts/train_drafter.py ... stage=train`` (after
-``stage=data`` in one process); ``train.batch_size`` is per process and micro-batch. Checkpoints assume one node or a shared
-file system (every rank writes its RNG state into the same folder).
+``stage=data`` in one process); ``train.batch_size`` is per process and micro-batch. Checkpoints assume one
+node or a shared file system (every rank writes its RNG state into the same folder).
 
 Written after jadohu/LANTERN ``entrypoints/train_drafter/main.py`` (EAGLE's recipe), without its quirks: here
 gradient accumulation accumulates and the warm-up length is set in steps.
@@ -85,7 +86,8 @@ from coolsd.models.checkpoints import load_state_dict
 from coolsd.models.llamagen import resolve_device
 from coolsd.sampling import stream_probs
 from coolsd.training.data import (Batch, DistillConfig, ShardStream, cycle, data_complete, generate_data,
-                                  manifest_prefix, pair_positions, read_manifest, split_shards, training_pairs)
+                                  manifest_prefix, pair_positions, read_manifest, split_shards,
+                                  training_pairs)
 from coolsd.types import pooled_accepted_length
 
 STAGES = ("all", "data", "train")
@@ -341,9 +343,9 @@ def load_checkpoint(accelerator, path: Path, head: EagleHead) -> tuple[int, int]
     """Restore the head's weights, the optimizer, scheduler and RNG states from ``path``; return (step,
     data cursor)."""
     if not (path / TRAINER_FILE).is_file():
-        raise FileNotFoundError(f"{path} is not a checkpoint of this version (no {TRAINER_FILE}; folders with "
-                                "trainer.pt were written before training moved to accelerate): finish that run "
-                                "with the version that started it, or choose another out_dir")
+        raise FileNotFoundError(f"{path} is not a checkpoint of this version (no {TRAINER_FILE}; folders "
+                                "with trainer.pt were written before training moved to accelerate): finish "
+                                "that run with the version that started it, or choose another out_dir")
     head.load_state_dict(load_state_dict(path / WEIGHTS_FILE), strict=True)
     accelerator.load_state(str(path / STATE_DIR))
     state = json.loads((path / TRAINER_FILE).read_text())
@@ -370,7 +372,8 @@ def make_accelerator(train_cfg: TrainConfig, device: torch.device, wandb_cfg: Wa
     the W&B tracker unless ``wandb.mode=disabled``. Mixed precision stays off (see the module docstring).
 
     Its ``save_state``/``load_state`` leave the head's weights out: they are the step's drafter files
-    (``save_eagle``, written atomically and with the umask's mode; safetensors' own writer makes 0600 files)."""
+    (``save_eagle``, written atomically and with the umask's mode; safetensors' own writer makes 0600
+    files)."""
     from accelerate import Accelerator
 
     tracking = wandb_cfg is not None and wandb_cfg.mode != "disabled"
@@ -462,11 +465,11 @@ def train(cfg: DictConfig, model: ImageARModel, data: DistillConfig, train_cfg: 
     if wandb_cfg.mode != "disabled":
         import wandb
 
+        init = {"entity": wandb_cfg.entity, "name": wandb_cfg.name, "tags": list(wandb_cfg.tags),
+                "mode": wandb_cfg.mode, "dir": str(out_dir.resolve()),
+                "settings": wandb.Settings(silent=True, console="off")}
         accelerator.init_trackers(wandb_cfg.project, config=OmegaConf.to_container(cfg, resolve=True),
-                                  init_kwargs={"wandb": {"entity": wandb_cfg.entity, "name": wandb_cfg.name,
-                                                         "tags": list(wandb_cfg.tags), "mode": wandb_cfg.mode,
-                                                         "dir": str(out_dir.resolve()),
-                                                         "settings": wandb.Settings(silent=True, console="off")}})
+                                  init_kwargs={"wandb": init})
 
     def evaluate(step: int) -> dict[str, float]:
         metrics: dict[str, float] = {}
@@ -518,3 +521,12 @@ def train(cfg: DictConfig, model: ImageARModel, data: DistillConfig, train_cfg: 
                 {"before": result.before, "after": result.after})
     accelerator.end_training()  # closes the W&B run and leaves the process group
     return result
+
+
+def summary(result: TrainResult, draft_len: int, seconds: float) -> str:
+    """The one-line report of a training run: where the drafter went and its accepted length before/after."""
+    before = result.before.get("val/accepted_length", float("nan"))
+    after = result.after.get("val/accepted_length", float("nan"))
+    return (f"drafter written to {result.out_dir} after {result.steps} steps in {seconds:.0f} s; accepted length "
+            f"(sd, draft_len={draft_len}) before {before:.3f} -> after {after:.3f}; teacher-forced agreement after "
+            f"{result.after.get('val/agreement', float('nan')):.3f}")

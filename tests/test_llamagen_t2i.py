@@ -649,8 +649,7 @@ def test_real_size_xl_on_gpu():
     """GPT-XL (T2I, 512 px) with random weights on CUDA: timing and bf16-vs-fp32 agreement (see the script)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from gpu_check_llamagen import run_check
+    from eval.gpu_check import run_check
 
     report = run_check(block_size=1024)
     # bounds estimated from GPT-B on a CPU (1.4 % mean relative logit error, 94 % arg-max agreement)

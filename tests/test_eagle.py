@@ -446,6 +446,25 @@ def test_training_raises_the_accepted_length_of_a_smoother_target(tmp_path):
     assert after - before > 0.4, (before, after)
 
 
+def test_cli_smoke_data_training_validation_and_wandb(tmp_path):
+    """``scripts/train_drafter.py`` in one process: self-distilled data, 2 steps, the report line, an offline
+    W&B run, the per-model default folders relative to the working directory."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_drafter.py"), "model=tiny",
+                           "model.device=cpu", "wandb.mode=offline", "train.progress=false", "distill.num_samples=4",
+                           "distill.shard_size=2", "distill.storage_dtype=float32", "train.steps=2",
+                           "train.batch_size=2", "val.num_images=1", f"hydra.run.dir={tmp_path / 'hydra'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "drafter written to checkpoints/drafter_tiny after 2 steps" in proc.stdout
+    assert "accepted length (sd, draft_len=4) before" in proc.stdout and "INFO" not in proc.stdout
+    out = tmp_path / "checkpoints" / "drafter_tiny"
+    assert (out / "model.safetensors").is_file() and (out / "steps" / "step_0000002" / "trainer.json").is_file()
+    assert (tmp_path / "outputs" / "drafter_data" / "tiny" / "manifest.json").is_file()
+    assert list((out / "wandb").glob("offline-run-*"))
+
+
 @pytest.mark.slow
 def test_torchrun_ddp_on_cpu(tmp_path):
     model = tiny_llamagen("float32")

@@ -22,15 +22,19 @@ sync before the last micro-batch, each loss divided by ``train.grad_accum``), cl
 (``set_seed(seed, device_specific=True)``: ``seed + rank``), logs to W&B on the main process (its ``wandb``
 tracker) and saves and restores the training state (``save_state``/``load_state``: optimizer, scheduler, the
 gradient-accumulation counter and every rank's RNG states, read back through ``torch.load`` with
-``weights_only=True``, accelerate's default). The learning rate follows ``transformers``'
+``weights_only=True``, accelerate's default; every rank restores its own RNG state, where the hand-written
+checkpoints kept rank 0's only). Accelerate skips RNG states it cannot read with no more than an INFO log
+line; the byte-identical resume tests are what would notice. The learning rate follows ``transformers``'
 ``get_cosine_schedule_with_warmup`` (``get_cosine_with_min_lr_schedule_with_warmup`` when
-``train.min_lr_ratio > 0``); its warm-up starts at 0 (step ``s < warmup`` runs at ``lr·s/warmup``).
+``train.min_lr_ratio > 0``); its warm-up starts at 0 (step ``s < warmup`` runs at ``lr·s/warmup``; the
+hand-written schedule it replaces ran at ``lr·(s+1)/warmup``, so warm-up now ends one step later).
 
 What stays the project's own, and why:
 
 * **bf16 autocast** (``torch.autocast`` in ``drafter_loss``). Accelerate's ``mixed_precision="bf16"`` wraps
-  the prepared module's ``forward`` for every call, so the validation decodes, which run the same head with
-  its float32 KV cache, would run in bf16 too; here only the training forward is autocast.
+  the prepared module's ``forward`` itself, for every call, so the validation decodes and the teacher-forced
+  agreement, which run the same head, would run in bf16 too and measure a different drafter than before;
+  here only the training forward (and its logits) is autocast, as it was.
 * **The data cursor and the step** go into ``trainer.json`` beside accelerate's state, not through
   ``register_for_checkpointing``: accelerate loads registered objects with ``weights_only=False``, and the
   project loads checkpoints only with safetensors or ``torch.load(weights_only=True)``.

@@ -440,10 +440,12 @@ def test_training_raises_the_accepted_length(tmp_path):
 
 @pytest.mark.slow
 def test_training_raises_the_accepted_length_of_a_smoother_target(tmp_path):
-    """The tiny architecture with init_std 0.1 (learnable structure): measured 2.016 -> 2.625."""
+    """The tiny architecture with init_std 0.1 (learnable structure): measured 2.083 -> 2.453 with
+    transformers' warm-up + cosine (2.083 -> 2.523 with the hand-written schedule it replaced, whose warm-up
+    ran one step earlier; with that schedule the accelerate loop gives the old loop's weights bit for bit)."""
     result = train_tiny(tmp_path, init_std=0.1)
     before, after = result.before["val/accepted_length"], result.after["val/accepted_length"]
-    assert after - before > 0.4, (before, after)
+    assert after - before > 0.3, (before, after)
 
 
 def test_cli_smoke_data_training_validation_and_wandb(tmp_path):

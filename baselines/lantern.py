@@ -38,7 +38,7 @@ from coolsd.decoding import Decoder
 from coolsd.drafters.base import Drafter
 from coolsd.models.base import ImageARModel
 from coolsd.neighbours import METRICS, latent_neighbours
-from coolsd.sampling import EMPTY_MASS, normalize
+from coolsd.sampling import EMPTY_MASS
 
 RESAMPLE = ("reference", "reference_q", "optimal")
 MODES = ("additive", "multiplicative")
@@ -124,7 +124,7 @@ class LanternRule(AcceptanceRule):
             p = p.scatter(-1, z, torch.where(zeroing, 0.0, p.gather(-1, z)))
         else:
             q = q.scatter(-1, z, torch.where(zeroing, 0.0, q.gather(-1, z)))
-        return normalize((p - q).clamp_min(0.0), fallback=torch.full_like(p, 1.0 / p.shape[-1]))
+        return vanilla_residual(p, q, fallback=torch.full_like(p, 1.0 / p.shape[-1]))
 
     def one_step_tv(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         """Exact TV (N,) of ``q f + Σ_x q(x)(1 − f(x)) G_x`` to ``p``, with the token-dependent ``G_x``.
@@ -146,7 +146,7 @@ class LanternRule(AcceptanceRule):
         reject = q * (1.0 - f)  # (N, V) probability of drafting x and rejecting it
         r = (p - q).clamp_min(0.0)
         if self.resample == "optimal":
-            out = out + reject.sum(-1, keepdim=True) * normalize(r, fallback=p)
+            out = out + reject.sum(-1, keepdim=True) * vanilla_residual(p, q)
             return 0.5 * (out - p).abs().sum(-1)
         zeroing = m_star >= 1  # (N, V) which rejected tokens zero their neighbourhood
         # G_x's numerator is r with its entries on Z(x) replaced: by 0 (reference: p zeroed there) or by p

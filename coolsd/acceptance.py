@@ -12,7 +12,11 @@ depth in a tree), so one call serves every image of a batch. The verification st
 number from the caller (per-image counter-based uniforms, ``coolsd.rng``), so an image's outcome does not
 depend on its batch neighbours.
 
-Example: ``python run.py decoder=sd`` uses ``baselines.exact.ExactRule`` through ``verify_chain``.
+``ExactRule`` (vanilla speculative sampling, lossless) lives here because the core itself needs it: plain AR
+decoding (``draft_len = 0``) and the drafter training's validation (``coolsd.training``) run with it, and
+``baselines`` re-export it under the name the decoder configs use (``baselines.exact.ExactRule``).
+
+Example: ``python run.py decoder=sd`` uses ``ExactRule`` through ``verify_chain``.
 """
 from __future__ import annotations
 
@@ -34,9 +38,9 @@ def ratio_acceptance(p: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | fl
     return torch.where(q > 0, ratio.clamp(max=1.0), torch.ones_like(p))
 
 
-def vanilla_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``norm([p − q]_+)`` row-wise, falling back to ``p`` where it has no mass."""
-    return normalize((p - q).clamp_min(0.0), fallback=p)
+def vanilla_residual(p: torch.Tensor, q: torch.Tensor, fallback: torch.Tensor | None = None) -> torch.Tensor:
+    """``norm([p − q]_+)`` row-wise, falling back to ``fallback`` (default ``p``) where it has no mass."""
+    return normalize((p - q).clamp_min(0.0), fallback=p if fallback is None else fallback)
 
 
 class AcceptanceRule(abc.ABC):
@@ -69,6 +73,20 @@ class AcceptanceRule(abc.ABC):
         if self.lossless:
             return torch.zeros(p.shape[0], dtype=torch.float64, device=p.device)
         return 0.5 * (output_distribution(self, p, q, depth) - p).abs().sum(-1).double()
+
+
+class ExactRule(AcceptanceRule):
+    """The lossless rule of vanilla speculative sampling: accept ``min(1, p/q)``, resample ``norm([p − q]_+)``
+    (Leviathan et al. 2023; Chen et al. 2023). For every y, ``q(y)·a(y) + (1 − Σ_z q(z)·a(z))·r(y) = p(y)``."""
+
+    lossless = True
+
+    def acceptance(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        return ratio_acceptance(p, q)
+
+    def residual(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
+                 depth: torch.Tensor) -> torch.Tensor:
+        return vanilla_residual(p, q)
 
 
 def output_distribution(rule: AcceptanceRule, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:

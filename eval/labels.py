@@ -1,9 +1,9 @@
 """Method labels as the papers write them: ``COOL-SD δ=1.1``, ``LANTERN++ k=10, λ=5``, ``vanilla SD (chain, L=4)``.
 
-Shared by the per-run table and plot (``eval.report``) and the paper tables (``scripts/make_tables.py``). A label
-is the paper's name, its headline options (δ, k, λ), then in parentheses the options that are always noted (the
-tree of vanilla SD) and those that differ between rows of the same method; each option appears once (a chain's
-draft length is part of its tree text). A sweep's curve is labelled without the swept option, which the plots
+Shared by the per-run table and plot (``eval.report``) and the paper tables and plots (``eval.tables``,
+``eval.plots``). A label is the paper's name, its headline options (δ, k, λ), then in parentheses the options
+that are always noted (the tree of vanilla SD) and those that differ between rows of the same method; each
+option appears once (a chain's draft length is part of its tree text). A sweep's curve is labelled without the swept option, which the plots
 write beside each point.
 
 Example: ``python scripts/make_tables.py results/runs/sweep_coolsd_delta`` (the curve "COOL-SD", points δ=1.1, …).

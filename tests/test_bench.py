@@ -1,10 +1,10 @@
-"""``scripts/bench.py``: smoke runs on the tiny model (timings are not asserted), cost-model identities.
+"""``eval.bench`` (and its CLI, ``scripts/bench.py``): smoke runs on the tiny model (timings are not asserted),
+cost-model identities.
 
 About 10 s on 2 CPU cores.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,23 +19,12 @@ from coolsd.decoding import Decoder
 from coolsd.drafters.model_drafter import ModelDrafter
 from coolsd.models.llamagen import layer_skip_copy
 from coolsd.types import DecodeStats
+from eval import bench
 from tests.helpers import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["images=1", "warmup=0", "cost.repeats=2", "cost.burst=1", "cost.warmup=0", "cost.block_sizes=[1,2]",
          "throughput.batch_sizes=[1,2]", "throughput.images=2"]
-
-
-def load_bench():
-    """``scripts/bench.py`` as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("coolsd_bench_script", ROOT / "scripts" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
 
 
 def test_cli_smoke_run_writes_table_and_record(tmp_path):

@@ -276,7 +276,7 @@ def test_greedy_sd_with_eagle_and_layer_skip_drafters_equals_greedy_ar(tree):
 
 
 def test_drafter_training_runs_on_janus(tmp_path):
-    from scripts import train_drafter as td
+    from coolsd.training import drafter as td
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="train_drafter", overrides=[

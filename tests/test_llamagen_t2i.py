@@ -601,7 +601,7 @@ def test_prefix_all_training_pairs_are_what_the_drafter_sees_when_decoding(model
     from coolsd.decoding import Decoder
     from coolsd.drafters.eagle import EagleDrafter, EagleHead
     from coolsd.sampling import stream_probs
-    from scripts import train_drafter as td
+    from coolsd.training import data as dd
 
     c, n = model.cfg.cls_token_num, model.num_image_tokens
     head = EagleHead(model, init_seed=3, prefix="all")
@@ -611,22 +611,22 @@ def test_prefix_all_training_pairs_are_what_the_drafter_sees_when_decoding(model
     hidden = model.teacher_force([SHORT], gen.tokens[None], prefix="all")[0]  # (S, C+N, H)
     assert hidden.shape == (2, c + n, model.hidden_size)
     torch.testing.assert_close(hidden[:, c - 1:], model.teacher_force([SHORT], gen.tokens[None])[0])
-    features, tokens, _ = td.training_pairs(hidden, gen.tokens)
+    features, tokens, _ = dd.training_pairs(hidden, gen.tokens)
     assert torch.equal(tokens[: c - 1], torch.zeros(c - 1, dtype=torch.long)) and torch.equal(tokens[c - 1:], gen.tokens)
     with torch.no_grad():
-        f_hat = head(features, tokens, td.pair_positions(n, "cpu", c))[:, -n:]  # pair j -> token j + 1
+        f_hat = head(features, tokens, dd.pair_positions(n, "cpu", c))[:, -n:]  # pair j -> token j + 1
         q_tf = stream_probs(head.logits(f_hat), model.sampling)
     assert len(records) > 10
     for position, _, q in records:
         torch.testing.assert_close(q[0], q_tf[position], rtol=1e-9, atol=1e-12)
     # the data folder records the convention: samples for `all` are not reused for `last`
-    data = td.DistillConfig(num_samples=2, shard_size=2, storage_dtype="float32")
-    manifest = td.generate_data(model, data, tmp_path / "d", [SHORT], progress=False, prefix="all")
-    assert td.manifest_prefix(manifest) == "all"
+    data = dd.DistillConfig(num_samples=2, shard_size=2, storage_dtype="float32")
+    manifest = dd.generate_data(model, data, tmp_path / "d", [SHORT], progress=False, prefix="all")
+    assert dd.manifest_prefix(manifest) == "all"
     from safetensors.torch import load_file
     assert load_file(str(tmp_path / "d" / "shard_00000.safetensors"))["hidden"].shape[2] == c + n
     with pytest.raises(ValueError, match="prefix"):
-        td.generate_data(model, data, tmp_path / "d", [SHORT], progress=False, prefix="last")
+        dd.generate_data(model, data, tmp_path / "d", [SHORT], progress=False, prefix="last")
 
 
 def test_run_py_every_decoder_on_the_tiny_t2i_model(tmp_path):
@@ -645,14 +645,16 @@ def test_run_py_every_decoder_on_the_tiny_t2i_model(tmp_path):
 
 
 @pytest.mark.gpu
-def test_real_size_xl_on_gpu():
-    """GPT-XL (T2I, 512 px) with random weights on CUDA: timing and bf16-vs-fp32 agreement (see the script)."""
+def test_real_size_xl_on_gpu(tmp_path):
+    """GPT-XL (T2I, 512 px) with random weights on CUDA: timing and bf16-vs-fp32 agreement, through the
+    script's command line (``eval.gpu_check``)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from gpu_check_llamagen import run_check
-
-    report = run_check(block_size=1024)
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, "scripts/gpu_check_llamagen.py", "--block-size", "1024", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
     # bounds estimated from GPT-B on a CPU (1.4 % mean relative logit error, 94 % arg-max agreement)
     assert report["rel_mean_abs_diff"] < 0.05 and report["argmax_agreement"] >= 0.8
     assert report["guided_tv_mean"] < 0.1

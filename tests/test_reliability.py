@@ -56,7 +56,8 @@ def write_every_kind(folder: Path, model) -> list[Path]:
     from eval.records import JsonlLog, atomic_write_json, save_png
     from eval.report import speed_quality_plot
     from eval.runner import save_grid
-    from scripts import train_drafter as td
+    from coolsd.training import data as dd
+    from coolsd.training import drafter as td
 
     atomic_write_json(folder / "run.json", {"a": 1})
     atomic_write_bytes(folder / "table.md", b"| decoder |\n")
@@ -70,18 +71,20 @@ def write_every_kind(folder: Path, model) -> list[Path]:
     JsonlLog(folder / "records" / "ar.jsonl", key="index")
     head = EagleHead(model)
     save_eagle(head, folder / "drafter")
+    accelerator = td.make_accelerator(td.TrainConfig(), model.device)
     optimizer = torch.optim.AdamW(head.parameters(), lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    step = td.save_checkpoint(folder / "ckpt", 1, head, optimizer, scheduler, cursor=0, keep=2, training={})
-    data = td.DistillConfig(num_samples=1, shard_size=1, storage_dtype="float32")
-    td.generate_data(model, data, folder / "data", model.class_names, progress=False)
+    accelerator.prepare(head, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0))
+    step = td.save_checkpoint(accelerator, folder / "ckpt", 1, head, cursor=0, keep=2, training={})
+    data = dd.DistillConfig(num_samples=1, shard_size=1, storage_dtype="float32")
+    dd.generate_data(model, data, folder / "data", model.class_names, progress=False)
     latent_neighbours(model.codebook(), 3, "l2_raw", str(folder / "neighbours"))
     buf = io.BytesIO()
     torch.save({"x": 1}, buf)
     atomic_write_bytes(folder / "cache" / "inception.pt", buf.getvalue())
     files = [p for p in folder.rglob("*") if p.is_file()]
     assert {"run.json", "table.md", "00000.png", "grid_sd.png", "speed_quality.png", "speed_quality.pdf",
-            "sd.jsonl", "ar.jsonl", "config.json", "model.safetensors", "trainer.pt", "manifest.json",
+            "sd.jsonl", "ar.jsonl", "config.json", "model.safetensors", "trainer.json", "optimizer.bin",
+            "scheduler.bin", "random_states_0.pkl", "manifest.json",
             "shard_00000.safetensors", "inception.pt"} <= {p.name for p in files}
     assert step.is_dir() and any(p.name.startswith("neighbours_") for p in files)
     return files

@@ -1,4 +1,5 @@
-"""Paper tables and plots (``scripts/make_tables.py``) and the experiment configs that feed them.
+"""Paper tables and plots (``eval.tables``, ``eval.plots``, ``scripts/make_tables.py``) and the experiment configs
+that feed them.
 
 Golden tables come from the fixture records in ``tests/golden/runs`` (made-up numbers under two real model
 names: duplicates, a method missing on one model, a metric missing in one row, an ablation option that
@@ -33,7 +34,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from coolsd.decoding import Decoder
-from scripts import make_tables as mt
+from eval import plots
+from eval import tables as mt
 from tests.helpers import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,8 +57,7 @@ def lines(text: str) -> list[str]:
 @pytest.fixture(scope="module")
 def fixture_tables(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tables")
-    args = [str(FIXTURES), "--name", "fixture_table", "--published", "--out", str(out), "--no-plots"]
-    assert mt.main(args) == 0
+    mt.write_tables([FIXTURES], name="fixture_table", published=True, out=out)
     return out / "tables"
 
 
@@ -239,7 +240,7 @@ def test_captions_name_the_fid_protocol(tmp_path):
 
 def test_plots_are_written_non_empty_png_and_pdf(tmp_path):
     kept, _ = mt.deduplicate(mt.measurements(mt.find_records([FIXTURES])))
-    paths = mt.make_plots(mt.measured_frame(kept), tmp_path, "fixture")
+    paths = plots.make_plots(mt.measured_frame(kept), tmp_path, "fixture")
     stems = {"fixture_fid_vs_speedup", "fixture_clip_vs_speedup", "fixture_accepted_length_vs_strength",
              "fixture_tv_vs_accepted_length"}
     assert {(p.stem, p.suffix) for p in paths} == {(s, e) for s in stems for e in (".png", ".pdf")}
@@ -282,37 +283,40 @@ def test_a_sweep_is_drawn_as_one_curve_in_the_order_of_its_option(tmp_path):
     import matplotlib.pyplot as plt
 
     frame = mt.measured_frame(mt.deduplicate(mt.measurements(mt.find_records([sweep_records(tmp_path)])))[0])
-    curves = {curve: group for _, curve, group in mt.sweep_curves(frame, "speedup", "fid")}
+    curves = {curve: group for _, curve, group in plots.sweep_curves(frame, "speedup", "fid")}
     assert set(curves) == {"AR", "vanilla SD (chain)", "COOL-SD"}  # one curve per method, not one per L
     assert list(curves["vanilla SD (chain)"]["strength"]) == [2, 3, 4]  # joined in the order of L
     assert list(curves["COOL-SD"]["strength"]) == [1.1, 2.0]
     assert set(frame.loc[frame["decoder"] == "sd", "method"]) == {f"vanilla SD (chain, L={n})" for n in (2, 3, 4)}
     fig, ax = plt.subplots()
-    drawn = mt.draw_curve(ax, curves["vanilla SD (chain)"], "speedup", "fid", "C0", "vanilla SD (chain)", True)
+    drawn = plots.draw_curve(ax, curves["vanilla SD (chain)"], "speedup", "fid", "C0", "vanilla SD (chain)", True)
     assert list(drawn["sweep"].get_xdata()) == [1.8, 2.1, 2.3]  # the sweep line, L = 2, 3, 4
     assert [p[2] for p in drawn["points"]] == ["L=2", "L=3", "L=4"]
     front = list(zip(drawn["front"].get_xdata(), drawn["front"].get_ydata()))
-    assert front == mt.pareto_front([(1.8, 20.96), (2.1, 20.97), (2.3, 20.99)], lower_is_better=True)
+    assert front == plots.pareto_front([(1.8, 20.96), (2.1, 20.97), (2.3, 20.99)], lower_is_better=True)
     plt.close(fig)
-    paths = mt.make_plots(frame, tmp_path / "figures", "sweep")
+    paths = plots.make_plots(frame, tmp_path / "figures", "sweep")
     assert {p.stem for p in paths} >= {"sweep_fid_vs_speedup", "sweep_accepted_length_vs_strength"}
 
 
 def test_tables_are_written_next_to_their_input_folder(tmp_path):
     runs = sweep_records(tmp_path)
-    assert mt.main([str(runs), "--no-plots", "--name", "t"]) == 0
+    assert mt.write_tables([runs], name="t").out == runs.resolve()
     assert (runs / "tables" / "t.md").is_file() and not (ROOT / "results" / "tables" / "t.md").exists()
     assert mt.output_folder([runs / "0_sd", runs / "1_sd" / "run.json"], None) == runs.resolve()
     assert mt.output_folder([], None) is None and mt.output_folder([runs], "elsewhere") == Path("elsewhere")
-    with pytest.raises(SystemExit):
-        mt.main(["--published", "--no-plots"])  # no input folder: --out is required
+    with pytest.raises(mt.UsageError, match="--out"):
+        mt.write_tables([], published=True)  # no input folder: --out is required
+    proc = subprocess.run([sys.executable, "scripts/make_tables.py", "--published", "--no-plots"], cwd=ROOT, env=env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "say where to write with --out" in proc.stderr  # the CLI's usage error
 
 
 def test_pareto_front_and_labels():
     points = [(1.0, 20.9), (2.0, 21.0), (2.5, 21.3), (2.4, 21.1), (2.7, 21.2)]
     front = [(1.0, 20.9), (2.0, 21.0), (2.4, 21.1), (2.7, 21.2)]  # (2.5, 21.3) is dominated by (2.7, 21.2)
-    assert mt.pareto_front(points, lower_is_better=True) == front
-    assert mt.pareto_front([(1.0, 0.3), (2.0, 0.31)], lower_is_better=False) == [(2.0, 0.31)]
+    assert plots.pareto_front(points, lower_is_better=True) == front
+    assert plots.pareto_front([(1.0, 0.3), (2.0, 0.31)], lower_is_better=False) == [(2.0, 0.31)]
     assert mt.method_label("coolsd", {"delta": 1.1, "tree": "mc_sim_7b_63"}, []) == "COOL-SD δ=1.1"
     assert mt.method_label("sd", {"tree": None, "draft_len": 4}, []) == "vanilla SD (chain, L=4)"
     assert mt.method_label("lantern_pp", {"k": 10, "lam": 5.0, "resample": "optimal"}, ["resample"]) == \

@@ -1,0 +1,368 @@
+"""Distillation data for EAGLE drafters: the stored samples and the batches training streams from them.
+
+For each sample, a token sequence (``distill.source=self_distill``: sampled by the target itself with the
+AR decoder under the prompts of the ``data`` group, e.g. ``data=file data.path=prompts.txt``; ``images``: codes
+of real images, given as codes or encoded through the adapter's VQ) is teacher-forced through the target
+(prefill + one forward over all image tokens) and the last-layer hidden states of every CFG stream are stored:
+``hidden`` (S, N+1, H) = ``f_{-1} .. f_{N-1}``, or (S, C+N, H) with every condition slot when
+``head.prefix=all`` (the EAGLE drafter's prefix convention, ``coolsd.drafters.eagle``: LANTERN's, whose
+training data prepend 119 zero ids to the codes of LlamaGen T2I's 120 caption slots). Samples go into
+safetensors shards written atomically; ``manifest.json`` lists the finished shards and a rerun skips them
+(resumable; sample ``i`` always uses seed ``distill.seed + i``, so a regenerated shard is identical).
+
+``ShardStream`` turns the shards into training batches of pairs ``(f_t, x_{t+1}) -> f_{t+1}``: an endless,
+seeded, resumable stream split across data-parallel ranks (``coolsd.training.drafter`` trains on it).
+
+Written after jadohu/LANTERN ``entrypoints/generate_train_data.py`` and
+``entrypoints/train_drafter/data_utils.py`` (EAGLE's recipe).
+
+Example::
+
+    python scripts/train_drafter.py model=tiny stage=data distill.num_samples=4096
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from coolsd.acceptance import ExactRule
+from coolsd.decoding import Decoder
+from coolsd.fingerprint import file_digest, weights_digest
+from coolsd.io import atomic_write_bytes, remove_stale_temps
+from coolsd.models.base import ImageARModel, check_prefix
+from coolsd.models.checkpoints import load_state_dict
+
+DATA_FORMAT = "coolsd-drafter-data"
+MANIFEST = "manifest.json"
+SOURCES = ("self_distill", "images")
+STORAGE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """``distill.*``: where training samples live and how they are made (see the module docstring)."""
+
+    dir: str | None = None
+    source: str = "self_distill"
+    num_samples: int = 256
+    shard_size: int = 32
+    seed: int = 0
+    storage_dtype: str = "bfloat16"
+    images_path: str | None = None
+    val_shards: int = 1
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"distill.source must be one of {SOURCES}, got {self.source!r}")
+        if self.storage_dtype not in STORAGE_DTYPES:
+            raise ValueError(f"distill.storage_dtype must be one of {sorted(STORAGE_DTYPES)}, "
+                             f"got {self.storage_dtype!r}")
+        if self.num_samples < 1 or self.shard_size < 1:
+            raise ValueError("distill.num_samples and distill.shard_size must be >= 1")
+        if self.source == "images" and not self.images_path:
+            raise ValueError("distill.source=images needs distill.images_path (a .safetensors/.pt/.npz file with "
+                             "`codes` (M, N) or `images` (M, 3, H, W), optionally `labels` (M,))")
+        if self.val_shards < 0:
+            raise ValueError(f"distill.val_shards must be >= 0, got {self.val_shards}")
+
+
+# -- data generation -------------------------------------------------------------------------------------
+TEACHER_BATCH = 64  # sequences per teacher-forced pass (ImageARModel.teacher_force)
+
+
+def cycle(prompts: Sequence[str], count: int) -> list[str]:
+    """``count`` prompts, cycling through ``prompts``."""
+    if not prompts:
+        raise ValueError("the prompt set is empty: choose prompts with data=<classes|file|fixed|coco> "
+                         "(e.g. data=file data.path=prompts.txt)")
+    return [prompts[i % len(prompts)] for i in range(count)]
+
+
+def load_image_codes(model: ImageARModel, path: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Codes (M, N) and optional labels (M,) from a codes/images file; images go through ``model.vq``."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"distill.images_path not found: {p}")
+    if p.suffix == ".npz":
+        import numpy as np
+
+        with np.load(p) as arrays:
+            content = {k: torch.from_numpy(arrays[k]) for k in arrays.files}
+    else:
+        content = load_state_dict(p)
+    labels = content.get("labels")
+    if "codes" in content:
+        codes = content["codes"].long()
+    elif "images" in content:
+        vq = getattr(model, "vq", None)
+        if vq is None:
+            raise ValueError(f"{type(model).__name__} has no `vq` to encode images; store `codes` instead")
+        images = content["images"]
+        if images.dtype == torch.uint8:
+            images = images.float() / 127.5 - 1.0  # [0, 255] -> [-1, 1]
+        weight = next(vq.parameters())
+        with torch.inference_mode():
+            codes = torch.cat([vq.encode_to_indices(images[i : i + 16].to(weight.device, weight.dtype)).cpu()
+                               for i in range(0, images.shape[0], 16)])
+    else:
+        raise ValueError(f"{p} holds neither `codes` (M, N) nor `images` (M, C, H, W); found {sorted(content)}")
+    if codes.dim() != 2 or codes.shape[1] != model.num_image_tokens:
+        raise ValueError(f"codes from {p} have shape {tuple(codes.shape)}, expected (M, {model.num_image_tokens})")
+    if codes.min() < 0 or codes.max() >= model.codebook_size:
+        raise ValueError(f"codes from {p} fall outside the codebook [0, {model.codebook_size})")
+    return codes, labels
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Shard ``index`` holds samples ``[start, stop)`` in file ``name``."""
+
+    index: int
+    start: int
+    stop: int
+
+    @property
+    def name(self) -> str:
+        return f"shard_{self.index:05d}.safetensors"
+
+
+def shard_specs(num_samples: int, shard_size: int) -> list[ShardSpec]:
+    return [ShardSpec(i, s, min(s + shard_size, num_samples))
+            for i, s in enumerate(range(0, num_samples, shard_size))]
+
+
+def data_fingerprint(model: ImageARModel, data: DistillConfig, prompts: Sequence[str],
+                     model_config: dict | None, prefix: str = "last") -> dict[str, Any]:
+    """What the stored samples depend on; a resumed run must match it (including the target's weights and
+    the image-code file's contents: a retrained target at the same checkpoint path must not reuse features
+    of the old one)."""
+    return {
+        "weights_sha1": weights_digest(model),
+        "images_sha1": file_digest(data.images_path) if data.images_path else None,
+        "target": f"{type(model).__module__}.{type(model).__qualname__}",
+        "model_config": {k: v for k, v in (model_config or {}).items() if k != "device"},
+        "num_streams": model.num_streams,
+        "num_image_tokens": model.num_image_tokens,
+        "hidden_size": model.hidden_size,
+        "codebook_size": model.codebook_size,
+        "source": data.source,
+        "num_samples": data.num_samples,
+        "shard_size": data.shard_size,
+        "seed": data.seed,
+        "storage_dtype": data.storage_dtype,
+        "images_path": data.images_path,
+        "prompts_sha1": hashlib.sha1("\n".join(prompts).encode()).hexdigest(),
+        "prefix": prefix,
+    }
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    path = directory / MANIFEST
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    atomic_write_bytes(directory / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+
+
+def make_shard(model: ImageARModel, data: DistillConfig, spec: ShardSpec, prompts: list[str],
+               codes: torch.Tensor | None, prefix: str = "last") -> bytes:
+    """Generate (or teacher-force) the samples of one shard and serialise them as safetensors bytes.
+
+    ``hidden`` holds the prefix slots the ``prefix`` convention feeds (1 or all C) and then f_0 .. f_{N-1}."""
+    from safetensors.torch import save
+
+    sampler = Decoder("ar", model, ExactRule(), draft_len=0, track_tv=False)
+    tokens = []
+    for i in range(spec.start, spec.stop):
+        if codes is None:
+            x = sampler.generate(prompts[i], seed=data.seed + i).tokens
+        else:
+            x = codes[i].to(model.device)
+        tokens.append(x.cpu())
+    batch = torch.stack(tokens)  # (M, N)
+    shard_prompts = prompts[spec.start : spec.stop]
+    hidden = [model.teacher_force(shard_prompts[j : j + TEACHER_BATCH], batch[j : j + TEACHER_BATCH], prefix)
+              for j in range(0, len(batch), TEACHER_BATCH)]
+    hidden = torch.cat(hidden).to("cpu", STORAGE_DTYPES[data.storage_dtype])
+    tensors = {
+        "tokens": torch.stack(tokens),  # (M, N)
+        "hidden": hidden.contiguous(),  # (M, S, P+N, H), P = 1 (prefix=last) or C (prefix=all)
+        "sample_index": torch.arange(spec.start, spec.stop),
+    }
+    return save(tensors, metadata={"format": DATA_FORMAT,
+                                   "prompts": json.dumps(prompts[spec.start : spec.stop])})
+
+
+def generate_data(model: ImageARModel, data: DistillConfig, directory: str | os.PathLike,
+                  prompts: Sequence[str], model_config: dict | None = None, progress: bool = True,
+                  prefix: str = "last") -> dict:
+    """Write every missing shard into ``directory``; return the manifest (resumable).
+
+    ``prefix``: the drafter's prefix convention the samples are made for (``head.prefix``).
+
+    ``prompts`` (cycled) condition the samples; with ``source=images`` and ``labels`` in the file, sample
+    ``i``'s prompt is its label instead (class-conditional models).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(directory)  # a write killed mid-way (atomic writes never leave one otherwise)
+    codes, labels = (None, None)
+    if data.source == "images":
+        codes, labels = load_image_codes(model, data.images_path)
+        if codes.shape[0] < data.num_samples:
+            raise ValueError(f"distill.images_path holds {codes.shape[0]} samples < distill.num_samples "
+                             f"({data.num_samples})")
+    if labels is not None:
+        prompts = [str(int(v)) for v in labels[: data.num_samples]]
+    else:
+        prompts = cycle(prompts, data.num_samples)
+    check_prefix(prefix)
+    fingerprint = data_fingerprint(model, data, prompts, model_config, prefix)
+    manifest = read_manifest(directory)
+    if manifest is None:
+        manifest = {"format": DATA_FORMAT, "version": 1, "fingerprint": fingerprint, "shards": {}}
+    elif {**manifest.get("fingerprint", {}), "prefix": manifest_prefix(manifest)} != fingerprint:
+        old = {**manifest.get("fingerprint", {}), "prefix": manifest_prefix(manifest)}
+        diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
+        raise ValueError(f"distill.dir {directory} holds samples made with other settings (stored vs now: "
+                         f"{diff}); choose another distill.dir or delete that folder")
+    specs = shard_specs(data.num_samples, data.shard_size)
+    todo = [s for s in specs if s.name not in manifest["shards"] or not (directory / s.name).is_file()]
+    for spec in tqdm(todo, desc="drafter data shards", disable=not progress):
+        atomic_write_bytes(directory / spec.name, make_shard(model, data, spec, prompts, codes, prefix))
+        manifest["shards"][spec.name] = {"start": spec.start, "stop": spec.stop}
+        write_manifest(directory, manifest)
+    return manifest
+
+
+def manifest_prefix(manifest: dict[str, Any]) -> str:
+    """The prefix convention a data folder was made for (folders from before the option: ``last``)."""
+    return manifest.get("fingerprint", {}).get("prefix", "last")
+
+
+# -- streaming batches -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Batch:
+    """Training pairs of ``B`` sequences. With ``P`` stored prefix slots (1 for ``prefix=last``): ``features``
+    (prefix slots 0..P−1, then f_{0..N−2}) with ``tokens`` (P−1 zero ids, then x_{0..N−1}) at pair positions
+    ``−P .. N−2``; the last ``N`` pairs predict ``targets`` f_{0..N−1} (the prefix pairs are context only)."""
+
+    tokens: torch.Tensor  # (B, P-1+N)
+    features: torch.Tensor  # (B, P-1+N, H)
+    targets: torch.Tensor  # (B, N, H)
+
+
+def pair_positions(n: int, device: torch.device | str, prefix_slots: int = 1) -> torch.Tensor:
+    """Pair positions of ``prefix_slots`` prefix slots and ``n`` image tokens: ``−prefix_slots .. n−2``."""
+    return torch.arange(-prefix_slots, n - 1, device=device)
+
+
+def training_pairs(hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One stored sample -> ``(features, pair tokens, targets)`` of the drafter's prefix convention.
+
+    ``hidden`` (..., P+N, H) = the P fed prefix slots (the last one ``f_{-1}``) then ``f_0 .. f_{N-1}``;
+    ``tokens`` (N,). Returns features (..., P−1+N, H), token ids (P−1+N,) (zeros, then x_0 .. x_{N−1}) and
+    targets (..., N, H) = ``f_0 .. f_{N-1}``.
+    """
+    n = tokens.shape[-1]
+    p = hidden.shape[-2] - n
+    if p < 1:
+        raise ValueError(f"stored hidden states have {hidden.shape[-2]} rows for {n} tokens; expected P + N, P >= 1")
+    pair_tokens = torch.cat([tokens.new_zeros(p - 1), tokens])
+    return hidden[..., :-1, :], pair_tokens, hidden[..., p:, :]
+
+
+class ShardStream:
+    """Endless, resumable stream of training batches over a list of shards, split across DDP ranks.
+
+    Epoch ``e`` visits the shards in a seeded random order and each shard's rows in a seeded random order;
+    global item ``g`` goes to rank ``g % world``. ``cursor`` (global items consumed) is the whole state,
+    so a resumed stream continues exactly. One shard is held in memory at a time.
+    """
+
+    def __init__(self, directory: Path, shards: list[str], sizes: list[int], batch_size: int, seed: int,
+                 uncond_prob: float, rank: int = 0, world: int = 1, device: str | torch.device = "cpu",
+                 cursor: int = 0) -> None:
+        if not shards:
+            raise ValueError("no training shards: raise distill.num_samples or lower distill.val_shards")
+        self.directory, self.shards, self.sizes = directory, shards, sizes
+        self.total = sum(sizes)
+        self.batch_size, self.seed, self.uncond_prob = batch_size, seed, uncond_prob
+        self.rank, self.world, self.device = rank, world, device
+        self.cursor = cursor
+        self._loaded: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._orders: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+
+    def _epoch_order(self, epoch: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        if epoch not in self._orders:
+            gen = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            shard_order = torch.randperm(len(self.shards), generator=gen)
+            rows = [torch.randperm(self.sizes[s], generator=gen) for s in range(len(self.shards))]
+            self._orders = {epoch: (shard_order, rows)}
+        return self._orders[epoch]
+
+    def _item(self, g: int) -> tuple[int, int]:
+        """Global item index -> (shard, row)."""
+        epoch, offset = divmod(g, self.total)
+        shard_order, rows = self._epoch_order(epoch)
+        for s in shard_order.tolist():
+            if offset < self.sizes[s]:
+                return s, int(rows[s][offset])
+            offset -= self.sizes[s]
+        raise AssertionError("offset past the epoch")
+
+    def _shard(self, s: int) -> dict[str, torch.Tensor]:
+        if self._loaded is None or self._loaded[0] != s:
+            from safetensors.torch import load_file
+
+            self._loaded = (s, load_file(str(self.directory / self.shards[s])))
+        return self._loaded[1]
+
+    def next_batch(self) -> Batch:
+        tokens, features, targets = [], [], []
+        for i in range(self.batch_size):
+            g = self.cursor + i * self.world + self.rank
+            s, row = self._item(g)
+            shard = self._shard(s)
+            hidden = shard["hidden"][row]  # (S, P+N, H)
+            stream = 0
+            if hidden.shape[0] == 2 and self.uncond_prob > 0:
+                gen = torch.Generator().manual_seed(self.seed * 7_919 + g)
+                stream = int(torch.rand((), generator=gen) < self.uncond_prob)
+            f, x, target = training_pairs(hidden[stream], shard["tokens"][row])
+            tokens.append(x)
+            features.append(f)
+            targets.append(target)
+        self.cursor += self.batch_size * self.world
+        return Batch(tokens=torch.stack(tokens).to(self.device),
+                     features=torch.stack(features).to(self.device, torch.float32),
+                     targets=torch.stack(targets).to(self.device, torch.float32))
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            yield self.next_batch()
+
+
+def split_shards(manifest: dict[str, Any], val_shards: int) -> tuple[list[str], list[str]]:
+    """Training and held-out shard names: the last ``val_shards`` shards are held out (if more than one)."""
+    names = sorted(manifest["shards"], key=lambda n: manifest["shards"][n]["start"])
+    held = min(val_shards, max(len(names) - 1, 0))
+    return names[: len(names) - held], names[len(names) - held :]
+
+
+def data_complete(directory: Path, data: DistillConfig) -> bool:
+    """Whether ``directory`` holds every shard of ``data`` (listed in its manifest and on disk)."""
+    manifest = read_manifest(directory)
+    if manifest is None:
+        return False
+    return all(s.name in manifest["shards"] and (directory / s.name).is_file()
+               for s in shard_specs(data.num_samples, data.shard_size))

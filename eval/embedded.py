@@ -224,7 +224,11 @@ def write_card(args, results: dict) -> None:
         f"| drafter | EAGLE head (fc + one LlamaGen block, target's head), self-distilled on "
         f"{args.drafter_samples} teacher-forced training images, soft-CE weight {args.drafter_p_w}, feature "
         f"noise {args.drafter_noise} | "
-        f"{args.drafter_steps} steps (batch {args.drafter_batch}); see `drafter/config.json` |",
+        f"{args.drafter_steps} steps (batch {args.drafter_batch}); stored in float16; see `drafter/config.json` |",
+        f"| drafter_weak | the same head and pipeline on {args.weak_drafter_samples} images, "
+        f"{args.weak_drafter_steps} steps: the claims experiment's weak drafter (`drafter=embedded_weak`; vanilla SD "
+        "accepts 2.43 tokens per step on EAGLE-1's tree, 1.91 on the 4-token chain, 64 images) | stored in float16; "
+        "see `drafter_weak/config.json` |",
         f"| classifier | conv32-conv64-fc128 | {clf['steps']} steps (batch 128); test accuracy "
         f"{clf['test_accuracy']:.3f} on all 10,000 test images |",
         "",

@@ -53,6 +53,8 @@ def main() -> None:
     parser.add_argument("--drafter-samples", type=int, default=6000)
     parser.add_argument("--drafter-steps", type=int, default=1000)
     parser.add_argument("--drafter-batch", type=int, default=64)
+    parser.add_argument("--weak-drafter-samples", type=int, default=1000)
+    parser.add_argument("--weak-drafter-steps", type=int, default=85)
     parser.add_argument("--drafter-p-w", type=float, default=0.5, help="weight of the drafter's soft-CE term")
     parser.add_argument("--drafter-noise", type=float, default=0.02,
                         help="EAGLE's feature-noise std; it is scaled by 512 / sequence length, so on 49 tokens "
@@ -72,6 +74,8 @@ def main() -> None:
     pipeline.run_stages(args, {
         "vq": lambda: pipeline.train_vq(args, train[0]), "tokens": lambda: pipeline.make_tokens(args, train, test),
         "target": lambda: pipeline.train_target(args), "drafter": lambda: pipeline.train_drafter(args),
+        "drafter_weak": lambda: pipeline.train_drafter(args, "drafter_weak", args.weak_drafter_samples,
+                                                       args.weak_drafter_steps),
         "classifier": lambda: card.train_classifier(args, train, test),
         "reference": lambda: card.make_reference(args, test), "evaluate": lambda: card.evaluate(args, train, test)})
 

@@ -106,16 +106,21 @@ def test_training_pipeline_runs_a_few_steps_on_fake_data(tmp_path):
     data, out, work = tmp_path / "data", tmp_path / "assets", tmp_path / "work"
     fake_fashion_mnist(data)
     proc = subprocess.run([sys.executable, "scripts/train_embedded.py", "--data-dir", str(data), "--out", str(out),
-                           "--work", str(work), "--stages", "vq", "tokens", "target", "drafter", "classifier",
-                           "--vq-steps", "3", "--vq-batch", "8", "--target-steps", "3", "--target-batch", "8",
+                           "--work", str(work), "--stages", "vq", "tokens", "target", "drafter", "drafter_weak",
+                           "classifier", "--vq-steps", "3", "--vq-batch", "8", "--target-steps", "3", "--target-batch", "8",
                            "--drafter-samples", "32", "--drafter-steps", "2", "--drafter-batch", "8",
-                           "--classifier-epochs", "1",
+                           "--weak-drafter-samples", "16", "--weak-drafter-steps", "1", "--classifier-epochs", "1",
                            "--threads", "1"], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("vq.safetensors", "target.safetensors", "classifier.safetensors", "drafter/model.safetensors"):
+    for name in ("vq.safetensors", "target.safetensors", "classifier.safetensors", "drafter/model.safetensors",
+                 "drafter_weak/model.safetensors"):
         assert (out / name).is_file(), name
+    from safetensors.torch import load_file
+    for name in ("drafter", "drafter_weak"):  # shipped in float16, and they still load
+        assert {v.dtype for v in load_file(str(out / name / "model.safetensors")).values()} == {torch.float16}
+        assert "float16" in json.loads((out / name / "config.json").read_text())["weights_dtype"]
     tokens = np.load(work / "tokens.npz")
     assert tokens["train"].shape == (600, 49) and int(tokens["train"].max()) < 1024
     timings = json.loads((out / "timings.json").read_text())  # the model card's per-stage training time
-    assert set(timings) == {"vq", "tokens", "target", "drafter", "classifier"}
+    assert set(timings) == {"vq", "tokens", "target", "drafter", "drafter_weak", "classifier"}
     assert all(t["seconds"] > 0 and t["threads"] == 1 for t in timings.values())

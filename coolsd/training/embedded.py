@@ -18,8 +18,11 @@ Stages:
 3. ``target`` — LlamaGen GPT (``coolsd.models.llamagen``, class-conditional, a null class for CFG with 10%
    label dropout): AdamW, warm-up + cosine, gradient clipping, a wall-clock budget.
 4. ``drafter`` — ``coolsd.training.drafter`` on the new target (teacher-forced real training images; the
-   teacher-forced features are regenerated every time, since they depend on the target's weights).
-5.–7. ``classifier``, ``reference``, ``evaluate``: ``eval.embedded``.
+   teacher-forced features are regenerated every time, since they depend on the target's weights), stored in
+   float16.
+5. ``drafter_weak`` — the same on 1,000 sequences for 85 steps: the claims experiment's weak drafter
+   (vanilla SD on EAGLE-1's tree accepts about 2.4 tokens per step, the paper's regime).
+6.–8. ``classifier``, ``reference``, ``evaluate``: ``eval.embedded``.
 
 The VQ, target and classifier loops are plain single-process loops on a CPU (no process group, no gradient
 accumulation, no checkpoints to resume: a stage reruns whole), so they do not use ``accelerate``; their
@@ -58,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 
 ASSETS = ROOT / "coolsd" / "assets" / "embedded"
-STAGES = ("vq", "tokens", "target", "drafter", "classifier", "reference", "evaluate")
+STAGES = ("vq", "tokens", "target", "drafter", "drafter_weak", "classifier", "reference", "evaluate")
 
 # One source of truth: the model config that run.py uses.
 MODEL_YAML = CONFIGS / "model" / "embedded.yaml"
@@ -243,25 +246,33 @@ def model_overrides(args) -> list[str]:
     return [f"model.gpt_checkpoint={args.out / 'target.safetensors'}", f"model.vq_checkpoint={args.out / 'vq.safetensors'}"]
 
 
-# -- stage 4: drafter ----------------------------------------------------------------------------------------
-def train_drafter(args) -> None:
+# -- stage 4: drafters ---------------------------------------------------------------------------------------
+def train_drafter(args, name: str = "drafter", samples: int | None = None, steps: int | None = None) -> None:
+    """Self-distil an EAGLE head into ``<out>/<name>`` on ``samples`` teacher-forced training images for
+    ``steps`` steps (defaults: ``--drafter-samples``, ``--drafter-steps``), then store it in float16.
+
+    ``drafter`` is the default drafter; ``drafter_weak`` (``--weak-drafter-samples/steps``: 1,000 and 85) the claims
+    experiment's weaker one, chosen so that vanilla SD on EAGLE-1's tree accepts about 2.4 tokens per step."""
     from hydra import compose, initialize_config_dir
 
     from coolsd.training.drafter import run, summary
 
+    samples = args.drafter_samples if samples is None else samples
+    steps = args.drafter_steps if steps is None else steps
     tok = np.load(args.work / "tokens.npz")
     rng = np.random.default_rng(args.seed)
-    pick = rng.choice(len(tok["train"]), args.drafter_samples, replace=False)
+    pick = rng.choice(len(tok["train"]), samples, replace=False)
     # Teacher-forced features depend on the target's weights: a rerun after retraining the target starts the
     # drafter's data afresh (the training refuses stale samples; regenerating them takes about a minute).
-    shutil.rmtree(args.work / "drafter_data", ignore_errors=True)
-    codes_path = args.work / "drafter_codes.npz"
+    data_dir = args.work / f"{name}_data"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    codes_path = args.work / f"{name}_codes.npz"
     save_npz(codes_path, codes=tok["train"][pick].astype(np.int64), labels=tok["train_labels"][pick])
-    overrides = ["model=embedded", *model_overrides(args), f"out_dir={args.out / 'drafter'}",
+    overrides = ["model=embedded", *model_overrides(args), f"out_dir={args.out / name}",
                  "distill.source=images", f"distill.images_path={codes_path}",
-                 f"distill.num_samples={args.drafter_samples}", f"distill.dir={args.work / 'drafter_data'}",
-                 f"train.steps={args.drafter_steps}", f"train.batch_size={args.drafter_batch}",
-                 "train.lr=1e-3", "train.warmup_steps=50", f"train.p_w={args.drafter_p_w}",
+                 f"distill.num_samples={samples}", f"distill.dir={data_dir}",
+                 f"train.steps={steps}", f"train.batch_size={args.drafter_batch}",
+                 "train.lr=1e-3", f"train.warmup_steps={min(50, steps // 4)}", f"train.p_w={args.drafter_p_w}",
                  f"train.noise_std={args.drafter_noise}",
                  "train.uncond_prob=0.3", "train.checkpoint_every=100000", "train.grad_clip=0.5",
                  "val.num_images=10", "wandb.mode=disabled"]
@@ -269,7 +280,25 @@ def train_drafter(args) -> None:
         cfg = compose("train_drafter", overrides=overrides)
     start = time.perf_counter()
     print(summary(run(cfg), cfg.val.draft_len, time.perf_counter() - start), flush=True)
-    shutil.rmtree(args.out / "drafter" / "steps", ignore_errors=True)  # optimizer state: not shipped
+    shutil.rmtree(args.out / name / "steps", ignore_errors=True)  # optimizer state: not shipped
+    store_float16(args.out / name)
+
+
+def store_float16(directory: Path) -> None:
+    """Rewrite a drafter checkpoint's weights in float16 (as the target is shipped; they are computed in the
+    target's dtype), halving it so both drafters fit the 25 MB of shipped assets; ``config.json`` says so."""
+    from safetensors.torch import load_file, save
+
+    from coolsd.drafters.eagle import CONFIG_FILE, FORMAT, WEIGHTS_FILE
+    from coolsd.io import atomic_write_bytes
+
+    state = load_file(str(directory / WEIGHTS_FILE))
+    atomic_write_bytes(directory / WEIGHTS_FILE,
+                       save({k: v.half().contiguous() for k, v in state.items()}, metadata={"format": FORMAT}))
+    config = json.loads((directory / CONFIG_FILE).read_text())
+    config["weights_dtype"] = ("float16 (trained in float32, stored in float16 like target.safetensors; computed "
+                               "in the target's dtype)")
+    save_json(directory / CONFIG_FILE, config)
 
 
 # -- driver --------------------------------------------------------------------------------------------------
@@ -286,6 +315,7 @@ def stage_outputs(args) -> dict[str, Path]:
     """The file each stage writes; a stage whose file exists is skipped unless ``--force`` names it."""
     return {"vq": args.out / "vq.safetensors", "tokens": args.work / "tokens.npz",
             "target": args.out / "target.safetensors", "drafter": args.out / "drafter" / "model.safetensors",
+            "drafter_weak": args.out / "drafter_weak" / "model.safetensors",
             "classifier": args.out / "classifier.safetensors",
             "reference": args.out / "fid_reference_test500.npy", "evaluate": args.out / "MODEL_CARD.md"}
 

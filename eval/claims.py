@@ -365,8 +365,10 @@ def decide(regime: Regime) -> list[Claim]:
     speed = verdict(c4)
     worse = any(c.favours == "against" for c in quality)
     v4 = NOT_HELD if worse or speed == NOT_HELD else speed
+    side = {"claim": "for", "against": "against", None: "n.s."}
+    note = "; ".join(f"{c.what.split(':')[0]}: {side[c.favours]}" for c in c4 + quality)
     claims.append(Claim("C4", "COOL-SD at δ = 1.1 is faster than vanilla SD at comparable quality", v4, c4 + quality,
-                        "quality: FID not significantly worse" if quality and not worse else ""))
+                        note))
     return claims
 
 
@@ -511,6 +513,7 @@ def gstar_figure(regimes: Sequence[Regime], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    ks: set[float] = set()
     for r, regime in enumerate(regimes):
         lpp = select(regime, "lantern_pp")
         for g in [p for p in lpp if p.config.get("resample") == "optimal"]:
@@ -520,13 +523,18 @@ def gstar_figure(regimes: Sequence[Regime], path: Path) -> Path:
                 continue
             for ax, key in zip(axes, ("tv", "fid")):
                 c = compare("", g.est[key] - ref[0].est[key], g.reps[key] - ref[0].reps[key])
-                x = float(g.config["k"]) * (1.06 if r else 0.94)
+                ks.add(float(g.config["k"]))
+                x = float(g.config["k"]) * (1.06 if r else 0.94)  # regimes side by side
                 yerr = [[c.difference - c.ci[0]], [c.ci[1] - c.difference]] if c.ci else None
                 ax.errorbar([x], [c.difference], yerr=yerr, fmt="os"[r], color=f"C{int(g.config['lam']) % 10}",
                             capsize=2, label=f"{regime.name}, λ={g.config['lam']:g}")
     for ax, title in zip(axes, ("Δ TV per token (G* − reference)", "Δ FID, classifier features (G* − reference)")):
         ax.axhline(0, color="0.5", lw=0.8)
         ax.set_xscale("log")
+        ax.minorticks_off()
+        if ks:
+            ax.set_xticks(sorted(ks), [f"{k:g}" for k in sorted(ks)])
+            ax.set_xlim(min(ks) / 1.6, max(ks) * 1.6)
         ax.set_xlabel("LANTERN++ neighbourhood size k")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
@@ -561,7 +569,12 @@ def _ci_text(value: float, ci: list[float] | None, fmt: str = "{:.3f}") -> str:
 def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str, Any], figures: dict[str, Path],
          out: Path, command: str, seconds: float | None = None) -> str:
     """The claims page: verdict table, figures, μ fit, every point with its intervals, every comparison."""
-    lines = ["# The COOL-SD paper's claims on the embedded model", "",
+    experiment = regimes[0].record.get("config", {}).get("experiment_name") or "?"
+    quick = experiment.endswith("_quick")
+    lines = ["# The COOL-SD paper's claims on the embedded model" + (" (quick version)" if quick else ""), "",
+             f"Experiment: `python run.py -m experiment={experiment}`"
+             + (" — the quick version: few images per point, so wide intervals and mostly inconclusive verdicts; "
+                "the claims are decided by `experiment=embedded_claims`." if quick else "."), "",
              f"Regenerate: `{command}`. Every number comes from the runs under the input folder; 95 % intervals "
              f"are paired bootstrap intervals over prompts ({regimes[0].resamples} resamples, seed 0). "
              "FID is in the shipped classifier's feature space (not an Inception FID).", ""]

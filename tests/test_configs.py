@@ -95,7 +95,8 @@ def test_every_group_option_instantiates(group, option, made_files):
         pytest.importorskip("eval.image_reward")         # ImageReward part): runs once that module exists
     overrides = [f"{group}={option}", *(fill(o, made_files) for o in NEEDS.get((group, option), []))]
     if group == "drafter":  # a drafter is built for the model of the same name (the tiny one otherwise)
-        overrides.append(f"model={option if option in options('model') else 'tiny'}")
+        model = option if option in options("model") else "embedded" if option.startswith("embedded") else "tiny"
+        overrides.append(f"model={model}")  # drafter=embedded_weak: the embedded model's second drafter
     cfg = compose_with(overrides)
     if group == "model":
         assert isinstance(instantiate(cfg.model), ImageARModel)

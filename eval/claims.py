@@ -471,7 +471,7 @@ def frontier_figure(regimes: Sequence[Regime], key: str, ylabel: str, path: Path
     import matplotlib.pyplot as plt
 
     fams = [(n, f) for n, f in FAMILIES if families is None or n in families]
-    fig, axes = plt.subplots(1, len(regimes), figsize=(6.2 * len(regimes), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(regimes), figsize=(max(11.0, 6.2 * len(regimes)), 4.8), squeeze=False)
     markers = "osD^vP*Xph"
     for ax, regime in zip(axes[0], regimes):
         for k, (fam, test) in enumerate(fams):

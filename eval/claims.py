@@ -54,7 +54,9 @@ import torch
 from coolsd.io import atomic_write_bytes
 from coolsd.schedules import omega_table
 from eval import stats
+from eval.labels import STRENGTH
 from eval.records import load_records
+from eval.report import error_bar
 
 PAPER_RATIOS = {1.1: 2.73 / 2.42, 2.0: 3.34 / 2.42}  # COOL-SD / vanilla SD accepted length, LlamaGen (paper)
 HELD, NOT_HELD, INCONCLUSIVE = "held", "not held", "inconclusive"
@@ -198,9 +200,9 @@ def interval(p: Point, key: str) -> list[float] | None:
 
 
 def strength(p: Point) -> float:
-    """The option a method's curve is ordered by: δ (COOL-SD, LANTERN), λ (LANTERN++)."""
-    c = p.config
-    return float(c.get("lam", c.get("delta", 0.0)))
+    """The option a method's curve is ordered by (``eval.labels.STRENGTH``: δ for COOL-SD and LANTERN, λ for
+    LANTERN++); 0 for methods without one."""
+    return float(p.config.get(STRENGTH.get(p.method, ""), 0.0))
 
 
 def curve(points: Sequence[Point]) -> list[Point]:
@@ -291,7 +293,7 @@ def select(regime: Regime, method: str, **options: Any) -> list[Point]:
     return [p for p in regime.points.values() if matches(p)]
 
 
-def frontier_claim(regime: Regime, ours: list[Point], theirs: list[Point], key: str, name: str) -> list[Comparison]:
+def frontier_claim(ours: list[Point], theirs: list[Point], key: str, name: str) -> list[Comparison]:
     """At each of ``theirs`` points: ``key`` of ``ours`` interpolated at its accepted length minus its own."""
     out = []
     if len(ours) < 2:
@@ -315,12 +317,12 @@ def decide(regime: Regime) -> list[Claim]:
     cool = curve(select(regime, "coolsd", schedule="exponential", mu="mean"))
     claims = []
     lpp_ref = [p for p in select(regime, "lantern_pp") if p.config.get("resample") == "reference"]
-    c1 = frontier_claim(regime, cool, lpp_ref, "fid", "FID")
+    c1 = frontier_claim(cool, lpp_ref, "fid", "FID")
     claims.append(Claim("C1", "COOL-SD's frontier (accepted length vs FID) dominates LANTERN++'s", verdict(c1), c1))
     uniform = curve(select(regime, "coolsd", schedule="uniform"))
     linear = curve(select(regime, "coolsd", schedule="linear"))
-    c2u = frontier_claim(regime, cool, uniform, "tv", "TV/token") + frontier_claim(regime, cool, uniform, "fid", "FID")
-    c2l = frontier_claim(regime, cool, linear, "tv", "TV/token") + frontier_claim(regime, cool, linear, "fid", "FID")
+    c2u = frontier_claim(cool, uniform, "tv", "TV/token") + frontier_claim(cool, uniform, "fid", "FID")
+    c2l = frontier_claim(cool, linear, "tv", "TV/token") + frontier_claim(cool, linear, "fid", "FID")
     tv_u = verdict([c for c in c2u if c.what.startswith("TV")])
     fid_u = verdict([c for c in c2u if c.what.startswith("FID")])
     claims.append(Claim("C2a", "at matched accepted length the exponential schedule gives lower TV and FID than "
@@ -455,10 +457,8 @@ FAMILIES: list[tuple[str, Callable[[Point], bool]]] = [
 
 def _errorbar(ax, p: Point, key: str, **kw) -> None:
     x, y = p.est["tau"], p.est[key]
-    xi, yi = interval(p, "tau"), interval(p, key)
-    xerr = [[max(x - xi[0], 0)], [max(xi[1] - x, 0)]] if xi else None
-    yerr = [[max(y - yi[0], 0)], [max(yi[1] - y, 0)]] if yi else None
-    ax.errorbar([x], [y], xerr=xerr, yerr=yerr, capsize=2, elinewidth=0.8, **kw)
+    xerr, yerr = error_bar(x, interval(p, "tau")), error_bar(y, interval(p, key))
+    ax.errorbar([x], [y], xerr=[[xerr[0]], [xerr[1]]], yerr=[[yerr[0]], [yerr[1]]], capsize=2, elinewidth=0.8, **kw)
 
 
 def frontier_figure(regimes: Sequence[Regime], key: str, ylabel: str, path: Path,

@@ -55,6 +55,9 @@ class LanternRule(AcceptanceRule):
     TV_CHUNK = 1 << 24
     #: codebooks up to this size sum over the zeroing sets with a dense (V, V) membership matrix
     DENSE_MEMBERSHIP = 4096
+    #: ``relaxed(p, None)`` gathers its (rows, V, k) neighbour masses in row chunks of at most this many
+    #: elements: a chunk that stays in the CPU's cache is 2-3x faster than one pass (per-row ops, same bits)
+    RELAX_CHUNK = 1 << 21
 
     def __init__(self, neighbours: torch.Tensor, k: int, mode: str, budget: float,
                  resample: str = "reference") -> None:
@@ -76,6 +79,10 @@ class LanternRule(AcceptanceRule):
         """``(p̃(x), m*(x))`` for drafts ``x`` (N,) under rows ``p`` (N, V), or for every code at once when
         ``x`` is None (each row's whole codebook) -> (N,) or (N, V)."""
         if x is None:  # one neighbour table for every row: a column gather, no per-row index tensor
+            rows = max(1, self.RELAX_CHUNK // max(1, p.shape[-1] * self.k))
+            if p.dim() == 2 and p.shape[0] > rows:
+                parts = [self.relaxed(p[i: i + rows], None) for i in range(0, p.shape[0], rows)]
+                return torch.cat([a for a, _ in parts]), torch.cat([m for _, m in parts])
             nb = self.table(p.device)[:, : self.k]  # (V, k)
             mass = p.index_select(-1, nb.flatten()).view(*p.shape, self.k)  # (N, V, k)
             px = p
@@ -84,7 +91,8 @@ class LanternRule(AcceptanceRule):
             mass, px = p.gather(-1, nb), p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
         prefix = mass.cumsum(-1)  # S_1..S_k, non-decreasing
         tau = torch.full_like(px, self.budget) if self.mode == "additive" else (self.budget - 1.0) * px
-        m_star = (prefix <= tau.unsqueeze(-1)).sum(-1)  # feasible prefixes form a prefix
+        # feasible prefixes form a prefix (S is non-decreasing): m* counts the S_m <= tau (no bool (.., k) sum)
+        m_star = torch.searchsorted(prefix, tau.unsqueeze(-1).contiguous(), right=True).squeeze(-1)
         moved = prefix.gather(-1, (m_star - 1).clamp_min(0).unsqueeze(-1)).squeeze(-1) * (m_star > 0)
         return px + moved, m_star
 

@@ -173,6 +173,25 @@ def test_lantern_pp_bounds_the_boost():
             assert (p_tilde <= lam * p[x] + 1e-12).all() and (p_tilde >= p[x]).all()
 
 
+@pytest.mark.parametrize("mode, budget", [("additive", 0.2), ("multiplicative", 4.0)])
+def test_lantern_whole_codebook_relaxation_is_chunked_without_changing_a_bit(mode, budget):
+    """``relaxed(p, None)`` in row chunks (RELAX_CHUNK) gives exactly the one-pass result, and every code's
+    (p̃(x), m*(x)) equals the per-draft path's."""
+    table = neighbour_table(40)
+    g = torch.Generator().manual_seed(6)
+    p = torch.softmax(3 * torch.randn(37, 40, generator=g), -1)
+    whole = LanternRule(table, k=9, mode=mode, budget=budget)
+    whole.RELAX_CHUNK = 1 << 40
+    chunked = LanternRule(table, k=9, mode=mode, budget=budget)
+    chunked.RELAX_CHUNK = 40 * 9 * 4  # 4 rows per chunk: 10 chunks, the last one short
+    a, b = whole.relaxed(p, None), chunked.relaxed(p, None)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    rows = torch.arange(37).repeat_interleave(40)
+    x = torch.arange(40).repeat(37)
+    per_draft = whole.relaxed(p[rows], x)
+    assert torch.equal(per_draft[0].view(37, 40), a[0]) and torch.equal(per_draft[1].view(37, 40), a[1])
+
+
 def test_neighbour_tables_exclude_self_sorted_and_cached(tmp_path):
     codebook = torch.randn(50, 8, generator=torch.Generator().manual_seed(6))
     table = compute_neighbours(codebook, 49, chunk=7)

@@ -36,6 +36,10 @@ of R = accepted length ÷ vanilla SD's against ω₁ = δ·exp(−ν − μ) (μ
 log ω₁ gives the ω₁ at which R equals the paper's LlamaGen ratios (×1.13 at δ = 1.1, ×1.38 at δ = 2), hence the
 fitted μ = ln(δ·e^(−ν)/ω₁) for each δ, with bootstrap intervals; one μ fits both when the interval of
 μ(δ=2) − μ(δ=1.1) contains 0. A ratio outside the measured range is reported as such (no extrapolation).
+The page then prints the command of the follow-up run (``regime=weak_tree_fitted``: COOL-SD at δ = 1.1 and 2,
+each with its fitted μ, same prompts and seeds, into the same sweep folder); once it is there its points join
+weak_tree's, labelled "(μ fitted)", with their measured R, and C1 and C4 are decided with them too
+("C1 (fitted μ)", "C4 (fitted μ)"). The fitted points' speedups are against their own run's AR.
 
 Example: ``python scripts/claims.py results/runs/embedded_claims/<time> --out results``.
 """
@@ -313,23 +317,44 @@ def label_of(points: Sequence[Point]) -> str:
 
 
 def decide(regime: Regime) -> list[Claim]:
-    """C1–C4 on one regime."""
+    """C1–C4 on one regime; with fitted-μ points (``merge_fitted``) also C1 and C4 with COOL-SD at the fitted μ."""
     cool = curve(select(regime, "coolsd", schedule="exponential", mu="mean"))
-    claims = []
-    lpp_ref = [p for p in select(regime, "lantern_pp") if p.config.get("resample") == "reference"]
-    c1 = frontier_claim(cool, lpp_ref, "fid", "FID")
-    claims.append(Claim("C1", "COOL-SD's frontier (accepted length vs FID) dominates LANTERN++'s", verdict(c1), c1))
+    claims = [frontier_c1(regime, cool, "C1", "COOL-SD's frontier (accepted length vs FID) dominates LANTERN++'s"),
+              *schedule_c2(regime, cool), *resampling_c3(regime),
+              speed_c4(regime, cool, "C4", "COOL-SD at δ = 1.1 is faster than vanilla SD at comparable quality")]
+    fit = curve([p for p in regime.points.values() if p.method == "coolsd"
+                 and p.config.get("schedule") == "exponential" and fitted(p)])
+    if fit:
+        claims.append(frontier_c1(regime, fit, "C1 (fitted μ)",
+                                  "C1 with COOL-SD at the fitted μ (δ = 1.1 and 2, each with its own μ)"))
+        claims.append(speed_c4(regime, fit, "C4 (fitted μ)", "C4 with COOL-SD at δ = 1.1 and its fitted μ"))
+    return claims
+
+
+def lantern_pp_reference(regime: Regime) -> list[Point]:
+    return [p for p in select(regime, "lantern_pp") if p.config.get("resample") == "reference"]
+
+
+def frontier_c1(regime: Regime, cool: list[Point], key: str, text: str) -> Claim:
+    c1 = frontier_claim(cool, lantern_pp_reference(regime), "fid", "FID")
+    return Claim(key, text, verdict(c1), c1, "" if len(cool) >= 2 else "needs two COOL-SD points")
+
+
+def schedule_c2(regime: Regime, cool: list[Point]) -> list[Claim]:
     uniform = curve(select(regime, "coolsd", schedule="uniform"))
     linear = curve(select(regime, "coolsd", schedule="linear"))
     c2u = frontier_claim(cool, uniform, "tv", "TV/token") + frontier_claim(cool, uniform, "fid", "FID")
     c2l = frontier_claim(cool, linear, "tv", "TV/token") + frontier_claim(cool, linear, "fid", "FID")
     tv_u = verdict([c for c in c2u if c.what.startswith("TV")])
     fid_u = verdict([c for c in c2u if c.what.startswith("FID")])
-    claims.append(Claim("C2a", "at matched accepted length the exponential schedule gives lower TV and FID than "
-                        "the uniform one (UniformRSD)", combine(tv_u, fid_u), c2u, f"TV: {tv_u}; FID: {fid_u}"))
-    claims.append(Claim("C2b", "exponential ≥ linear at matched accepted length (TV and FID)",
-                        verdict(c2l), c2l))
+    return [Claim("C2a", "at matched accepted length the exponential schedule gives lower TV and FID than "
+                  "the uniform one (UniformRSD)", combine(tv_u, fid_u), c2u, f"TV: {tv_u}; FID: {fid_u}"),
+            Claim("C2b", "exponential ≥ linear at matched accepted length (TV and FID)", verdict(c2l), c2l)]
+
+
+def resampling_c3(regime: Regime) -> list[Claim]:
     c3, c3k = [], []
+    lpp_ref = lantern_pp_reference(regime)
     gstar = [p for p in select(regime, "lantern_pp") if p.config.get("resample") == "optimal"]
     pairs = []
     for g in gstar:
@@ -348,9 +373,12 @@ def decide(regime: Regime) -> list[Claim]:
                 reps = (g1.reps[key] - r1.reps[key]) - (g0.reps[key] - r0.reps[key])
                 c3k.append(compare(f"{name}: G* gain at k={g1.config.get('k')} − at k={g0.config.get('k')} "
                                    f"(λ={lam:g})", est, reps))
-    claims.append(Claim("C3a", "G* improves LANTERN++ over its reference resampling (TV, FID)", verdict(c3), c3))
-    claims.append(Claim("C3b", "G*'s improvement grows with k", verdict(c3k), c3k,
-                        "" if c3k else "needs two k at one λ"))
+    return [Claim("C3a", "G* improves LANTERN++ over its reference resampling (TV, FID)", verdict(c3), c3),
+            Claim("C3b", "G*'s improvement grows with k", verdict(c3k), c3k, "" if c3k else "needs two k at one λ")]
+
+
+def speed_c4(regime: Regime, cool: list[Point], key: str, text: str) -> Claim:
+    """Vanilla SD vs the δ = 1.1 point of ``cool``: speed (speedup, accepted length) and FID."""
     c4 = []
     sd, c11 = regime.points.get("sd"), [p for p in cool if abs(strength(p) - 1.1) < 1e-9]
     if sd is not None and c11:
@@ -369,12 +397,36 @@ def decide(regime: Regime) -> list[Claim]:
     v4 = NOT_HELD if worse or speed == NOT_HELD else speed
     side = {"claim": "for", "against": "against", None: "n.s."}
     note = "; ".join(f"{c.what.split(':')[0]}: {side[c.favours]}" for c in c4 + quality)
-    claims.append(Claim("C4", "COOL-SD at δ = 1.1 is faster than vanilla SD at comparable quality", v4, c4 + quality,
-                        note))
-    return claims
+    return Claim(key, text, v4, c4 + quality, note)
 
 
 # ----------------------------------------------------------------------------------------------- μ fit
+
+FITTED_REGIME = "weak_tree_fitted"  # the follow-up run with the fitted μ (configs/regime/weak_tree_fitted.yaml)
+
+
+def fitted(p: Point) -> bool:
+    """An exponential COOL-SD point run with a numeric μ (the fitted one)."""
+    mu = p.config.get("mu", "mean")
+    return not isinstance(mu, bool) and isinstance(mu, (int, float))
+
+
+def merge_fitted(weak: Regime, extra: Regime) -> list[str]:
+    """Add the fitted-μ points of ``extra`` (the weak_tree_fitted run: same prompts and seeds) to ``weak``,
+    labelled "(μ fitted)"; their replicates use the same bootstrap weights (same seed, same images), so they
+    pair with weak's points. Their speedups are against ``extra``'s own AR. Returns the added names."""
+    if extra.num_images != weak.num_images or any(p.indices != next(iter(weak.points.values())).indices
+                                                   for p in extra.points.values()):
+        raise ValueError(f"{extra.folder}: the fitted-μ run did not generate weak_tree's prompts; rerun it with "
+                         "the same eval.num_prompts (claims_num_prompts) into the same sweep folder")
+    added = []
+    for name, p in extra.points.items():
+        if p.method != "coolsd" or not fitted(p):
+            continue
+        p.label = f"{p.label} (μ fitted)"
+        weak.points[name] = p
+        added.append(name)
+    return added
 
 
 def omega1(p: Point) -> float:
@@ -391,6 +443,33 @@ def _depth(c: dict[str, Any]) -> int:
     if levels is None:
         return int(c.get("draft_len", 4))
     return levels.depth if isinstance(levels, TreeShape) else levels.depth + 1
+
+
+def fitted_command(weak: Regime, mu: dict[str, Any], folder: Path) -> str | None:
+    """The run.py command that adds COOL-SD at δ = 1.1 and 2 with their fitted μ (None without both fits)."""
+    fits = mu.get("fits", {})
+    values = [fits.get(k, {}).get("mu") for k in ("1.1", "2")]
+    if any(v is None for v in values):
+        return None
+    experiment = weak.record.get("config", {}).get("experiment_name") or "embedded_claims"
+    return (f"python run.py -m experiment={experiment} regime={FITTED_REGIME} claims.fitted_mu.d1_1={values[0]:.4f} "
+            f"claims.fitted_mu.d2={values[1]:.4f} hydra.sweep.dir={folder}")
+
+
+def fitted_points(weak: Regime, names: Sequence[str], extra: Regime) -> list[dict[str, Any]]:
+    """Each fitted-μ point: δ, μ, its measured R (÷ weak_tree's vanilla SD, paired) against the paper's."""
+    sd = weak.points.get("sd")
+    out = []
+    for name in names:
+        p = weak.points[name]
+        delta = float(p.config.get("delta", 1.1))
+        row = {"label": p.label, "delta": delta, "mu": float(p.config["mu"]), "omega1": omega1(p),
+               "paper_ratio": PAPER_RATIOS.get(round(delta, 6)), "folder": str(extra.folder)}
+        if sd is not None:
+            row["ratio"] = float(p.est["tau"] / sd.est["tau"])
+            row["ratio_ci"] = stats.percentile_interval(p.reps["tau"] / sd.reps["tau"], LEVEL)
+        out.append(row)
+    return out
 
 
 def fit_mu(regime: Regime) -> dict[str, Any]:
@@ -444,6 +523,8 @@ FAMILIES: list[tuple[str, Callable[[Point], bool]]] = [
      and str(p.config.get("mu", "mean")) == "mean"),
     ("COOL-SD (exponential, μ=first)", lambda p: p.method == "coolsd" and p.config.get("schedule") == "exponential"
      and str(p.config.get("mu")) == "first"),
+    ("COOL-SD (exponential, μ fitted)", lambda p: p.method == "coolsd" and p.config.get("schedule") == "exponential"
+     and fitted(p)),
     ("UniformRSD", lambda p: p.method == "coolsd" and p.config.get("schedule") == "uniform"),
     ("COOL-SD (linear)", lambda p: p.method == "coolsd" and p.config.get("schedule") == "linear"),
     ("LANTERN++ (reference resampling)", lambda p: p.method == "lantern_pp" and p.config.get("resample") == "reference"),
@@ -472,22 +553,35 @@ def frontier_figure(regimes: Sequence[Regime], key: str, ylabel: str, path: Path
 
     fams = [(n, f) for n, f in FAMILIES if families is None or n in families]
     fig, axes = plt.subplots(1, len(regimes), figsize=(max(11.0, 6.2 * len(regimes)), 4.8), squeeze=False)
-    markers = "osD^vP*Xph"
+    markers = "osD^vP*Xph<"
+    colors = [f"C{i}" for i in range(10)] + ["black"]  # one per family (FAMILIES has 11)
     for ax, regime in zip(axes[0], regimes):
+        shown = [p for _, test in fams for p in regime.points.values() if test(p) and key in p.est]
+        cap = off_axes_cap([p.est[key] for p in shown])
         for k, (fam, test) in enumerate(fams):
             pts = curve([p for p in regime.points.values() if test(p) and key in p.est])
             if not pts:
                 continue
-            color = f"C{k % 10}"
-            for j, p in enumerate(pts):
-                _errorbar(ax, p, key, fmt=markers[k % len(markers)], ms=5, color=color,
-                          label=fam if j == 0 else None)
-            if len(pts) > 1:
-                ax.plot([p.est["tau"] for p in pts], [p.est[key] for p in pts], "-", lw=0.8, color=color, alpha=0.6)
-                front = pareto(pts, key)
+            color = colors[FAMILIES.index((fam, test)) % len(colors)]
+            marker = markers[FAMILIES.index((fam, test)) % len(markers)]
+            inside = [p for p in pts if cap is None or p.est[key] <= cap]
+            for j, p in enumerate(inside):
+                _errorbar(ax, p, key, fmt=marker, ms=5, color=color, label=fam if j == 0 else None)
+            for p in pts:
+                if p not in inside:  # far above the rest: drawn at the top edge with its value
+                    ax.plot([p.est["tau"]], [cap], marker="^", ms=7, color=color, label=None if inside else fam)
+                    ax.annotate(f"{p.label}: {p.est[key]:.3g} (off the axes)", (p.est["tau"], cap), fontsize=7,
+                                xytext=(-4, -12), textcoords="offset points", ha="right", color=color)
+            if len(inside) > 1:
+                ax.plot([p.est["tau"] for p in inside], [p.est[key] for p in inside], "-", lw=0.8, color=color,
+                        alpha=0.6)
+                front = pareto(inside, key)
                 if len(front) > 1:
                     ax.plot([p.est["tau"] for p in front], [p.est[key] for p in front], "--", lw=1.8, color=color,
                             alpha=0.5)
+        if cap is not None:
+            lo = ax.get_ylim()[0]
+            ax.set_ylim(lo, cap + 0.04 * (cap - lo))
         ax.set_title(f"{regime.name} ({regime.num_images:,} images per point)", fontsize=10)
         ax.set_xlabel("accepted length (tokens per target forward)")
         ax.set_ylabel(ylabel)
@@ -503,6 +597,19 @@ def frontier_figure(regimes: Sequence[Regime], key: str, ylabel: str, path: Path
                  "strength; dashed: its Pareto front", fontsize=9)
     fig.tight_layout(rect=(0, 0.04 + 0.045 * math.ceil(len(names) / 5), 1, 0.96))
     return _save(fig, path)
+
+
+def off_axes_cap(values: Sequence[float], factor: float = 2.5) -> float | None:
+    """The top of a panel's y axis when some values lie far above the rest (above ``factor`` × the median):
+    the largest value below that, with room for its interval; None when nothing is that far out."""
+    v = np.asarray([x for x in values if math.isfinite(x)], dtype=np.float64)
+    if len(v) < 3 or np.median(v) <= 0:
+        return None
+    limit = factor * float(np.median(v))
+    rest = v[v <= limit]
+    if len(rest) == len(v) or not len(rest):
+        return None
+    return float(rest.max()) * 1.25
 
 
 def gstar_figure(regimes: Sequence[Regime], path: Path) -> Path:
@@ -567,7 +674,7 @@ def _ci_text(value: float, ci: list[float] | None, fmt: str = "{:.3f}") -> str:
 
 
 def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str, Any], figures: dict[str, Path],
-         out: Path, command: str, seconds: float | None = None) -> str:
+         out: Path, command: str, seconds: dict[str, float] | None = None) -> str:
     """The claims page: verdict table, figures, μ fit, every point with its intervals, every comparison."""
     experiment = regimes[0].record.get("config", {}).get("experiment_name") or "?"
     quick = experiment.endswith("_quick")
@@ -581,16 +688,21 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
     lines.append("Regimes: " + "; ".join(
         f"**{r.name}** ({r.num_images:,} images per point, drafter `{Path(str(r.record['config']['drafter'].get('checkpoint', ''))).name}`, "
         f"tree `{r.record['config'].get('claims', {}).get('tree')}`)" for r in regimes) + ".")
-    if seconds is not None:
-        lines.append(f"Measured generation and scoring time of the runs: {seconds / 60:.1f} min.")
+    if seconds:
+        lines.append("Wall time of each run's last `run.py` invocation (`run.json` `wall_s`; a resumed run counts only "
+                     "what it generated and scored): " + "; ".join(f"{k} {v / 60:.1f} min" for k, v in seconds.items())
+                     + ".")
     lines += ["", "| claim | " + " | ".join(r.name for r in regimes) + " |",
               "|---|" + "---|" * len(regimes)]
-    keys = [c.key for c in claims[regimes[0].name]]
-    for i, key in enumerate(keys):
-        row = [f"{key}: {claims[regimes[0].name][i].text}"]
+    keys: dict[str, str] = {}
+    for r in regimes:
+        for c in claims[r.name]:
+            keys.setdefault(c.key, c.text)
+    for key, text in keys.items():
+        row = [f"{key}: {text}"]
         for r in regimes:
-            c = claims[r.name][i]
-            row.append(f"**{c.verdict}**" + (f" ({c.note})" if c.note else ""))
+            c = next((c for c in claims[r.name] if c.key == key), None)
+            row.append("—" if c is None else f"**{c.verdict}**" + (f" ({c.note})" if c.note else ""))
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Verdicts: held = at least one comparison significantly in the claim's favour and none against "
               "it; not held = one significantly against it; inconclusive = every interval contains 0 (or nothing "
@@ -618,6 +730,18 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
                             "does **not** fit both: the exponential form with this reading of μ cannot match the paper's two ratios on this model."))
         elif d.get("note"):
             lines.append(f"- {d['note']}")
+        if mu.get("fitted_points"):
+            lines += ["", "COOL-SD run with the fitted μ (its own run, same prompts and seeds; R paired with "
+                      "weak_tree's vanilla SD):", "", "| point | δ | μ (fitted) | ω₁ | R measured | R paper |",
+                      "|---|--:|--:|--:|--:|--:|"]
+            for f in mu["fitted_points"]:
+                lines.append(f"| {f['label']} | {f['delta']:g} | {f['mu']:.3f} | {f['omega1']:.3f} | "
+                             f"{_ci_text(f.get('ratio', math.nan), f.get('ratio_ci'))} | "
+                             + (f"{f['paper_ratio']:.3f}" if f.get("paper_ratio") else "—") + " |")
+            lines.append("")
+            lines.append("C1 and C4 with these points are the rows marked (fitted μ) of the table above.")
+        elif mu.get("command"):
+            lines += ["", f"Not yet run with the fitted μ: `{mu['command']}`, then rerun this page's command."]
     else:
         lines.append(mu.get("note", "not computed"))
     lines += ["", "## Every point", ""]
@@ -655,15 +779,27 @@ def run(folder: Path, out: Path, resamples: int = 1000, command: str | None = No
         folders = [Path(folder)]
     if not folders:
         raise FileNotFoundError(f"no run.json below {folder}: run `python run.py -m experiment=embedded_claims` first")
-    regimes = []
+    regimes, extra = [], None
     for f in folders:
         regime = load_regime(f, device=device)
         compute(regime, resamples=resamples, device=device)
-        regimes.append(regime)
-    claims = {r.name: decide(r) for r in regimes}
+        if f.name == FITTED_REGIME:
+            extra = regime
+        else:
+            regimes.append(regime)
+    if not regimes:
+        raise FileNotFoundError(f"{folder}: only the {FITTED_REGIME} run is here; it adds points to weak_tree's")
     weak = next((r for r in regimes if r.name == "weak_tree"), None)  # the μ fit is about the paper's regime
     mu = fit_mu(weak) if weak else {"note": "not fitted: the weak_tree regime (the paper's) is not among the runs "
                                             "(python run.py -m experiment=<this experiment> regime=weak_tree)"}
+    if weak is not None:
+        mu["command"] = fitted_command(weak, mu, Path(folder))
+        if extra is not None:
+            mu["fitted_points"] = fitted_points(weak, merge_fitted(weak, extra), extra)
+            mu["fitted_folder"] = str(extra.folder)
+    elif extra is not None:
+        raise ValueError(f"{extra.folder}: a {FITTED_REGIME} run needs the weak_tree run beside it")
+    claims = {r.name: decide(r) for r in regimes}
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     figures = {
@@ -676,7 +812,7 @@ def run(folder: Path, out: Path, resamples: int = 1000, command: str | None = No
                                                        "UniformRSD", "COOL-SD (linear)", "vanilla SD"]),
         "G* vs reference resampling by k": gstar_figure(regimes, figs / "embedded_claims_gstar"),
     }
-    seconds = sum(float(r.record.get("wall_s") or 0.0) for r in regimes) or None
+    seconds = {r.name: float(r.record["wall_s"]) for r in regimes + ([extra] if extra else []) if r.record.get("wall_s")}
     text = page(regimes, claims, mu, figures, out, command or f"python scripts/claims.py {folder} --out {out}", seconds)
     atomic_write_bytes(out / "embedded_claims.md", text.encode())
     record = {"claims": {r: [{"key": c.key, "text": c.text, "verdict": c.verdict, "note": c.note,

@@ -351,14 +351,24 @@ UNCERTAINTY = {  # run.json's description of each interval (eval/stats.py has th
 }
 
 
+#: decoder keys that no image depends on: diagnostics, and where a cache lives (the LANTERN neighbour table is
+#: computed from the VQ codebook, which the weights digest covers)
+UNFINGERPRINTED = ("track_tv", "sync_phases", "neighbour_cache")
+
+
 def decoder_fingerprint(cfg: DictConfig, name: str, decoder_cfg: DictConfig) -> dict[str, Any]:
-    """What a decoder's images depend on besides model weights, prompt and seed: the model config (without
-    where it runs from), the decoder and drafter configs without diagnostics, and the code version."""
+    """What a decoder's images depend on besides model weights, prompt and seed: the model config, the decoder
+    and drafter configs without ``UNFINGERPRINTED`` keys, and the code version."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
     dec = OmegaConf.to_container(decoder_cfg, resolve=True)
-    for key in ("track_tv", "sync_phases"):
-        dec.pop(key, None)
-    return {"code_version": TOKEN_CODE_VERSION, "model": model, "decoder": dec}
+    return {"code_version": TOKEN_CODE_VERSION, "model": model, "decoder": _fingerprinted(dec)}
+
+
+def _fingerprinted(decoder: Any) -> Any:
+    """A decoder config without ``UNFINGERPRINTED`` keys (also in a stored fingerprint of an older version)."""
+    if not isinstance(decoder, dict):
+        return decoder
+    return {k: v for k, v in decoder.items() if k not in UNFINGERPRINTED}
 
 
 class RunRecords:
@@ -376,6 +386,7 @@ class RunRecords:
         self.digests = {name: json_digest(fp) for name, fp in fingerprints.items()}
         self.resume = resume
         self.shards = shards
+        self.kept_meta: set[str] = set()  # decoders whose stored fingerprint (an older form) is kept
 
     def meta_path(self, name: str) -> Path:
         return self.dir / f"{name}.fingerprint.json"
@@ -391,17 +402,23 @@ class RunRecords:
             meta = self.meta_path(name)
             records = load_records(self.dir, name)
             stale = []
+            stored = None  # digest of a stored fingerprint that differs from fp only in unfingerprinted keys
             if meta.is_file():
                 old = json.loads(meta.read_text())
-                keys = differing_keys(old, fp)
+                keys = differing_keys({**old, "decoder": _fingerprinted(old.get("decoder"))}, fp)
                 if keys:
                     stale.append(f"decoder {name!r} (records/{name}.jsonl): {', '.join(keys[:8])}"
                                  + (f" and {len(keys) - 8} more" if len(keys) > 8 else ""))
+                elif old != fp:  # an older version also fingerprinted e.g. the neighbour cache's location
+                    stored = json_digest(old)
+                    self.kept_meta.add(name)
             elif records:
                 stale.append(f"decoder {name!r}: records/{name}.jsonl has no fingerprint (made by an older version)")
             if not stale:
-                bad = [i for i, r in records.items()
-                       if i >= len(prompts) or r.get("fingerprint") != self.image_digest(name, prompts[i], seed + i)]
+                def matches(r: dict, i: int) -> bool:
+                    return r.get("fingerprint") in (self.image_digest(name, prompts[i], seed + i),
+                                                    stored and json_digest([stored, prompts[i], seed + i]))
+                bad = [i for i, r in records.items() if i >= len(prompts) or not matches(r, i)]
                 bad = [i for i in bad if i < len(prompts)]
                 if bad:
                     i = bad[0]
@@ -424,7 +441,8 @@ class RunRecords:
         self.shards.barrier()
         if self.shards.rank == 0:
             for name, fp in self.fingerprints.items():
-                atomic_write_json(self.meta_path(name), fp)
+                if name not in self.kept_meta:  # a kept one still names the digest its older records carry
+                    atomic_write_json(self.meta_path(name), fp)
         return done
 
     def _clear(self, name: str) -> None:

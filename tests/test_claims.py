@@ -156,3 +156,79 @@ def test_quick_claims_experiment_runs_end_to_end(tmp_path):
     assert record["regimes"]["weak_tree"]["num_images"] == 3
     for stem in ("fid", "tv", "schedules", "gstar"):
         assert (runs / "figures" / f"embedded_claims_{stem}.png").stat().st_size > 5000
+
+
+def test_the_fitted_mu_regime_composes_with_the_fitted_values():
+    fit = cfg_for("experiment=embedded_claims", "regime=weak_tree_fitted", "claims.fitted_mu.d1_1=0.25",
+                  "claims.fitted_mu.d2=-0.125")
+    weak = cfg_for("experiment=embedded_claims", "regime=weak_tree")
+    assert list(fit.compare) == ["coolsd_fit_d1_1", "coolsd_fit_d2"]
+    assert fit.eval.num_prompts == weak.eval.num_prompts and fit.eval.seed == weak.eval.seed  # pairs with weak_tree
+    assert fit.claims.regime == "weak_tree_fitted"  # its sweep sub-folder (hydra.sweep.subdir)
+    for name, delta, mu in (("coolsd_fit_d1_1", 1.1, 0.25), ("coolsd_fit_d2", 2.0, -0.125)):
+        entry = fit.suite[name]
+        assert (entry.name, entry.delta, entry.mu, entry.schedule) == ("coolsd", delta, mu, "exponential")
+        assert entry.tree == "mc_sim_7b_63" and entry.drafter.checkpoint.endswith("drafter_weak")
+    assert weak.suite.coolsd_fit_d1_1.mu is None  # unset outside the follow-up run
+    from coolsd.schedules import resolve_mu
+
+    with pytest.raises(TypeError, match="decoder.mu"):
+        resolve_mu(weak.suite.coolsd_fit_d1_1.mu, 0.7, 4)
+
+
+def _weak_and_fitted(fitted_taus=(2.73, 3.34), n=50):
+    """weak_tree (50 images) and a fitted-μ run of ``n`` images."""
+    sd = make_point("sd", "sd", 2.42, 10.0, 0.0)
+    lpp = make_point("lpp", "lantern_pp", 3.0, 12.5, 0.03, seed=9, k=10, lam=5.0, resample="reference")
+    weak = regime_of(cool_curve() + [sd, lpp])
+    weak.name = "weak_tree"
+    weak.record = {"config": {"drafter": {"checkpoint": "embedded/drafter_weak"}, "claims": {"tree": "mc_sim_7b_63"},
+                              "experiment_name": "embedded_claims"}}
+    extra = regime_of([make_point(f"coolsd_fit_d{d}", "coolsd", tau, 10.0, 0.03, n=n, seed=20 + i, delta=d,
+                                  schedule="exponential", mu=mu, tree="mc_sim_7b_63")
+                       for i, (d, tau, mu) in enumerate(zip((1.1, 2.0), fitted_taus, (0.2, 0.1)))])
+    extra.name = claims.FITTED_REGIME
+    with_reps(weak, 0.1)
+    with_reps(extra, 0.1)
+    return weak, extra
+
+
+def test_fitted_mu_points_join_weak_tree_and_decide_c1_and_c4(tmp_path):
+    """Seeded (0, 1): fitted points at the paper's accepted lengths (2.73, 3.34 vs SD's 2.42) join weak_tree's
+    points labelled (μ fitted); C1 and C4 are decided with them; the page shows their measured R."""
+    weak, extra = _weak_and_fitted()
+    added = claims.merge_fitted(weak, extra)
+    assert added == ["coolsd_fit_d1.1", "coolsd_fit_d2.0"]
+    assert all(weak.points[a].label.endswith("(μ fitted)") for a in added)
+    assert not any(claims.fitted(p) for p in claims.select(weak, "coolsd", schedule="exponential", mu="mean"))
+    decided = {c.key: c for c in claims.decide(weak)}
+    assert list(decided)[:6] == ["C1", "C2a", "C2b", "C3a", "C3b", "C4"]
+    c1f, c4f = decided["C1 (fitted μ)"], decided["C4 (fitted μ)"]
+    assert c1f.verdict == claims.HELD  # FID 10.0 against LANTERN++'s 12.5 at accepted length 3.0
+    assert c4f.verdict == claims.HELD and "accepted length: for" in c4f.note  # 2.73 > 2.42, FID the same
+    extra.points["coolsd_fit_d1.1"].est["fid"] += 0.5  # significantly worse quality: C4 not held
+    extra.points["coolsd_fit_d1.1"].reps["fid"] += 0.5
+    assert next(c for c in claims.decide(weak) if c.key == "C4 (fitted μ)").verdict == claims.NOT_HELD
+    extra.points["coolsd_fit_d1.1"].est["fid"] -= 0.5
+    extra.points["coolsd_fit_d1.1"].reps["fid"] -= 0.5
+    mu = {"fits": {"1.1": {"paper_ratio": 1.128, "mu": 0.2, "ci": [0.1, 0.3], "replicates_in_range": 50,
+                           "resamples": 50},
+                   "2": {"paper_ratio": 1.38, "mu": 0.1, "ci": [0.0, 0.2], "replicates_in_range": 50,
+                         "resamples": 50}}, "points": [], "difference": {}}
+    mu["fitted_points"] = claims.fitted_points(weak, added, extra)
+    r = mu["fitted_points"][0]["ratio"]
+    assert abs(r - 2.73 / 2.42) < 1e-9 and r == pytest.approx(claims.PAPER_RATIOS[1.1])
+    text = claims.page([weak], {"weak_tree": list(decided.values())}, mu, {}, tmp_path, "cmd")
+    assert "C4 (fitted μ)" in text and "R measured" in text and "(μ fitted)" in text
+    command = claims.fitted_command(weak, mu, tmp_path)
+    assert "regime=weak_tree_fitted claims.fitted_mu.d1_1=0.2000 claims.fitted_mu.d2=0.1000" in command
+    mu["fits"]["2"]["mu"] = None  # a ratio outside the measured range: nothing to run
+    assert claims.fitted_command(weak, mu, tmp_path) is None
+
+
+def test_a_fitted_run_on_other_prompts_is_refused():
+    weak, extra = _weak_and_fitted(n=50)
+    _, other = _weak_and_fitted(n=40)
+    with pytest.raises(ValueError, match="weak_tree's prompts"):
+        claims.merge_fitted(weak, other)
+    assert claims.merge_fitted(weak, extra)

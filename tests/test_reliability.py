@@ -367,3 +367,39 @@ def test_a_prompt_that_is_no_class_fails_before_the_model_is_built(tmp_path):
     assert "['a cat on a sofa'] are not classes" in proc.stderr
     assert "MissingWeightsError" not in proc.stderr and "not found" not in proc.stderr.lower()
     assert not (tmp_path / "run" / "images").exists()
+
+
+def test_records_do_not_depend_on_where_the_neighbour_cache_lives(tmp_path):
+    """The LANTERN neighbour table's cache location is not part of a record's fingerprint: records made when an
+    older version fingerprinted it (or under another $COOLSD_CACHE) are reused, new ones join them, and a real
+    difference is still refused."""
+    from coolsd.fingerprint import json_digest
+    from eval.runner import RunRecords, Shards
+
+    fp = {"code_version": 2, "model": {"x": 1}, "decoder": {"name": "lantern", "k": 64}}
+    old = {**fp, "decoder": {**fp["decoder"], "neighbour_cache": "/root/.cache/coolsd/neighbours"}}
+    prompts = ["a", "b", "c"]
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "lantern.fingerprint.json").write_text(json.dumps(old))
+    lines = [{"index": i, "prompt": prompts[i], "seed": i, "fingerprint": json_digest([json_digest(old), prompts[i], i])}
+             for i in range(2)]
+    (tmp_path / "records" / "lantern.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    records = RunRecords(tmp_path, {"lantern": fp}, "auto", Shards())
+    assert sorted(records.check(prompts, 0)["lantern"]) == [0, 1]
+    assert json.loads((tmp_path / "records" / "lantern.fingerprint.json").read_text()) == old  # kept
+    new = {"index": 2, "prompt": "c", "seed": 2, "fingerprint": records.image_digest("lantern", "c", 2)}
+    with open(tmp_path / "records" / "lantern.jsonl", "a") as fh:
+        fh.write(json.dumps(new) + "\n")
+    again = RunRecords(tmp_path, {"lantern": fp}, "auto", Shards())
+    assert sorted(again.check(prompts, 0)["lantern"]) == [0, 1, 2]
+    from omegaconf import OmegaConf
+
+    from eval.runner import decoder_fingerprint
+
+    cfg = OmegaConf.create({"model": {"x": 1}})
+    for where in ("/root/.cache/coolsd/neighbours", "/elsewhere"):  # what the run computes, wherever the cache is
+        dec = OmegaConf.create({**fp["decoder"], "neighbour_cache": where, "track_tv": True})
+        assert decoder_fingerprint(cfg, "lantern", dec) == fp
+    other = RunRecords(tmp_path, {"lantern": {**fp, "decoder": {**fp["decoder"], "k": 32}}}, "auto", Shards())
+    with pytest.raises(RuntimeError, match="decoder.k"):
+        other.check(prompts, 0)

@@ -81,11 +81,15 @@ class Point:
     committed: np.ndarray  # (N,) committed image tokens (num_tokens - 1)
     iterations: np.ndarray  # (N,) verify forwards
     tv_sum: np.ndarray  # (N,) summed one-step TV
-    tokens: np.ndarray  # (N,) committed tokens incl. the first
     latency: dict[int, float]  # timed index -> seconds (batch 1)
     features: np.ndarray | None = None  # (N, D) classifier features
     est: dict[str, float] = field(default_factory=dict)
     reps: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """(N,) committed tokens including the first (the denominator of TV per token)."""
+        return self.committed + 1
 
     @property
     def method(self) -> str:
@@ -101,8 +105,13 @@ class Regime:
     resamples: int = 0
 
     @property
+    def indices(self) -> list[int]:
+        """The images every point generated (``load_regime`` checks that they are the same)."""
+        return next(iter(self.points.values())).indices
+
+    @property
     def num_images(self) -> int:
-        return len(next(iter(self.points.values())).indices)
+        return len(self.indices)
 
 
 def _per_image(records: dict[int, dict], key: str, default: float = 0.0) -> np.ndarray:
@@ -125,7 +134,7 @@ def load_regime(folder: Path, features: bool = True, device: str = "cpu") -> Reg
         points[name] = Point(
             name=name, label=labels.get(name, name), config=decoder_cfg, indices=idx,
             committed=_per_image(recs, "num_tokens") - 1, iterations=_per_image(recs, "iterations"),
-            tv_sum=_per_image(recs, "tv_sum"), tokens=_per_image(recs, "num_tokens"),
+            tv_sum=_per_image(recs, "tv_sum"),
             latency={i: recs[i]["stats"]["latency_s"] for i in idx if recs[i].get("timed")})
         if features:
             points[name].features = _features(config, folder, [recs[i] for i in idx], device)
@@ -415,8 +424,7 @@ def merge_fitted(weak: Regime, extra: Regime) -> list[str]:
     """Add the fitted-μ points of ``extra`` (the weak_tree_fitted run: same prompts and seeds) to ``weak``,
     labelled "(μ fitted)"; their replicates use the same bootstrap weights (same seed, same images), so they
     pair with weak's points. Their speedups are against ``extra``'s own AR. Returns the added names."""
-    if extra.num_images != weak.num_images or any(p.indices != next(iter(weak.points.values())).indices
-                                                   for p in extra.points.values()):
+    if extra.indices != weak.indices:
         raise ValueError(f"{extra.folder}: the fitted-μ run did not generate weak_tree's prompts; rerun it with "
                          "the same eval.num_prompts (claims_num_prompts) into the same sweep folder")
     added = []
@@ -551,19 +559,18 @@ def frontier_figure(regimes: Sequence[Regime], key: str, ylabel: str, path: Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fams = [(n, f) for n, f in FAMILIES if families is None or n in families]
+    fams = [(k, n, f) for k, (n, f) in enumerate(FAMILIES) if families is None or n in families]  # k: its colour
     fig, axes = plt.subplots(1, len(regimes), figsize=(max(11.0, 6.2 * len(regimes)), 4.8), squeeze=False)
     markers = "osD^vP*Xph<"
     colors = [f"C{i}" for i in range(10)] + ["black"]  # one per family (FAMILIES has 11)
     for ax, regime in zip(axes[0], regimes):
-        shown = [p for _, test in fams for p in regime.points.values() if test(p) and key in p.est]
+        shown = [p for _, _, test in fams for p in regime.points.values() if test(p) and key in p.est]
         cap = off_axes_cap([p.est[key] for p in shown])
-        for k, (fam, test) in enumerate(fams):
+        for k, fam, test in fams:
             pts = curve([p for p in regime.points.values() if test(p) and key in p.est])
             if not pts:
                 continue
-            color = colors[FAMILIES.index((fam, test)) % len(colors)]
-            marker = markers[FAMILIES.index((fam, test)) % len(markers)]
+            color, marker = colors[k % len(colors)], markers[k % len(markers)]
             inside = [p for p in pts if cap is None or p.est[key] <= cap]
             for j, p in enumerate(inside):
                 _errorbar(ax, p, key, fmt=marker, ms=5, color=color, label=fam if j == 0 else None)

@@ -386,7 +386,6 @@ class RunRecords:
         self.digests = {name: json_digest(fp) for name, fp in fingerprints.items()}
         self.resume = resume
         self.shards = shards
-        self.kept_meta: set[str] = set()  # decoders whose stored fingerprint (an older form) is kept
 
     def meta_path(self, name: str) -> Path:
         return self.dir / f"{name}.fingerprint.json"
@@ -402,23 +401,20 @@ class RunRecords:
             meta = self.meta_path(name)
             records = load_records(self.dir, name)
             stale = []
-            stored = None  # digest of a stored fingerprint that differs from fp only in unfingerprinted keys
             if meta.is_file():
                 old = json.loads(meta.read_text())
                 keys = differing_keys({**old, "decoder": _fingerprinted(old.get("decoder"))}, fp)
                 if keys:
                     stale.append(f"decoder {name!r} (records/{name}.jsonl): {', '.join(keys[:8])}"
                                  + (f" and {len(keys) - 8} more" if len(keys) > 8 else ""))
-                elif old != fp:  # an older version also fingerprinted e.g. the neighbour cache's location
-                    stored = json_digest(old)
-                    self.kept_meta.add(name)
+                elif old != fp:  # an older version also fingerprinted e.g. the neighbour cache's location: keep
+                    # its form, whose digest the folder's records carry (and this run's new records will)
+                    self.fingerprints[name], self.digests[name] = old, json_digest(old)
             elif records:
                 stale.append(f"decoder {name!r}: records/{name}.jsonl has no fingerprint (made by an older version)")
             if not stale:
-                def matches(r: dict, i: int) -> bool:
-                    return r.get("fingerprint") in (self.image_digest(name, prompts[i], seed + i),
-                                                    stored and json_digest([stored, prompts[i], seed + i]))
-                bad = [i for i, r in records.items() if i >= len(prompts) or not matches(r, i)]
+                bad = [i for i, r in records.items()
+                       if i >= len(prompts) or r.get("fingerprint") != self.image_digest(name, prompts[i], seed + i)]
                 bad = [i for i in bad if i < len(prompts)]
                 if bad:
                     i = bad[0]
@@ -441,8 +437,7 @@ class RunRecords:
         self.shards.barrier()
         if self.shards.rank == 0:
             for name, fp in self.fingerprints.items():
-                if name not in self.kept_meta:  # a kept one still names the digest its older records carry
-                    atomic_write_json(self.meta_path(name), fp)
+                atomic_write_json(self.meta_path(name), fp)
         return done
 
     def _clear(self, name: str) -> None:

@@ -52,7 +52,7 @@ def make_point(name, method, tau, fid, tv, n=50, seed=0, **config):
     tokens = committed + 1
     tv_sum = rng.normal(tv, tv / 20 + 1e-9, n).clip(0) * tokens
     tv_sum *= tv * tokens.sum() / max(tv_sum.sum(), 1e-12)
-    p = claims.Point(name, name, {"name": method, **config}, list(range(n)), committed, iterations, tv_sum, tokens, {})
+    p = claims.Point(name, name, {"name": method, **config}, list(range(n)), committed, iterations, tv_sum, {})
     p.fid_value = fid
     return p
 

@@ -354,21 +354,35 @@ UNCERTAINTY = {  # run.json's description of each interval (eval/stats.py has th
 #: decoder keys that no image depends on: diagnostics, and where a cache lives (the LANTERN neighbour table is
 #: computed from the VQ codebook, which the weights digest covers)
 UNFINGERPRINTED = ("track_tv", "sync_phases", "neighbour_cache")
+#: model keys that say where the weights are read from. The fingerprint's ``weights_sha1`` covers what they
+#: point to, so they are left out of it: moving a checkout, another mount point on a cluster node or another
+#: ``$COOLSD_CACHE`` keeps a folder's records and the AR cache. The drafter's ``checkpoint`` is left out in the
+#: same way when the fingerprint carries ``drafter_weights_sha1`` (trained EAGLE heads).
+WEIGHT_LOCATIONS = ("gpt_checkpoint", "vq_checkpoint", "weights_dir")
 
 
 def decoder_fingerprint(cfg: DictConfig, name: str, decoder_cfg: DictConfig) -> dict[str, Any]:
     """What a decoder's images depend on besides model weights, prompt and seed: the model config, the decoder
-    and drafter configs without ``UNFINGERPRINTED`` keys, and the code version."""
+    and drafter configs without ``UNFINGERPRINTED`` keys, and the code version (``normalised``)."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
     dec = OmegaConf.to_container(decoder_cfg, resolve=True)
-    return {"code_version": TOKEN_CODE_VERSION, "model": model, "decoder": _fingerprinted(dec)}
+    return normalised({"code_version": TOKEN_CODE_VERSION, "model": model, "decoder": dec})
 
 
-def _fingerprinted(decoder: Any) -> Any:
-    """A decoder config without ``UNFINGERPRINTED`` keys (also in a stored fingerprint of an older version)."""
-    if not isinstance(decoder, dict):
-        return decoder
-    return {k: v for k, v in decoder.items() if k not in UNFINGERPRINTED}
+def normalised(fp: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint without the keys no image depends on: ``UNFINGERPRINTED`` decoder keys, and the weights'
+    locations (``WEIGHT_LOCATIONS``, the drafter's ``checkpoint``) once the digest of those weights is in it.
+    Also applied to a stored fingerprint of an older version, which kept them."""
+    fp = dict(fp)
+    dec = fp.get("decoder")
+    if isinstance(dec, dict):
+        dec = {k: v for k, v in dec.items() if k not in UNFINGERPRINTED}
+        if "drafter_weights_sha1" in fp and isinstance(dec.get("drafter"), dict):
+            dec["drafter"] = {k: v for k, v in dec["drafter"].items() if k != "checkpoint"}
+        fp["decoder"] = dec
+    if "weights_sha1" in fp and isinstance(fp.get("model"), dict):
+        fp["model"] = {k: v for k, v in fp["model"].items() if k not in WEIGHT_LOCATIONS}
+    return fp
 
 
 class RunRecords:
@@ -382,8 +396,8 @@ class RunRecords:
     def __init__(self, out_dir: Path, fingerprints: dict[str, dict], resume: str, shards: "Shards") -> None:
         self.dir = out_dir / "records"
         self.out_dir = out_dir
-        self.fingerprints = fingerprints
-        self.digests = {name: json_digest(fp) for name, fp in fingerprints.items()}
+        self.fingerprints = {name: normalised(fp) for name, fp in fingerprints.items()}
+        self.digests = {name: json_digest(fp) for name, fp in self.fingerprints.items()}
         self.resume = resume
         self.shards = shards
 
@@ -403,11 +417,11 @@ class RunRecords:
             stale = []
             if meta.is_file():
                 old = json.loads(meta.read_text())
-                keys = differing_keys({**old, "decoder": _fingerprinted(old.get("decoder"))}, fp)
+                keys = differing_keys(normalised(old), fp)
                 if keys:
                     stale.append(f"decoder {name!r} (records/{name}.jsonl): {', '.join(keys[:8])}"
                                  + (f" and {len(keys) - 8} more" if len(keys) > 8 else ""))
-                elif old != fp:  # an older version also fingerprinted e.g. the neighbour cache's location: keep
+                elif old != fp:  # an older version fingerprinted e.g. a location: keep
                     # its form, whose digest the folder's records carry (and this run's new records will)
                     self.fingerprints[name], self.digests[name] = old, json_digest(old)
             elif records:

@@ -403,3 +403,37 @@ def test_records_do_not_depend_on_where_the_neighbour_cache_lives(tmp_path):
     other = RunRecords(tmp_path, {"lantern": {**fp, "decoder": {**fp["decoder"], "k": 32}}}, "auto", Shards())
     with pytest.raises(RuntimeError, match="decoder.k"):
         other.check(prompts, 0)
+
+
+def test_records_survive_a_moved_checkout_and_a_changed_weights_digest_is_refused(tmp_path):
+    """Where the weights are read from (model.gpt_checkpoint, vq_checkpoint, weights_dir; the drafter's
+    checkpoint once its weights digest is in the fingerprint) is not fingerprinted: records made in a checkout
+    at another path (stored by an older version with the paths) are reused; other weights are refused; a
+    drafter without a weights digest (a layer-skip copy) still has its checkpoint fingerprinted."""
+    from coolsd.fingerprint import json_digest
+    from eval.runner import RunRecords, Shards
+
+    def fingerprint(root, target="t1", drafter="d1"):
+        return {"code_version": 2, "weights_sha1": target, "drafter_weights_sha1": drafter,
+                "model": {"dim": 256, "gpt_checkpoint": f"{root}/target.safetensors",
+                          "vq_checkpoint": f"{root}/vq.safetensors"},
+                "decoder": {"name": "sd", "drafter": {"checkpoint": f"{root}/drafter", "prefix": "last"}}}
+
+    old = fingerprint("/old/checkout/coolsd/assets/embedded")
+    prompts = ["a", "b"]
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "sd.fingerprint.json").write_text(json.dumps(old))
+    lines = [{"index": i, "prompt": prompts[i], "seed": i, "fingerprint": json_digest([json_digest(old), prompts[i], i])}
+             for i in range(2)]
+    (tmp_path / "records" / "sd.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    moved = fingerprint("/new/place/coolsd/assets/embedded")
+    assert sorted(RunRecords(tmp_path, {"sd": moved}, "auto", Shards()).check(prompts, 0)["sd"]) == [0, 1]
+    for other, key in ((fingerprint("/new", target="t2"), "weights_sha1"),
+                       (fingerprint("/new", drafter="d2"), "drafter_weights_sha1"),
+                       ({**moved, "model": {**moved["model"], "dim": 128}}, "model.dim")):
+        with pytest.raises(RuntimeError, match=key):
+            RunRecords(tmp_path, {"sd": other}, "auto", Shards()).check(prompts, 0)
+    undigested = {k: v for k, v in moved.items() if k != "drafter_weights_sha1"}
+    stored = RunRecords(tmp_path / "fresh", {"sd": undigested}, "auto", Shards()).fingerprints["sd"]
+    assert stored["decoder"]["drafter"]["checkpoint"] == "/new/place/coolsd/assets/embedded/drafter"
+    assert "gpt_checkpoint" not in stored["model"]

@@ -33,7 +33,7 @@ import torch
 from coolsd import validate
 from coolsd.acceptance import AcceptanceRule, summed_tv, verify_chain, verify_tree
 from coolsd.drafters.base import Drafter, NullDrafter
-from coolsd.kv_cache import swap_remove
+from coolsd.kv_cache import padding_invariant_attention, swap_remove
 from coolsd.models.base import ImageARModel
 from coolsd.rng import ACCEPT, SAMPLE, Streams, sample
 from coolsd.sampling import finite_images
@@ -138,45 +138,46 @@ class Decoder:
         tokens[:, 0] = sample(model.probs(out)[:, -1], streams.uniform(zero, SAMPLE, 1)[:, 0])
         for rec in recs:
             rec.target_forwards += 1
-        self.drafter.begin(list(prompts), out, tokens[:, 0], streams)
-        t = [1] * b  # committed image tokens per image in the batch
-        rows = list(range(b))  # original index of each image in the batch
-        done: dict[int, Generation] = {}
-        now = self._clock()
-        phases.prefill_s = now - start
+        with padding_invariant_attention(not self.plain_ar):  # a row's bits independent of its batch
+            self.drafter.begin(list(prompts), out, tokens[:, 0], streams)
+            t = [1] * b  # committed image tokens per image in the batch
+            rows = list(range(b))  # original index of each image in the batch
+            done: dict[int, Generation] = {}
+            now = self._clock()
+            phases.prefill_s = now - start
 
-        while rows:
-            if self.plain_ar:
-                now = self._ar_steps(cache, tokens, t[0], streams, phases, now, labels, prompts, seeds, rows)
-                for r in rows:
-                    recs[r].hist[0] += n_tokens - t[0]
-                    recs[r].iterations += n_tokens - t[0]
-                    recs[r].target_forwards += n_tokens - t[0]
-                t = [n_tokens] * len(rows)
-            else:
-                now = self._iteration(cache, tokens, t, streams, recs, phases, now, labels, prompts, seeds, rows)
-            finished = [i for i, ti in enumerate(t) if ti >= n_tokens]
-            if not finished:
-                continue
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            elapsed = time.perf_counter() - start - phases.diagnostics_s
-            for i in finished:
-                r = rows[i]
-                rec = recs[r]
-                for phase in ("prefill_s", "draft_s", "verify_s", "accept_s", "observe_s", "diagnostics_s"):
-                    setattr(rec, phase, getattr(phases, phase))
-                done[r] = Generation(tokens=tokens[i, :n_tokens].clone(), stats=rec.freeze(n_tokens, elapsed, b))
-            keep = swap_remove(len(t), finished)  # the last images take the finished ones' places
-            if keep:
-                index = torch.tensor(keep, device=device)
-                cache.select(keep)
-                self.drafter.select(keep)
-                streams.select(index)
-                tokens = tokens[index]
-            t = [t[i] for i in keep]
-            rows = [rows[i] for i in keep]
-        return [done[r] for r in range(b)]
+            while rows:
+                if self.plain_ar:
+                    now = self._ar_steps(cache, tokens, t[0], streams, phases, now, labels, prompts, seeds, rows)
+                    for r in rows:
+                        recs[r].hist[0] += n_tokens - t[0]
+                        recs[r].iterations += n_tokens - t[0]
+                        recs[r].target_forwards += n_tokens - t[0]
+                    t = [n_tokens] * len(rows)
+                else:
+                    now = self._iteration(cache, tokens, t, streams, recs, phases, now, labels, prompts, seeds, rows)
+                finished = [i for i, ti in enumerate(t) if ti >= n_tokens]
+                if not finished:
+                    continue
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                elapsed = time.perf_counter() - start - phases.diagnostics_s
+                for i in finished:
+                    r = rows[i]
+                    rec = recs[r]
+                    for phase in ("prefill_s", "draft_s", "verify_s", "accept_s", "observe_s", "diagnostics_s"):
+                        setattr(rec, phase, getattr(phases, phase))
+                    done[r] = Generation(tokens=tokens[i, :n_tokens].clone(), stats=rec.freeze(n_tokens, elapsed, b))
+                keep = swap_remove(len(t), finished)  # the last images take the finished ones' places
+                if keep:
+                    index = torch.tensor(keep, device=device)
+                    cache.select(keep)
+                    self.drafter.select(keep)
+                    streams.select(index)
+                    tokens = tokens[index]
+                t = [t[i] for i in keep]
+                rows = [rows[i] for i in keep]
+            return [done[r] for r in range(b)]
 
     def _check(self, finite: list[bool], source: str, labels, prompts, seeds, positions: list[int]) -> None:
         """Raise ``NonFiniteError`` for the first image whose ``source`` logits were not finite."""

@@ -15,9 +15,44 @@ Example: used by every model adapter; ``pytest tests/test_kv_cache.py`` checks c
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Sequence
 
 import torch
+
+#: inside ``padding_invariant_attention``: the fewest key slots a forward attends to (masked beyond each row's
+#: length). PyTorch's CPU softmax sums a row in 16-float vectors (AVX-512) with a separate path for shorter
+#: rows, so a row of fewer than 16 keys gave other last bits alone than padded with masked keys inside a batch
+#: whose longest row is longer (measured: 23 of 220 (length, padding) pairs). From 16 keys up, padding never
+#: changes a bit (0 of 9,042 pairs).
+MIN_ATTENTION_WIDTH = 16
+_PADDING_INVARIANT = contextvars.ContextVar("padding_invariant_attention", default=False)
+
+
+@contextlib.contextmanager
+def padding_invariant_attention(enabled: bool = True):
+    """Inside: every row's attention output is bitwise independent of how far its batch neighbours are.
+
+    A speculative batch attends every row over the longest row's keys, the others' masked, so on a CPU a row's
+    float32 sums changed in the last bits with its neighbours' lengths. Inside this context (a) a block attends
+    to at least ``MIN_ATTENTION_WIDTH`` keys and (b) written-out attention (``attention_context("matmul")``)
+    runs a single query as two equal ones: MKL multiplies one query row (``q Kᵀ``, ``p V``) with kernels whose
+    sums depend on the number of keys (measured: 84–96 of 144 (length, padding) pairs differ), two or more
+    rows with one that does not (0 of 144). The decoding loop enables it for drafting and verification;
+    plain AR, whose rows always have equal lengths, runs without it. PyTorch's SDPA kernels
+    (``attention_kernel`` auto or math, the real models) are not changed by it.
+    """
+    token = _PADDING_INVARIANT.set(enabled)
+    try:
+        yield
+    finally:
+        _PADDING_INVARIANT.reset(token)
+
+
+def padding_invariant() -> bool:
+    """Whether ``padding_invariant_attention`` is on."""
+    return _PADDING_INVARIANT.get()
 
 
 class StaticKVCache:
@@ -71,9 +106,10 @@ class StaticKVCache:
         """
         starts = self.lengths
         t = num_tokens
-        end = max(starts) + t
-        if end > self.max_len:
-            raise RuntimeError(f"KV cache overflow: need {end} slots, cache holds {self.max_len}")
+        last = max(starts) + t
+        if last > self.max_len:
+            raise RuntimeError(f"KV cache overflow: need {last} slots, cache holds {self.max_len}")
+        end = min(max(last, MIN_ATTENTION_WIDTH), self.max_len) if padding_invariant() else last
         self.block_starts, self.block_len, self.lengths = list(starts), t, [s + t for s in starts]
         self._end = end
         device = self.k.device

@@ -280,3 +280,98 @@ def test_a_nan_eagle_drafter_raises_on_chains_and_trees_never_falls_back(method,
              "lantern": lambda: Lantern(k=4, **common), "lantern_pp": lambda: LanternPP(k=4, **common)}
     with pytest.raises(NonFiniteError, match=r"from the drafter \(EagleDrafter\).*image 0"):
         build[method]().generate_batch(model.class_names[:2], [0, 1])
+
+
+def test_batch_invariant_linears_keeps_values_and_skips_tied_and_cuda_weights():
+    """Column-major storage changes strides only; a weight shared with an embedding keeps its layout."""
+    from coolsd.models.base import batch_invariant_linears
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Embedding(7, 16), torch.nn.Linear(16, 24), torch.nn.Linear(24, 7, bias=False))
+    net[2].weight = torch.nn.Parameter(torch.randn(7, 24))
+    tied = torch.nn.Linear(16, 7, bias=False)
+    tied.weight = net[0].weight  # (7, 16): an output head tied to the embedding
+    net.append(tied)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    assert batch_invariant_linears(net) == 2
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert not net[1].weight.is_contiguous() and net[1].weight.t().is_contiguous()
+    assert net[0].weight.is_contiguous()  # the tied one
+    assert batch_invariant_linears(net) == 0  # idempotent
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_shipped_float32_model_gives_an_image_bitwise_the_same_output_alone_and_in_any_batch(threads):
+    """The default model and its EAGLE drafter in float32 on the CPU (the default run's setting): an image's
+    target logits are bitwise equal alone, in a batch of 8 with other prompts and in other sub-batches, over
+    1-, 5- and 3-token blocks; sd's tokens and acceptance are identical alone and in a batch of 8. Before
+    ``batch_invariant_linears`` MKL's small-row kernels made a batch-1 row differ in the last bits."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from tests.helpers import CONFIGS
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = compose(config_name="config")
+        model = instantiate(cfg.model)
+        assert model.gpt.tok_embeddings.weight.dtype == torch.float32
+        prompts = [model.class_names[i % 10] for i in range(8)]
+        gen = torch.Generator().manual_seed(0)
+        blocks = [torch.randint(0, model.codebook_size, (8, t), generator=gen) for t in (1, 5, 3)]
+
+        def logits(rows):
+            cache, out = model.prefill([prompts[i] for i in rows])
+            outs, pos = [out.logits], 0
+            for tokens in blocks:
+                t = tokens.shape[1]
+                positions = torch.arange(pos, pos + t)[None].expand(len(rows), -1)
+                outs.append(model.forward_block(cache, tokens[rows], positions).logits)  # (S, B, T, V)
+                cache.keep(t)
+                pos += t
+            return outs
+
+        full = logits(list(range(8)))
+        for rows in ([3], [0], [2, 5], [7, 1, 4]):
+            for part, whole in zip(logits(rows), full):
+                assert torch.equal(part, whole[:, rows]), rows
+        decoder = instantiate(cfg.suite.sd, model=model)
+        batch = decoder.generate_batch(prompts, list(range(8)))
+        for k in (0, 5):
+            alone = decoder.generate(prompts[k], k)
+            assert torch.equal(alone.tokens, batch[k].tokens), k
+            assert alone.stats.accepted_hist == batch[k].stats.accepted_hist
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("decoder", ["lantern", "coolsd"])
+def test_an_image_of_the_default_run_is_bitwise_the_same_alone_and_among_rows_of_other_lengths(decoder):
+    """The default run's batch of images 52–83 (class names cycled, seed = index) on the shipped model: each
+    image's tokens alone equal its tokens in that batch, whose rows have other lengths at every iteration.
+    Image 60 under LANTERN differed at token 43 before ``padding_invariant_attention`` (the drafter's
+    single-query steps attended over its neighbours' longer rows)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from tests.helpers import CONFIGS
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)  # the default run's threads
+    try:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = compose(config_name="config")
+        model = instantiate(cfg.model)
+        dec = instantiate(cfg.suite[decoder], model=model)
+        index = list(range(52, 84))
+        prompts = [model.class_names[i % 10] for i in index]
+        batch = dec.generate_batch(prompts, index)
+        assert len({g.stats.iterations for g in batch}) > 1
+        for k in (60, 52, 83):
+            alone = dec.generate(prompts[k - 52], k)
+            assert torch.equal(alone.tokens, batch[k - 52].tokens), k
+            assert alone.stats.accepted_hist == batch[k - 52].stats.accepted_hist, k
+    finally:
+        torch.set_num_threads(old)

@@ -376,7 +376,9 @@ def test_records_do_not_depend_on_where_the_neighbour_cache_lives(tmp_path):
     from coolsd.fingerprint import json_digest
     from eval.runner import RunRecords, Shards
 
-    fp = {"code_version": 2, "model": {"x": 1}, "decoder": {"name": "lantern", "k": 64}}
+    from coolsd.fingerprint import TOKEN_CODE_VERSION
+
+    fp = {"code_version": TOKEN_CODE_VERSION, "model": {"x": 1}, "decoder": {"name": "lantern", "k": 64}}
     old = {**fp, "decoder": {**fp["decoder"], "neighbour_cache": "/root/.cache/coolsd/neighbours"}}
     prompts = ["a", "b", "c"]
     (tmp_path / "records").mkdir()

@@ -58,7 +58,15 @@ from coolsd import validate
 from coolsd.drafters.base import Drafter, empty_draft
 from coolsd.io import atomic_write_bytes
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import ImageARModel, attention_context, check_prefix, per_stream, stream_rows, to_rows
+from coolsd.models.base import (
+    ImageARModel,
+    attention_context,
+    batch_invariant_linears,
+    check_prefix,
+    per_stream,
+    stream_rows,
+    to_rows,
+)
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, load_state_dict
 from coolsd.rng import DRAFT, sample
 from coolsd.sampling import finite_images, stream_probs
@@ -329,6 +337,8 @@ class EagleDrafter(Drafter):
         check_prefix(prefix)
         self.target = target
         self.head = load_eagle(target, checkpoint) if head is None else head
+        if head is None:  # a loaded head is only decoded with (a head passed in may be in training)
+            batch_invariant_linears(self.head)
         if self.head.prefix is not None and self.head.prefix != prefix:
             raise ValueError(f"the drafter {checkpoint or 'head'} was trained with prefix={self.head.prefix!r} "
                              f"but drafter.prefix={prefix!r}; set drafter.prefix={self.head.prefix}")

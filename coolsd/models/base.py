@@ -21,6 +21,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from coolsd.kv_cache import padding_invariant
 from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig, stream_probs
 from coolsd.types import TargetOutput
@@ -114,13 +115,17 @@ def _matmul_attention():
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
            causal: bool) -> torch.Tensor:
     """Scaled dot-product attention (B, H, T, D) with an additive ``mask`` (or causal, or none): PyTorch's
-    kernels, or written out inside ``attention_context("matmul")``."""
+    kernels, or written out inside ``attention_context("matmul")`` (see ``padding_invariant_attention``)."""
     if not _MATMUL_ATTENTION.get() or causal:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    single = q.shape[-2] == 1 and padding_invariant()
+    if single:
+        q = q.expand(*q.shape[:-2], 2, q.shape[-1])
     scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
     if mask is not None:
         scores = scores + mask
-    return torch.matmul(scores.softmax(-1), v)
+    out = torch.matmul(scores.softmax(-1), v)
+    return out[..., :1, :] if single else out
 
 
 def check_reference_options(attention_kernel: str, pixel_rounding: str) -> None:
@@ -139,6 +144,31 @@ def set_tf32(device: torch.device, tf32: bool) -> None:
     torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
     torch.backends.cudnn.allow_tf32 = True
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
+
+
+def batch_invariant_linears(module: nn.Module) -> int:
+    """Store every CPU ``nn.Linear`` weight of ``module`` column-major (the same values, transposed strides), so
+    that a row's output does not depend on how many rows share the forward: an image's logits are then bitwise
+    the same alone, in any batch and after a resume (``tests/test_batched.py``).
+
+    Why: with the usual row-major (out, in) weight, MKL computes ``x @ Wᵀ`` for fewer than 16 rows with other
+    kernels than for more, whose float32 sums differ in the last bits (measured: up to 4e-5 on a linear of the
+    embedded model), so a batch-1 image was not bitwise the one made inside a batch. With ``Wᵀ`` contiguous,
+    every row count from 2 up takes one kernel, bitwise equal to the old one from 16 rows up (so batched
+    results are unchanged), and it is also faster for 5–26 rows (batch-1 verify blocks). A single row (no CFG,
+    one image, one token) still takes the matrix-vector kernel. CUDA weights are left as they are: cuBLAS picks
+    kernels by shape too, and the layout's speed there was not measured. Parameters shared with a non-linear
+    module (tied embeddings) are skipped. Returns the number of weights changed.
+    """
+    shared = {id(p) for m in module.modules() if not isinstance(m, nn.Linear) for p in m.parameters(recurse=False)}
+    changed = 0
+    for m in module.modules():
+        w = getattr(m, "weight", None)
+        if isinstance(m, nn.Linear) and w is not None and w.device.type == "cpu" and w.dim() == 2 \
+                and id(w) not in shared and w.is_contiguous() and min(w.shape) > 1:
+            w.data = w.data.t().contiguous().t()
+            changed += 1
+    return changed
 
 
 class BlockCache(Protocol):

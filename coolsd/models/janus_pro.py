@@ -54,6 +54,7 @@ from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
     attention_context,
+    batch_invariant_linears,
     check_reference_options,
     pixels_to_uint8,
     set_tf32,
@@ -428,6 +429,7 @@ class JanusPro(ImageARModel):
         self.requires_grad_(False)
         self.to(device=target_device)
         self.janus.model.vqmodel.float()  # the VQ decoder runs in float32 (as LlamaGen's adapter does)
+        batch_invariant_linears(self)
         set_tf32(target_device, tf32)
 
     @staticmethod

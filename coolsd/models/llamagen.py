@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import (ImageARModel, attend, attention_context, check_prefix, check_reference_options,
+from coolsd.models.base import (ImageARModel, attend, batch_invariant_linears, attention_context, check_prefix, check_reference_options,
                                 set_tf32,
                                 per_stream, stream_rows)
 from coolsd.models.vq import VQConfig, VQModel
@@ -453,6 +453,7 @@ class LlamaGenAdapter(ImageARModel):
         self.eval()
         self.to(device=target, dtype=resolve_dtype(dtype, target))
         self.vq.float()
+        batch_invariant_linears(self)
         self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
         set_tf32(target, tf32)
 

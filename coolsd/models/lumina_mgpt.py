@@ -80,7 +80,7 @@ from transformers.models.chameleon.modeling_chameleon import (
 )
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import (ImageARModel, attention_context, check_reference_options, per_stream, set_tf32,
+from coolsd.models.base import (ImageARModel, attention_context, batch_invariant_linears, check_reference_options, per_stream, set_tf32,
                                 stream_rows, to_rows)
 from coolsd.models.chameleon_vqgan import ChameleonVQGAN, ChameleonVQGANConfig, load_vqgan
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, missing_together, strict_load
@@ -633,6 +633,7 @@ class LuminaMGPT(ImageARModel):
         self.to(device=target_device)
         self.lm.to(dtype=target_dtype)
         self.vqgan.float()
+        batch_invariant_linears(self)
         set_tf32(target_device, tf32)
 
     # -- prompts ---------------------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ class Decoder:
         tokens[:, 0] = sample(model.probs(out)[:, -1], streams.uniform(zero, SAMPLE, 1)[:, 0])
         for rec in recs:
             rec.target_forwards += 1
-        with padding_invariant_attention(not self.plain_ar):  # a row's bits independent of its batch
+        with padding_invariant_attention(model.batch_invariant and not self.plain_ar):  # bits batch-independent
             self.drafter.begin(list(prompts), out, tokens[:, 0], streams)
             t = [1] * b  # committed image tokens per image in the batch
             rows = list(range(b))  # original index of each image in the batch

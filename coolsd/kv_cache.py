@@ -81,7 +81,8 @@ class StaticKVCache:
         self.block_starts = [0] * batch  # first slot of the latest block per image
         self.block_len = 0
         self._slots: torch.Tensor | None = None  # (B·S, T) slot of every block token when starts differ
-        self._end = 0
+        self._end = 0  # keys the block attends to
+        self._start = 0  # the block's first slot when every row's block starts there
 
     @property
     def batch(self) -> int:
@@ -111,14 +112,14 @@ class StaticKVCache:
             raise RuntimeError(f"KV cache overflow: need {last} slots, cache holds {self.max_len}")
         end = min(max(last, MIN_ATTENTION_WIDTH), self.max_len) if padding_invariant() else last
         self.block_starts, self.block_len, self.lengths = list(starts), t, [s + t for s in starts]
-        self._end = end
+        self._end, self._start = end, last - t
         device = self.k.device
-        uniform = min(starts) == end - t
+        uniform = min(starts) == last - t  # every row's block at the same slots
         self._slots = None
         if not uniform:
             start_t = self._rows(torch.tensor(starts, device=device))
             self._slots = start_t[:, None] + torch.arange(t, device=device)  # (B·S, T)
-        if tree_mask is None and t == 1 and not self.has_padding and uniform:
+        if tree_mask is None and t == 1 and not self.has_padding and uniform and end == last:
             return None
         block = torch.ones(t, t, dtype=torch.bool, device=device).tril() if tree_mask is None \
             else tree_mask.to(device=device, dtype=torch.bool)
@@ -127,9 +128,10 @@ class StaticKVCache:
         if uniform:  # one window for every row: slice assignments, no gathers
             mask = valid[:, None, :].expand(-1, t, -1).clone()  # (B·S, T, end)
             win = block if block.dim() == 2 else self._rows(block)
-            mask[..., end - k:] &= win
+            mask[..., last - k: last] &= win
             idx = torch.arange(t, device=device)
-            mask[:, idx, end - t + idx] = True  # a padded query still attends to itself (LlamaGen's diagonal)
+            mask[:, idx, last - t + idx] = True  # a padded query still attends to itself (LlamaGen's diagonal)
+            mask[..., last:] = False  # the free slots up to the attended width
             return self._additive(mask)
         ends = self._rows(torch.tensor(self.lengths, device=device))  # (B·S,)
         col = torch.arange(end, device=device)
@@ -153,9 +155,9 @@ class StaticKVCache:
         """Store the block's K/V (B·S, H, T, D) for ``layer``; return all K/V up to the block end."""
         end = self._end
         if self._slots is None:
-            s = end - self.block_len
-            self.k[layer, :, :, s:end] = k
-            self.v[layer, :, :, s:end] = v
+            s = self._start
+            self.k[layer, :, :, s:s + self.block_len] = k
+            self.v[layer, :, :, s:s + self.block_len] = v
         else:
             rows = torch.arange(self._slots.shape[0], device=k.device)[:, None]
             self.k[layer][rows, :, self._slots] = k.transpose(1, 2)

@@ -375,3 +375,34 @@ def test_an_image_of_the_default_run_is_bitwise_the_same_alone_and_among_rows_of
             assert alone.stats.accepted_hist == batch[k - 52].stats.accepted_hist, k
     finally:
         torch.set_num_threads(old)
+
+
+def test_model_batch_invariant_false_keeps_the_default_layout_and_attention():
+    """``model.batch_invariant=false``: row-major weights in the target and the loaded EAGLE head, and the
+    decoding loop runs without ``padding_invariant_attention``; the default (true) stores them column-major."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    import coolsd.decoding as decoding
+    from tests.helpers import CONFIGS
+
+    seen = []
+    real = decoding.padding_invariant_attention
+
+    def spy(enabled=True):
+        seen.append(enabled)
+        return real(enabled)
+
+    for flag in (False, True):
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[f"model.batch_invariant={str(flag).lower()}"])
+        model = instantiate(cfg.model)
+        dec = instantiate(cfg.suite.sd, model=model)
+        weights = [model.gpt.layers[0].attention.wqkv.weight, dec.drafter.head.fc.weight]
+        assert all(w.is_contiguous() != flag for w in weights)
+        decoding.padding_invariant_attention = spy
+        try:
+            dec.generate_batch(["bag"], [0])
+        finally:
+            decoding.padding_invariant_attention = real
+        assert seen[-1] is flag

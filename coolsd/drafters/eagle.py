@@ -337,7 +337,7 @@ class EagleDrafter(Drafter):
         check_prefix(prefix)
         self.target = target
         self.head = load_eagle(target, checkpoint) if head is None else head
-        if head is None:  # a loaded head is only decoded with (a head passed in may be in training)
+        if head is None and target.batch_invariant:  # a loaded head only decodes (one passed in may train)
             batch_invariant_linears(self.head)
         if self.head.prefix is not None and self.head.prefix != prefix:
             raise ValueError(f"the drafter {checkpoint or 'head'} was trained with prefix={self.head.prefix!r} "

@@ -56,9 +56,9 @@ from coolsd.models.base import (
     attention_context,
     batch_invariant_linears,
     check_reference_options,
+    per_stream,
     pixels_to_uint8,
     set_tf32,
-    per_stream,
     stream_rows,
 )
 from coolsd.models.checkpoints import MissingWeightsError
@@ -386,9 +386,11 @@ class JanusPro(ImageARModel):
         attention_kernel: str = "auto",
         tf32: bool = False,
         pixel_rounding: str = "truncate",
+        batch_invariant: bool = True,
     ) -> None:
         super().__init__()
         check_reference_options(attention_kernel, pixel_rounding)
+        self.batch_invariant = bool(batch_invariant)
         self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
         self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
         if "{prompt}" not in prompt_template:
@@ -429,7 +431,8 @@ class JanusPro(ImageARModel):
         self.requires_grad_(False)
         self.to(device=target_device)
         self.janus.model.vqmodel.float()  # the VQ decoder runs in float32 (as LlamaGen's adapter does)
-        batch_invariant_linears(self)
+        if self.batch_invariant:
+            batch_invariant_linears(self)
         set_tf32(target_device, tf32)
 
     @staticmethod

@@ -26,9 +26,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import (ImageARModel, attend, batch_invariant_linears, attention_context, check_prefix, check_reference_options,
-                                set_tf32,
-                                per_stream, stream_rows)
+from coolsd.models.base import (
+    ImageARModel,
+    attend,
+    attention_context,
+    batch_invariant_linears,
+    check_prefix,
+    check_reference_options,
+    per_stream,
+    set_tf32,
+    stream_rows,
+)
 from coolsd.models.vq import VQConfig, VQModel
 from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
@@ -445,7 +453,7 @@ class LlamaGenAdapter(ImageARModel):
         self.active_layers = self.cfg.n_layer
 
     def _place(self, device: str, dtype: str, attention_kernel: str = "math", tf32: bool = True,
-               pixel_rounding: str = "half_up") -> None:
+               pixel_rounding: str = "half_up", batch_invariant: bool = True) -> None:
         """Eval mode on ``device`` in ``dtype`` (``auto``: bf16 on CUDA, float32 otherwise); the VQ in fp32;
         the reference options (``attention_kernel``, ``tf32``, ``pixel_rounding``: ``coolsd.models.base``)."""
         check_reference_options(attention_kernel, pixel_rounding)
@@ -453,7 +461,9 @@ class LlamaGenAdapter(ImageARModel):
         self.eval()
         self.to(device=target, dtype=resolve_dtype(dtype, target))
         self.vq.float()
-        batch_invariant_linears(self)
+        self.batch_invariant = bool(batch_invariant)
+        if self.batch_invariant:
+            batch_invariant_linears(self)
         self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
         set_tf32(target, tf32)
 
@@ -561,9 +571,11 @@ class LlamaGen(LlamaGenAdapter):
         attention_kernel: str = "math",
         tf32: bool = True,
         pixel_rounding: str = "half_up",
+        batch_invariant: bool = True,
     ) -> None:
         """Reference options (defaults = FoundationVision/LlamaGen's sampling scripts; ``coolsd.models.base``):
-        ``attention_kernel`` ``math`` for decode forwards, ``tf32`` on CUDA, ``pixel_rounding`` ``half_up``."""
+        ``attention_kernel`` ``math`` for decode forwards, ``tf32`` on CUDA, ``pixel_rounding`` ``half_up``.
+        ``batch_invariant``: bitwise batch-independent float32 arithmetic on a CPU (``ImageARModel``)."""
         super().__init__()
         self._build(gpt, vq, sampling, gpt_size, init_seed, init_std, zero_init_output)
         self.class_names = list(class_names)
@@ -576,7 +588,7 @@ class LlamaGen(LlamaGenAdapter):
             from coolsd.models.vq import load_vq_checkpoint
 
             load_vq_checkpoint(self.vq, vq_checkpoint)
-        self._place(device, dtype, attention_kernel, tf32, pixel_rounding)
+        self._place(device, dtype, attention_kernel, tf32, pixel_rounding, batch_invariant)
 
     def class_index(self, prompt: str) -> int:
         if prompt in self.class_names:

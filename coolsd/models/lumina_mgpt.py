@@ -80,8 +80,16 @@ from transformers.models.chameleon.modeling_chameleon import (
 )
 
 from coolsd.kv_cache import StaticKVCache
-from coolsd.models.base import (ImageARModel, attention_context, batch_invariant_linears, check_reference_options, per_stream, set_tf32,
-                                stream_rows, to_rows)
+from coolsd.models.base import (
+    ImageARModel,
+    attention_context,
+    batch_invariant_linears,
+    check_reference_options,
+    per_stream,
+    set_tf32,
+    stream_rows,
+    to_rows,
+)
 from coolsd.models.chameleon_vqgan import ChameleonVQGAN, ChameleonVQGANConfig, load_vqgan
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, missing_together, strict_load
 from coolsd.models.llamagen import resolve_device
@@ -564,6 +572,7 @@ class LuminaMGPT(ImageARModel):
         attention_kernel: str = "auto",
         tf32: bool = False,
         pixel_rounding: str = "truncate",
+        batch_invariant: bool = True,
     ) -> None:
         """Reference options (defaults = Lumina-mGPT's ``inference_solver.py``): ``header`` ``sampled`` (the
         image header is sampled as the reference does, ``forced``: written by the adapter), ``header_mismatch``
@@ -580,6 +589,7 @@ class LuminaMGPT(ImageARModel):
         check_reference_options(attention_kernel, pixel_rounding)
         self.header, self.header_mismatch, self.text_top_k = header, header_mismatch, text_top_k
         self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
+        self.batch_invariant = bool(batch_invariant)
         self.header_mismatches: list[dict[str, Any]] = []  # prompts whose sampled header was replaced
         for name, value in (("width", width), ("height", height)):
             if not isinstance(value, int) or value <= 0 or value % PIXELS_PER_SIZE_UNIT:
@@ -633,7 +643,8 @@ class LuminaMGPT(ImageARModel):
         self.to(device=target_device)
         self.lm.to(dtype=target_dtype)
         self.vqgan.float()
-        batch_invariant_linears(self)
+        if self.batch_invariant:
+            batch_invariant_linears(self)
         set_tf32(target_device, tf32)
 
     # -- prompts ---------------------------------------------------------------------------------------------

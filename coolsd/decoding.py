@@ -84,6 +84,10 @@ class Decoder:
         self.tree: TreeShape | DynamicTree | None = resolve_tree(tree, dynamic_tree)
         if self.tree is not None and isinstance(self.drafter, NullDrafter):
             raise ValueError(f"decoder {name!r} has decoder.tree={tree} but no drafter")
+        if self.tree is not None and not self.drafter.drafts_trees:
+            raise ValueError(f"decoder {name!r} has decoder.tree={tree}, but its drafter "
+                             f"({type(self.drafter).__name__}) drafts chains only; remove decoder.tree "
+                             "(decoder.tree=null)")
         if isinstance(self.tree, TreeShape):
             self.max_depth, self.max_nodes = self.tree.depth, len(self.tree.paths)
             parents = self.tree.parents()
@@ -92,7 +96,7 @@ class Decoder:
         elif isinstance(self.tree, DynamicTree):
             self.max_depth, self.max_nodes = self.tree.depth + 1, self.tree.total_tokens
         else:
-            self.max_depth = self.max_nodes = draft_len
+            self.max_depth, self.max_nodes = self.drafter.block_shape(draft_len)
         self.plain_ar = self.max_depth == 0 and isinstance(self.drafter, NullDrafter)
         self.track_tv = track_tv
         self.sync_phases = sync_phases and model.device.type == "cuda"

@@ -29,6 +29,9 @@ DRAFT = 3  # drafted tokens: chain position i, or tree level i's children (index
 JACOBI = 5  # SJD: the carried window tokens
 INIT = 6  # SJD: freshly initialised window tokens
 HEADER = 7  # Lumina-mGPT: the sampled image header (before image position 0)
+COUPLE = 8  # Jacobi maximal coupling of a carried draft: the keep test and the residual draw
+GUMBEL = 9  # Jacobi Gumbel coupling: one noise vector per absolute image position (its draw index = the code)
+TREE = 10  # SJD-PAC's proactive tree: the extra siblings of each level
 
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # the constants as signed int64 (torch has no uint64 arithmetic)
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)
@@ -71,6 +74,13 @@ class Streams:
     def uniform(self, position: torch.Tensor, kind: int, count: int) -> torch.Tensor:
         """Uniforms (B, count) in [0, 1) for draws ``0 .. count − 1`` of ``kind`` at image ``position`` (B,)."""
         return self.uniform_at(position, kind, torch.arange(count, device=self.keys.device))
+
+    def uniform_grid(self, positions: torch.Tensor, kind: int, count: int) -> torch.Tensor:
+        """Uniforms (B, L, count) for draws ``0 .. count − 1`` of ``kind`` at each of the positions (B, L):
+        ``uniform(positions[:, l], kind, count)`` for every l at once."""
+        counter = (positions.to(self.keys.device, torch.long) << 40) + (self.keys[:, None] + (kind << 56))  # (B, L)
+        flat = torch.arange(count, device=counter.device)
+        return to_unit(mix((counter[..., None] + flat) * _GAMMA))
 
     def uniform_at(self, position: torch.Tensor, kind: int, index: torch.Tensor) -> torch.Tensor:
         """Uniforms (B, *index.shape) for the draws ``index`` (any shape, int64) of ``kind`` at ``position``."""

@@ -698,15 +698,87 @@ def compile_modules(model: ImageARModel, names: list[str], mode: str) -> int:
     return count
 
 
+#: ``layouts``: the linear layers' arithmetic a layout comparison builds the model with
+#: (``coolsd.models.base.batch_invariant_linears``): ``column_major`` (the default, ``model.batch_invariant=true``),
+#: ``row_block`` (also ``model.row_block=4``: products of whole 4-row blocks), ``row_major`` (PyTorch's layout,
+#: ``model.batch_invariant=false``)
+LAYOUTS = {"column_major": {"batch_invariant": True, "row_block": 1},
+           "row_block": {"batch_invariant": True, "row_block": 4},
+           "row_major": {"batch_invariant": False, "row_block": 1}}
+
+
+def layout_model(cfg: DictConfig, layout: str) -> ImageARModel:
+    """The bench's model built with one of ``LAYOUTS``."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layouts: {layout!r} is not one of {list(LAYOUTS)}")
+    node = OmegaConf.to_container(cfg.model, resolve=True)
+    node.update(LAYOUTS[layout])
+    return instantiate(node)
+
+
+def run_layouts(cfg: DictConfig, model_name: str) -> dict[str, Any]:
+    """The cost of batch-invariant arithmetic at batch 1: every decoder of ``cfg.decoders`` on the model built
+    with each of ``cfg.layouts``, interleaved per image (image i with every layout and decoder, then i + 1;
+    seeds ``seed + i``) after ``warmup`` untimed images; median latency per (layout, decoder) and its ratio to
+    the first layout. Writes ``<out_dir>/<name>_layouts.{md,json}``."""
+    started = dt.datetime.now(dt.timezone.utc)
+    layouts = list(cfg.layouts)
+    models = {layout: build_decoders(cfg, layout_model(cfg, layout)) for layout in layouts}  # heads follow
+    first = next(iter(models.values()))
+    prompts = instantiate(cfg.data).load(next(iter(first.values())).model, cfg.images, key="images")
+    with torch.inference_mode():
+        for decs in models.values():
+            for dec in decs.values():
+                for w in range(cfg.warmup):
+                    dec.generate(prompts[0], WARMUP_SEED - w)
+        lat: dict[str, dict[str, list[float]]] = {lay: {n: [] for n in cfg.decoders} for lay in layouts}
+        same: dict[str, dict[str, int]] = {lay: {n: 0 for n in cfg.decoders} for lay in layouts}
+        for i, prompt in enumerate(prompts):
+            for name in cfg.decoders:
+                tokens = None
+                for layout in layouts:
+                    gen = models[layout][name].generate(prompt, cfg.seed + i)
+                    lat[layout][name].append(gen.stats.latency_s)
+                    tokens = gen.tokens if tokens is None else tokens
+                    same[layout][name] += int(torch.equal(gen.tokens, tokens))
+    base = layouts[0]
+    rows = {lay: {n: {"median_latency_s": statistics.median(v), "same_tokens_as_first": same[lay][n]}
+                  for n, v in per.items()} for lay, per in lat.items()}
+    for lay in layouts:
+        for n in cfg.decoders:
+            rows[lay][n]["ratio_to_first"] = rows[lay][n]["median_latency_s"] / rows[base][n]["median_latency_s"]
+    name = (cfg.name or f"{model_name}_cpu") + "_layouts"
+    record = {"setup": {"name": name, "model": model_name, "layouts": layouts, "images": cfg.images,
+                        "threads": torch.get_num_threads(), "warmup": cfg.warmup},
+              "layouts": rows, "git": git_commit(), "environment": environment(),
+              "started": started.isoformat(timespec="seconds")}
+    lines = [f"# Batch-1 latency per linear layout: {model_name}, {cfg.images} images per cell, interleaved",
+             "", f"Median latency (ms per image) and its ratio to `{base}`; `same` = images whose tokens equal "
+             f"`{base}`'s. {torch.get_num_threads()} threads; {environment().get('processor')}.", "",
+             "| decoder | " + " | ".join(f"{lay} ms | ratio | same" for lay in layouts) + " |",
+             "|---|" + "---|---|---|" * len(layouts)]
+    for n in cfg.decoders:
+        cells = [f"{1000 * rows[lay][n]['median_latency_s']:.1f} | {rows[lay][n]['ratio_to_first']:.3f} | "
+                 f"{rows[lay][n]['same_tokens_as_first']}/{cfg.images}" for lay in layouts]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    out_dir = Path(cfg.out_dir)
+    atomic_write_bytes(out_dir / f"{name}.json", (json.dumps(record, indent=2, default=str) + "\n").encode())
+    atomic_write_bytes(out_dir / f"{name}.md", ("\n".join(lines) + "\n").encode())
+    return record
+
+
 def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
     """Build, measure, write ``<out_dir>/<name>.{md,json}`` (``name``: ``cfg.name`` or ``<model>_<device>``,
-    as ``record["setup"]["name"]``); returns the JSON record."""
+    as ``record["setup"]["name"]``); returns the JSON record. With ``layouts`` set, only the layout comparison
+    (``run_layouts``) runs."""
     started = dt.datetime.now(dt.timezone.utc)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(cfg.seed)
     if cfg.images < 1:
         raise ValueError(f"images must be >= 1, got {cfg.images}")
+    if cfg.get("layouts"):
+        return run_layouts(cfg, model_name)
     model: ImageARModel = instantiate(cfg.model)
     if cfg.cuda_graphs and model.device.type != "cuda":
         raise ValueError("cuda_graphs=true needs model.device=cuda")

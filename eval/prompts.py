@@ -56,6 +56,19 @@ class ClassPrompts:
         return cycled(names, num_prompts)
 
 
+def utf8_text(path: Path, what: str) -> str:
+    """The text of ``path``, or a ``ValueError`` that names the file, the first undecodable byte, the config key
+    (``what``) and how to convert the file, instead of a bare ``UnicodeDecodeError``."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ValueError(f"{path} ({what}) is not UTF-8 text: byte {raw[e.start]:#04x} at offset {e.start} (line "
+                         f"{line}) cannot be decoded. Convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8 "
+                         f"{path.name} > prompts.utf8.txt`) and point {what} at it") from None
+
+
 class FilePrompts:
     """One prompt per non-empty line of a UTF-8 text file."""
 
@@ -66,7 +79,7 @@ class FilePrompts:
         path = Path(self.path).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"prompt file not found: {path} (set data.path)")
-        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        prompts = [line.strip() for line in utf8_text(path, "data.path").splitlines() if line.strip()]
         if not prompts:
             raise ValueError(f"prompt file {path} has no prompts (set data.path to a file with one prompt per line)")
         return first(prompts, num_prompts, f"the prompt file {path} (data.path)", key)
@@ -113,7 +126,7 @@ class CocoCaptions:
                 f"annotations/captions_val2017.json (e.g. export COCO_DIR=<folder holding annotations/>)")
         hint = "point data.path at MS-COCO's annotations/captions_val2017.json"
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(utf8_text(path, "data.path"))
             by_image: dict[int, list[str]] = {}
             for ann in data["annotations"]:
                 by_image.setdefault(int(ann["image_id"]), []).append(" ".join(ann["caption"].split()))
@@ -146,12 +159,13 @@ class PartiPrompts:
         path = Path(self.path).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"PartiPrompts not found at {path}. Download {PARTI_URL} and set data.path")
-        with open(path, encoding="utf-8", newline="") as f:
-            reader = csv.DictReader(f, delimiter="\t")
-            if "Prompt" not in (reader.fieldnames or []):
-                raise ValueError(f"{path} has no `Prompt` column (columns: {reader.fieldnames}); point data.path "
-                                 f"at PartiPrompts.tsv ({PARTI_URL})")
-            rows = list(reader)
+        import io
+
+        reader = csv.DictReader(io.StringIO(utf8_text(path, "data.path"), newline=""), delimiter="\t")
+        if "Prompt" not in (reader.fieldnames or []):
+            raise ValueError(f"{path} has no `Prompt` column (columns: {reader.fieldnames}); point data.path "
+                             f"at PartiPrompts.tsv ({PARTI_URL})")
+        rows = list(reader)
         prompts = [(r["Prompt"] or "").strip() for r in rows if self.category in (None, r.get("Category"))]
         prompts = [p for p in prompts if p]
         source = f"PartiPrompts {path} (data.path)" + (f" in category {self.category!r} (data.category)"

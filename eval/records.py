@@ -125,8 +125,12 @@ def environment() -> dict[str, Any]:
 
 
 def load_records(records_dir: Path, name: str) -> dict[int, dict]:
-    """Every finished record of a decoder, from the single-process file and all rank files."""
+    """Every finished record of a decoder, from the single-process file and all rank files. Where two files
+    hold an image's record (a resume with another number of ranks), the later one wins unless only the earlier
+    names an image file (a record whose image was restored from its tokens keeps it)."""
     done: dict[int, dict] = {}
     for path in sorted(records_dir.glob(f"{name}.jsonl")) + sorted(records_dir.glob(f"{name}.rank*.jsonl")):
-        done.update(JsonlLog(path, key="index", repair=False).done)
+        for index, rec in JsonlLog(path, key="index", repair=False).done.items():
+            if not (index in done and done[index].get("image") and not rec.get("image")):
+                done[index] = rec
     return done

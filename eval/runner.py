@@ -31,6 +31,7 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from coolsd import validate
 from coolsd.decoding import Decoder
 from coolsd.fingerprint import TOKEN_CODE_VERSION, differing_keys, json_digest, weights_digest
 from coolsd.io import atomic_write_bytes
+from coolsd.numerics import check_batch_invariance
 from coolsd.types import pooled_accepted_length
 from eval import stats
 from eval.labels import canonical, decoder_options, method_label
@@ -55,6 +57,7 @@ WARMUP_SEED = 2**31 - 1
 
 
 RESUME = ("auto", "overwrite")
+NUMERICS_MISMATCH = ("refuse", "accept")
 
 
 @dataclass
@@ -70,7 +73,9 @@ class EvalSuite:
     image-quality metrics computed on each decoder's images; ``resume``: ``auto`` reuses finished records
     that match this run's fingerprint and refuses on any that do not, ``overwrite`` deletes mismatching
     records first; ``reuse_ar``: take AR images of the batched set from the cache of earlier runs with the
-    same fingerprint (``$COOLSD_CACHE/ar``). ``bootstrap``: resamples, seed and level of every interval and
+    same fingerprint (``$COOLSD_CACHE/ar``). ``numerics_mismatch``: ``refuse`` a folder whose records, or a
+    shard whose rank, were made on a machine whose float32 arithmetic differs from this one's (the start-up
+    self-check's signature, ``coolsd.numerics``), ``accept`` them (recorded in ``run.json``). ``bootstrap``: resamples, seed and level of every interval and
     test (``eval.stats.Bootstrap``); ``compare_to``: the baselines of the paired comparisons (see
     ``baselines``).
     """
@@ -84,6 +89,7 @@ class EvalSuite:
     batch_size: int = 1
     resume: str = "auto"
     reuse_ar: bool = True
+    numerics_mismatch: str = "refuse"
     metrics: list[Any] = field(default_factory=list)
     bootstrap: Bootstrap = field(default_factory=Bootstrap)
     compare_to: Any = ("sd",)
@@ -94,6 +100,7 @@ class EvalSuite:
         validate.integer("eval.batch_size", self.batch_size, minimum=1)
         validate.choice("eval.resume", self.resume, RESUME)
         validate.boolean("eval.reuse_ar", self.reuse_ar)
+        validate.choice("eval.numerics_mismatch", self.numerics_mismatch, NUMERICS_MISMATCH)
         if self.metrics and not self.save_images:
             raise ValueError("eval.metrics score the saved images: set eval.save_images=true or eval.metrics=[]")
         if not isinstance(self.bootstrap, Bootstrap):
@@ -139,6 +146,16 @@ class Shards:
         box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (``[value]`` without a process group)."""
+        if self.world == 1:
+            return [value]
+        import torch.distributed as dist
+
+        out = [None] * self.world
+        dist.all_gather_object(out, value)
+        return out
 
     def barrier(self) -> None:
         if self.world > 1:
@@ -393,13 +410,17 @@ class RunRecords:
     other settings is refused (``eval.resume=auto``) or cleared (``overwrite``) before any image is made.
     """
 
-    def __init__(self, out_dir: Path, fingerprints: dict[str, dict], resume: str, shards: "Shards") -> None:
+    def __init__(self, out_dir: Path, fingerprints: dict[str, dict], resume: str, shards: "Shards",
+                 numerics_mismatch: str = "refuse") -> None:
         self.dir = out_dir / "records"
         self.out_dir = out_dir
         self.fingerprints = {name: normalised(fp) for name, fp in fingerprints.items()}
         self.digests = {name: json_digest(fp) for name, fp in self.fingerprints.items()}
         self.resume = resume
         self.shards = shards
+        self.numerics_mismatch = numerics_mismatch
+        #: decoder -> the stored ``numerics`` fingerprint of records this run accepted from another machine
+        self.accepted_numerics: dict[str, Any] = {}
 
     def meta_path(self, name: str) -> Path:
         return self.dir / f"{name}.fingerprint.json"
@@ -418,7 +439,15 @@ class RunRecords:
             if meta.is_file():
                 old = json.loads(meta.read_text())
                 keys = differing_keys(normalised(old), fp)
+                if keys and self.numerics_mismatch == "accept" and all(k.startswith("numerics.") for k in keys):
+                    self.accepted_numerics[name] = old.get("numerics")  # another machine's records, kept
+                    self.fingerprints[name], self.digests[name] = old, json_digest(old)
+                    keys = []
                 if keys:
+                    if any(k.startswith("numerics.") for k in keys):
+                        keys = [f"numerics (made on a machine whose float32 arithmetic differs: self-check "
+                                f"{old.get('numerics')} there, {fp.get('numerics')} here; eval.numerics_mismatch="
+                                "accept keeps them)"] + [k for k in keys if not k.startswith("numerics.")]
                     stale.append(f"decoder {name!r} (records/{name}.jsonl): {', '.join(keys[:8])}"
                                  + (f" and {len(keys) - 8} more" if len(keys) > 8 else ""))
                 elif old != fp:  # an older version fingerprinted e.g. a location: keep
@@ -499,6 +528,7 @@ class Generator:
     shards: Shards
     records: RunRecords
     ar_cache: ARCache | None
+    signature: str | None = None  # this machine's numerics signature, stored in every record
 
     def __post_init__(self) -> None:
         suffix = f".rank{self.shards.rank}" if self.shards.world > 1 else ""
@@ -509,6 +539,7 @@ class Generator:
     def run(self, done: dict[str, dict[int, dict]]) -> None:
         suite, prompts = self.suite, self.prompts
         mine = [i for i in range(len(prompts)) if i % self.shards.world == self.shards.rank]
+        self._restore_images(done, set(mine))
         timed = [i for i in mine if i < suite.num_timed]
         rest = [i for i in mine if i >= suite.num_timed]
         # the timed subset must have been timed (a batched record of it has no latency)
@@ -535,6 +566,25 @@ class Generator:
                     self._generate(name, chunks[round_], timed=False)
                     bar.update(len(chunks[round_]))
         bar.close()
+
+    def _restore_images(self, done: dict[str, dict[int, dict]], mine: set[int]) -> None:
+        """Finished records of this rank that have no image file (made with ``eval.save_images=false``, or the
+        file was deleted) get their image decoded from their recorded tokens, before any generation, so every
+        image metric finds one image per record (the tokens are the image; nothing is regenerated)."""
+        if not self.suite.save_images:
+            return
+        for name, recs in done.items():
+            lacking = sorted(i for i, r in recs.items() if i in mine
+                             and not (r.get("image") and (self.out_dir / r["image"]).is_file()))
+            for k in range(0, len(lacking), 64):
+                chunk = lacking[k: k + 64]
+                pixels = self.model.decode_images(torch.tensor([recs[i]["tokens"] for i in chunk],
+                                                               device=self.model.device))
+                for i, image in zip(chunk, pixels):
+                    path = self.out_dir / "images" / name / f"{i:05d}.png"
+                    save_png(path, image)
+                    recs[i] = {**recs[i], "image": str(path.relative_to(self.out_dir))}
+                    self.logs[name].append(recs[i])
 
     def _reuse_ar(self, indices: list[int]) -> list[int]:
         """Copy cached AR records (and images) into this run; returns the indices still to generate."""
@@ -590,6 +640,7 @@ class Generator:
                 "timed": timed,
                 "batch_id": batch_id,
                 "batch_s": batch_s,
+                "numerics": self.signature,
                 "stats": stats,
             }
             self.logs[name].append(record)
@@ -632,18 +683,20 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
     model = instantiate(cfg.model)
     decoders: dict[str, Decoder] = {name: instantiate(dc, model=model) for name, dc in decoder_cfgs.items()}
     weights = weights_digest(model)
+    numerics = machine_numerics(model, shards, suite.numerics_mismatch)
     for name, dec in decoders.items():
         fingerprints[name]["weights_sha1"] = weights
+        fingerprints[name]["numerics"] = numerics["fingerprint"]
         head = getattr(dec.drafter, "head", None)
         if isinstance(head, torch.nn.Module):
             fingerprints[name]["drafter_weights_sha1"] = weights_digest(head)
-    records = RunRecords(out_dir, fingerprints, suite.resume, shards)
+    records = RunRecords(out_dir, fingerprints, suite.resume, shards, suite.numerics_mismatch)
     done = records.check(prompts, suite.seed)
     cache_root = Path(os.environ.get("COOLSD_CACHE", "~/.cache/coolsd")).expanduser()
     ar_cache = ARCache(cache_root, records.digests["ar"]) if suite.reuse_ar and suite.num_timed < len(prompts) \
         else None
 
-    Generator(decoders, prompts, suite, out_dir, shards, records, ar_cache).run(done)
+    Generator(decoders, prompts, suite, out_dir, shards, records, ar_cache, numerics["signature"]).run(done)
     shards.barrier()
     if shards.rank != 0:
         shards.close()
@@ -685,6 +738,8 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
         "job": dict(job or {}),
         "num_prompts": len(prompts),
         "world_size": shards.world,
+        "numerics": {**numerics["check"], "ranks": numerics["ranks"], "accepted_mismatch": records.accepted_numerics,
+                     "record_signatures": record_signatures(ordered)},
         "config": OmegaConf.to_container(cfg, resolve=True),
         "git": git_commit(),
         "environment": environment(),
@@ -705,6 +760,39 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
     print(one_line_summary(record))
     shards.close()
     return record
+
+
+def machine_numerics(model, shards: Shards, mismatch: str) -> dict[str, Any]:
+    """The start-up self-check (``coolsd.numerics``) on every rank: this rank's result, each rank's signature,
+    and the fingerprint entry. Says once when batch invariance does not hold here; refuses ranks whose
+    arithmetic differs (e.g. nodes of two CPU kinds) unless ``eval.numerics_mismatch=accept``."""
+    check = check_batch_invariance(model)
+    ranks = shards.gather({"signature": check.signature, "batch_invariant": check.batch_invariant,
+                           "machine": check.describe()})
+    if len({r["signature"] for r in ranks}) > 1 and mismatch != "accept":
+        listing = "; ".join(f"rank {i}: {r['machine']}, signature {r['signature'][:12]}" for i, r in enumerate(ranks))
+        raise RuntimeError(f"the ranks of this run compute different float32 bits ({listing}), so their shards "
+                           "would mix images of two arithmetics. Nothing was generated. Run every rank on one "
+                           "kind of machine, or set eval.numerics_mismatch=accept to merge them anyway (recorded "
+                           "in run.json numerics.ranks)")
+    if not check.batch_invariant and shards.rank == 0:
+        warnings.warn(f"batch invariance does not hold on this machine ({check.describe()}): the self-check's "
+                      f"logits alone and inside a batch differ by up to {check.max_rel_diff:.1e} (relative), so an "
+                      "image may differ in its last bits, and rarely in its tokens, between batch sizes and "
+                      "resumes (README, \"Bitwise reproducibility\"; model.row_block=4 restored it on an AMD EPYC at "
+                      "a cost); run.json numerics records it", stacklevel=2)
+    return {"check": check.as_dict(), "ranks": ranks, "fingerprint": check.fingerprint(),
+            "signature": check.signature}
+
+
+def record_signatures(ordered: dict[str, list[dict]]) -> dict[str, int]:
+    """How many of the run's records were made under each numerics signature (older records: ``unknown``)."""
+    counts: dict[str, int] = {}
+    for recs in ordered.values():
+        for r in recs:
+            key = r.get("numerics") or "unknown"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def save_grid(path: Path, out_dir: Path, records: list[dict], max_images: int = 64) -> None:

@@ -10,6 +10,7 @@ Examples::
     python scripts/bench.py bench=embedded_random             # the embedded model's sizes, random weights
     python scripts/bench.py bench=llamagen_xl_512 cuda_graphs=true
     python scripts/bench.py bench=janus_pro_1b compile=true
+    python scripts/bench.py layouts=[column_major,row_block,row_major] images=30   # batch invariance's cost
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from eval.bench import run_bench  # noqa: E402
 @hydra.main(version_base="1.3", config_path="../configs", config_name="bench")
 def main(cfg: DictConfig) -> None:
     record = run_bench(cfg, HydraConfig.get().runtime.choices.get("model") or "model")
-    print((Path(cfg.out_dir) / f"{record['setup']['name']}.md").read_text())
+    print((Path(cfg.out_dir) / f"{record['setup']['name']}.md").read_text())  # the layouts' table when run
 
 
 if __name__ == "__main__":

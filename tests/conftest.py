@@ -24,3 +24,29 @@ def _cpu_threads():
 def tiny_model():
     """The random-weight class-conditional LlamaGen of ``configs/model/tiny.yaml`` (float64, CFG 2)."""
     return tiny_llamagen(dtype="float64")
+
+
+def pytest_report_header(config):
+    """The start-up self-check on this machine, so the output says which invariance property the tests assert."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from coolsd.numerics import check_batch_invariance
+    from tests.helpers import CONFIGS
+
+    old = torch.get_num_threads()
+    lines = []
+    try:
+        for row_block in (1, 4):
+            with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+                model = instantiate(compose(config_name="config", overrides=[f"model.row_block={row_block}"]).model)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                check = check_batch_invariance(model)
+                what = ("holds: the invariance tests assert bitwise equality" if check.batch_invariant else
+                        f"fails (max relative logit difference {check.max_rel_diff:.1e}): the invariance tests "
+                        "assert the weaker property")
+                lines.append(f"batch-invariance self-check, model.row_block={row_block}, on {check.describe()}: {what}")
+    finally:
+        torch.set_num_threads(old)
+    return lines

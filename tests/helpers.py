@@ -104,3 +104,21 @@ def sequence_counts(decoder, model, n: int, prompt: str = "p") -> torch.Tensor:
     for gen in generations(decoder, n, prompt):
         counts[model.sequence_index(gen.tokens)] += 1
     return counts
+
+
+def invariance_property(model) -> str:
+    """Which batch-invariance property the tests assert on this machine at the current torch threads:
+    ``"bitwise"`` where the start-up self-check (``coolsd.numerics.check_batch_invariance``) passes, else
+    ``"rounding"`` (the documented weaker property). A weaker check is announced as a warning, so the test
+    output names it; ``tests/conftest.py`` prints the self-check in the report header."""
+    import warnings
+
+    from coolsd.numerics import check_batch_invariance
+
+    check = check_batch_invariance(model)
+    if check.batch_invariant:
+        return "bitwise"
+    warnings.warn(f"batch invariance does not hold here ({check.describe()}; max relative logit difference "
+                  f"{check.max_rel_diff:.1e}): this test checks the weaker property (float32 rounding, tokens "
+                  "changed in at most 2 % of images), not bitwise equality", stacklevel=2)
+    return "rounding"

@@ -24,7 +24,7 @@ import torch
 
 from baselines.exact import ExactRule
 from baselines.lantern import LanternRule
-from baselines.sjd import JacobiDrafter
+from baselines.jacobi import JacobiDrafter
 from coolsd.cool import CoolSDRule
 from coolsd.decoding import Decoder, NonFiniteError
 from coolsd.drafters.model_drafter import ModelDrafter
@@ -300,24 +300,39 @@ def test_batch_invariant_linears_keeps_values_and_skips_tied_and_cuda_weights():
     assert batch_invariant_linears(net) == 0  # idempotent
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_the_shipped_float32_model_gives_an_image_bitwise_the_same_output_alone_and_in_any_batch(threads):
-    """The default model and its EAGLE drafter in float32 on the CPU (the default run's setting): an image's
-    target logits are bitwise equal alone, in a batch of 8 with other prompts and in other sub-batches, over
-    1-, 5- and 3-token blocks; sd's tokens and acceptance are identical alone and in a batch of 8. Before
-    ``batch_invariant_linears`` MKL's small-row kernels made a batch-1 row differ in the last bits."""
+def shipped_model(**overrides):
+    """The default config's model (the shipped embedded LlamaGen, float32) and config."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
     from tests.helpers import CONFIGS
 
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"{k}={v}" for k, v in overrides.items()])
+    return instantiate(cfg.model), cfg
+
+
+@pytest.mark.invariance
+@pytest.mark.parametrize("row_block", [1, 4])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_shipped_float32_model_gives_an_image_bitwise_the_same_output_alone_and_in_any_batch(threads, row_block):
+    """The default model and its EAGLE drafter in float32 on the CPU (the default run's setting), over 1-, 5- and
+    3-token blocks, alone, in a batch of 8 with other prompts and in other sub-batches. Where the start-up
+    self-check passes on this machine (``coolsd.numerics``): the target logits are bitwise equal and sd's tokens
+    and acceptance identical alone and in the batch. Where it fails: the logits agree within float32 rounding
+    (relative 1e-5 of the largest logit), the documented weaker property. On an AMD EPYC (AVX2) MKL's kernels
+    for 1–3 rows make rows [3] alone differ from the same rows in the batch of 8 with ``model.row_block=1`` (the
+    default; the weaker property is checked there) and not with 4 (bitwise)."""
+    from hydra.utils import instantiate
+
+    from tests.helpers import invariance_property
+
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = compose(config_name="config")
-        model = instantiate(cfg.model)
+        model, cfg = shipped_model(**{"model.row_block": row_block})
         assert model.gpt.tok_embeddings.weight.dtype == torch.float32
+        prop = invariance_property(model)
         prompts = [model.class_names[i % 10] for i in range(8)]
         gen = torch.Generator().manual_seed(0)
         blocks = [torch.randint(0, model.codebook_size, (8, t), generator=gen) for t in (1, 5, 3)]
@@ -336,43 +351,59 @@ def test_the_shipped_float32_model_gives_an_image_bitwise_the_same_output_alone_
         full = logits(list(range(8)))
         for rows in ([3], [0], [2, 5], [7, 1, 4]):
             for part, whole in zip(logits(rows), full):
-                assert torch.equal(part, whole[:, rows]), rows
-        decoder = instantiate(cfg.suite.sd, model=model)
-        batch = decoder.generate_batch(prompts, list(range(8)))
-        for k in (0, 5):
-            alone = decoder.generate(prompts[k], k)
-            assert torch.equal(alone.tokens, batch[k].tokens), k
-            assert alone.stats.accepted_hist == batch[k].stats.accepted_hist
+                whole = whole[:, rows]
+                if prop == "bitwise":
+                    assert torch.equal(part, whole), (rows, prop)
+                else:
+                    rel = float((part - whole).abs().max() / whole.abs().max())
+                    assert rel <= 1e-5, (rows, prop, rel)
+        if prop == "bitwise":
+            decoder = instantiate(cfg.suite.sd, model=model)
+            batch = decoder.generate_batch(prompts, list(range(8)))
+            for k in (0, 5):
+                alone = decoder.generate(prompts[k], k)
+                assert torch.equal(alone.tokens, batch[k].tokens), (k, prop)
+                assert alone.stats.accepted_hist == batch[k].stats.accepted_hist
     finally:
         torch.set_num_threads(old)
 
 
+@pytest.mark.invariance
+@pytest.mark.parametrize("row_block", [1, 4])
 @pytest.mark.parametrize("decoder", ["lantern", "coolsd"])
-def test_an_image_of_the_default_run_is_bitwise_the_same_alone_and_among_rows_of_other_lengths(decoder):
-    """The default run's batch of images 52–83 (class names cycled, seed = index) on the shipped model: each
-    image's tokens alone equal its tokens in that batch, whose rows have other lengths at every iteration.
-    Image 60 under LANTERN differed at token 43 before ``padding_invariant_attention`` (the drafter's
-    single-query steps attended over its neighbours' longer rows)."""
-    from hydra import compose, initialize_config_dir
+def test_an_image_of_the_default_run_is_bitwise_the_same_alone_and_among_rows_of_other_lengths(decoder, row_block):
+    """The default run's batch of images 52–83 (class names cycled, seed = index) on the shipped model, whose rows
+    have other lengths at every iteration. Where the self-check passes: images 60, 52 and 83 alone equal their
+    tokens in that batch (image 60 under LANTERN differed at token 43 before ``padding_invariant_attention``:
+    the drafter's single-query steps attended over its neighbours' longer rows). Where it fails: the documented
+    weaker property, an image's tokens change between batch 1 and a batch with probability at most 2 % (measured
+    0.3–1.3 % per decoder where the self-check fails, README), on images 0–49 alone against one batch of 50: a
+    one-sided binomial test that fails at 6 or more changed images, false-alarm probability 4.8e-4 at 2 %."""
     from hydra.utils import instantiate
 
-    from tests.helpers import CONFIGS
+    from tests.helpers import invariance_property
 
     old = torch.get_num_threads()
-    torch.set_num_threads(2)  # the default run's threads
+    torch.set_num_threads(1)  # one thread: the suite's workers share the cores (the logits test covers 2 threads)
     try:
-        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = compose(config_name="config")
-        model = instantiate(cfg.model)
+        model, cfg = shipped_model(**{"model.row_block": row_block})
+        prop = invariance_property(model)
         dec = instantiate(cfg.suite[decoder], model=model)
-        index = list(range(52, 84))
-        prompts = [model.class_names[i % 10] for i in index]
-        batch = dec.generate_batch(prompts, index)
-        assert len({g.stats.iterations for g in batch}) > 1
-        for k in (60, 52, 83):
-            alone = dec.generate(prompts[k - 52], k)
-            assert torch.equal(alone.tokens, batch[k - 52].tokens), k
-            assert alone.stats.accepted_hist == batch[k - 52].stats.accepted_hist, k
+        if prop == "bitwise":
+            index = list(range(52, 84))
+            prompts = [model.class_names[i % 10] for i in index]
+            batch = dec.generate_batch(prompts, index)
+            assert len({g.stats.iterations for g in batch}) > 1
+            for k in (60, 52, 83):
+                alone = dec.generate(prompts[k - 52], k)
+                assert torch.equal(alone.tokens, batch[k - 52].tokens), (k, prop)
+                assert alone.stats.accepted_hist == batch[k - 52].stats.accepted_hist, k
+        else:
+            index = list(range(50))
+            prompts = [model.class_names[i % 10] for i in index]
+            differ = [i for i, gen in zip(index, dec.generate_batch(prompts, index))
+                      if not torch.equal(gen.tokens, dec.generate(prompts[i], i).tokens)]
+            assert len(differ) <= 5, (prop, differ)
     finally:
         torch.set_num_threads(old)
 

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from baselines.exact import ExactRule
-from baselines.sjd import JacobiDrafter
+from baselines.jacobi import JacobiDrafter
 from coolsd.decoding import Decoder
 from coolsd.drafters.eagle import EagleDrafter, EagleHead
 from coolsd.drafters.model_drafter import ModelDrafter

@@ -319,6 +319,9 @@ def test_lanterns_released_drafters_load_strictly(xl_targets, tmp_path, repo, si
     assert drafter_cfg.checkpoint == f"hub:{repo}" and drafter_cfg.prefix == "all"
     drafter = EagleDrafter(models[size], checkpoint=str(folder), prefix=drafter_cfg.prefix)
     head = drafter.head
+    assert head.prefix == "all"  # read from config.json's input_type: LANTERN trained on every caption slot
+    with pytest.raises(ValueError, match="trained with prefix='all' but drafter.prefix='last'"):
+        EagleDrafter(models[size], checkpoint=str(folder), prefix="last")  # drafter=eagle's default
     assert head.embedding.shape == (16384, 1280) and head.fc.weight.shape == (1280, 2560) and head.bias
     assert head.layer.intermediate_size == 3584 and head.norm_eps == 1e-6
     expected = 16384 * 1280 + 1280 * 2560 + 1280 + 4 * 1280 * 1280 + 3 * 1280 * 3584 + 1280

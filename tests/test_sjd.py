@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from baselines.exact import ExactRule
-from baselines.sjd import JacobiDrafter
+from baselines.jacobi import JacobiDrafter
 from coolsd.decoding import Decoder
 from coolsd.models.base import ImageARModel
 from coolsd.models.llamagen import LlamaGen

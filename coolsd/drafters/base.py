@@ -30,6 +30,16 @@ def empty_draft(batch: int, vocab: int, device: torch.device) -> Draft:
 class Drafter(abc.ABC):
     """Proposes draft chains or trees for a batch of images (``begin`` starts a new batch)."""
 
+    #: whether ``propose`` can draft the static or dynamic trees of ``decoder.tree`` (checked when a decoder is
+    #: built, before any image)
+    drafts_trees: bool = True
+
+    def block_shape(self, draft_len: int) -> tuple[int, int]:
+        """(draft levels, draft nodes) of the largest block this drafter proposes with ``decoder.draft_len`` and
+        no ``decoder.tree``: a chain of ``draft_len`` by default; a drafter that builds its own tree (SJD-PAC)
+        says how deep and wide. Called once when the decoder is built."""
+        return draft_len, draft_len
+
     @abc.abstractmethod
     def begin(self, prompts: Sequence[str], prefill: TargetOutput, first_tokens: torch.Tensor,
               streams: Streams) -> None:
@@ -59,6 +69,8 @@ class Drafter(abc.ABC):
 
 class NullDrafter(Drafter):
     """Drafts nothing: the shared loop then runs plain autoregressive decoding (one token per forward)."""
+
+    drafts_trees = False
 
     def __init__(self, target: object = None) -> None:
         self.vocab = 0

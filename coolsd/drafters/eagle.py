@@ -263,6 +263,14 @@ def _eagle_to_ours(head: EagleHead, config: dict[str, Any], state: dict[str, tor
     return out
 
 
+def released_prefix(config: dict[str, Any]) -> str | None:
+    """The prefix convention a released EAGLE / LANTERN drafter was trained with, read from its ``config.json``:
+    LANTERN's text-to-image LlamaGen drafters (``input_type`` ``t2i`` / ``t2i2``) were trained on every caption
+    slot (``all``, the module doc); ``None`` where the config does not say (then ``drafter.prefix`` decides;
+    on a class-conditional model with one condition slot the two conventions coincide)."""
+    return "all" if config.get("input_type") in ("t2i", "t2i2") else None
+
+
 def load_eagle(target: ImageARModel, checkpoint: str) -> EagleHead:
     """Build an ``EagleHead`` for ``target`` from a checkpoint directory or ``hub:`` spec (see module doc)."""
     config_path, weights_path = resolve_checkpoint(checkpoint)
@@ -279,7 +287,7 @@ def load_eagle(target: ImageARModel, checkpoint: str) -> EagleHead:
                              f"(field: checkpoint vs target) {mismatch}; " + TRAIN_HINT)
     else:
         head = EagleHead(target, bias="fc.bias" in state, norm_eps=config.get("rms_norm_eps"),
-                         own_embedding="embed_tokens.weight" in state, prefix=None)  # not recorded
+                         own_embedding="embed_tokens.weight" in state, prefix=released_prefix(config))
         state = _eagle_to_ours(head, config, state)
     expected = {k: v.shape for k, v in head.state_dict().items()}
     problems = [f"{k}: missing" for k in expected if k not in state]
@@ -338,7 +346,7 @@ class EagleDrafter(Drafter):
         self.target = target
         self.head = load_eagle(target, checkpoint) if head is None else head
         if head is None and target.batch_invariant:  # a loaded head only decodes (one passed in may train)
-            batch_invariant_linears(self.head)
+            batch_invariant_linears(self.head, target.row_block)
         if self.head.prefix is not None and self.head.prefix != prefix:
             raise ValueError(f"the drafter {checkpoint or 'head'} was trained with prefix={self.head.prefix!r} "
                              f"but drafter.prefix={prefix!r}; set drafter.prefix={self.head.prefix}")

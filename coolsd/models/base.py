@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from coolsd.kv_cache import padding_invariant
 from coolsd.rng import Streams
@@ -146,28 +147,70 @@ def set_tf32(device: torch.device, tf32: bool) -> None:
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
 
 
-def batch_invariant_linears(module: nn.Module) -> int:
-    """Store every CPU ``nn.Linear`` weight of ``module`` column-major (the same values, transposed strides), so
-    that a row's output does not depend on how many rows share the forward: an image's logits are then bitwise
-    the same alone, in any batch and after a resume (``tests/test_batched.py``).
+#: ``model.row_block`` (``batch_invariant_linears``): every CPU linear multiplies a multiple of this many rows
+#: (zero rows appended); 1 = off (the default). Measured with MKL 2024.2 (torch 2.14.1), column-major weights,
+#: the embedded model's shapes, products of 1–160 rows against the same rows of a 1,280-row product: on a 2-core
+#: AMD EPYC (AVX2) 1–3 rows (and 5–7, 9–11 at 2 or 8 threads) gave other last bits, every multiple of 4 the same
+#: bits at 1, 2, 3, 4 and 8 threads, so ``row_block=4`` makes the self-check (``coolsd.numerics``) pass there; on
+#: the Intel AVX-512 VM of earlier sessions every count from 2 rows up did already. It costs compute where small
+#: products are compute-bound: on that AMD VM a batch-1 decode of the embedded model took 1.15–1.25x as long
+#: (README, "Bitwise reproducibility").
+ROW_BLOCKS = (1, 2, 4, 8, 16)
 
-    Why: with the usual row-major (out, in) weight, MKL computes ``x @ Wᵀ`` for fewer than 16 rows with other
-    kernels than for more, whose float32 sums differ in the last bits (measured: up to 4e-5 on a linear of the
-    embedded model), so a batch-1 image was not bitwise the one made inside a batch. With ``Wᵀ`` contiguous,
-    every row count from 2 up takes one kernel, bitwise equal to the old one from 16 rows up (so batched
-    results are unchanged). Speed (embedded model, interleaved): a batch-1 one-token forward 5–7 % slower, a
-    5-token forward and batches of 32 about equal. A single row (no CFG, one image, one token) still takes the
-    matrix-vector kernel. CUDA weights are left as they are: cuBLAS picks
-    kernels by shape too, and the layout's speed there was not measured. Parameters shared with a non-linear
-    module (tied embeddings) are skipped. Returns the number of weights changed.
+
+class RowBlockLinear(nn.Linear):
+    """An ``nn.Linear`` whose product always has a multiple of ``row_block`` rows (``batch_invariant_linears``):
+    ``x`` (..., in) is flattened to M rows, padded with zero rows to the next multiple, multiplied, and the
+    padding dropped. The values of the real rows are those of ``F.linear`` on a product of that many rows."""
+
+    row_block: int = 4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        pad = -rows % self.row_block
+        if not pad:
+            return F.linear(x, self.weight, self.bias)
+        flat = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, pad))  # (M + pad, in)
+        return F.linear(flat, self.weight, self.bias)[:rows].view(*x.shape[:-1], self.out_features)
+
+
+def check_row_block(row_block: int) -> int:
+    from coolsd import validate
+
+    validate.integer("model.row_block", row_block, minimum=1)
+    return validate.choice("model.row_block", row_block, ROW_BLOCKS)
+
+
+def batch_invariant_linears(module: nn.Module, row_block: int = 1) -> int:
+    """Store every CPU ``nn.Linear`` weight of ``module`` column-major (the same values, transposed strides), so
+    that a row's output does not depend on how many rows share the forward, on the CPUs where that holds: an
+    image's logits are then bitwise the same alone, in any batch and after a resume. Whether it holds on the
+    machine that runs is measured by the start-up self-check (``coolsd.numerics.check_batch_invariance``).
+
+    Why: MKL picks its float32 GEMM kernel by shape **and by CPU vendor and ISA**, and kernels for few rows sum
+    in another order (measured: up to 4e-5 on a linear of the embedded model). On the Intel AVX-512 VM of
+    earlier sessions row-major weights split at 16 rows and column-major ones at 2, so a batch-1 CFG forward
+    (2 rows) and a batch share one kernel; on a 2-core AMD EPYC (AVX2) both layouts split at 4 rows (and, at 2
+    threads, at counts that are not multiples of 4): there ``row_block=4`` also makes every module a
+    ``RowBlockLinear`` (products of whole 4-row blocks), which restores the invariance at a measured cost
+    (``ROW_BLOCKS``). Speed of the column-major layout (embedded model, interleaved, Intel VM): a batch-1
+    one-token forward 5–7 % slower, a 5-token forward and batches of 32 about equal. CUDA weights are left as
+    they are: cuBLAS picks kernels by shape too, and the layout's speed there was not measured. Parameters
+    shared with a non-linear module (tied embeddings) are skipped. Returns the number of weights changed.
     """
+    row_block = check_row_block(row_block)
     shared = {id(p) for m in module.modules() if not isinstance(m, nn.Linear) for p in m.parameters(recurse=False)}
     changed = 0
     for m in module.modules():
         if not isinstance(m, nn.Linear):
             continue
         w = m.weight
-        if w.device.type == "cpu" and id(w) not in shared and w.is_contiguous() and min(w.shape) > 1:
+        if w.device.type != "cpu" or id(w) in shared or min(w.shape) <= 1:
+            continue
+        if row_block > 1 and type(m) in (nn.Linear, RowBlockLinear):
+            m.__class__ = RowBlockLinear
+            m.row_block = row_block
+        if w.is_contiguous():
             w.data = w.data.t().contiguous().t()
             changed += 1
     return changed
@@ -203,8 +246,10 @@ class ImageARModel(nn.Module, abc.ABC):
     #: model (about equal from 5 tokens or 32 images up); an image may then differ in the last bits between
     #: batch sizes (measured: 3 of 480 default-run images changed tokens between batch 1 and batch 32).
     batch_invariant: bool = True
+    #: ``model.row_block`` (``batch_invariant_linears``): CPU linears multiply whole blocks of this many rows
+    row_block: int = 1
     #: How speculative Jacobi decoding initialises fresh window tokens on this model when
-    #: ``decoder.drafter.init=auto`` (``baselines.sjd.JacobiDrafter``): ``"random"`` (uniform over image
+    #: ``decoder.drafter.init=auto`` (``baselines.jacobi.JacobiDrafter``): ``"random"`` (uniform over image
     #: codes) or ``"repeat_horizon"`` (copy the token one column to the left). Adapters declare the
     #: reference setting of their model family; the default is ``"random"``.
     sjd_init: str = "random"

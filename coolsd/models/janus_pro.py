@@ -50,11 +50,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from coolsd import validate
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
     attention_context,
     batch_invariant_linears,
+    check_row_block,
     check_reference_options,
     per_stream,
     pixels_to_uint8,
@@ -387,10 +389,12 @@ class JanusPro(ImageARModel):
         tf32: bool = False,
         pixel_rounding: str = "truncate",
         batch_invariant: bool = True,
+        row_block: int = 1,
     ) -> None:
         super().__init__()
         check_reference_options(attention_kernel, pixel_rounding)
-        self.batch_invariant = bool(batch_invariant)
+        self.batch_invariant = validate.boolean("model.batch_invariant", batch_invariant)
+        self.row_block = check_row_block(row_block)
         self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
         self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
         if "{prompt}" not in prompt_template:
@@ -432,7 +436,7 @@ class JanusPro(ImageARModel):
         self.to(device=target_device)
         self.janus.model.vqmodel.float()  # the VQ decoder runs in float32 (as LlamaGen's adapter does)
         if self.batch_invariant:
-            batch_invariant_linears(self)
+            batch_invariant_linears(self, self.row_block)
         set_tf32(target_device, tf32)
 
     @staticmethod

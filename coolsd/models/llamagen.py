@@ -25,12 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from coolsd import validate
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
     attend,
     attention_context,
     batch_invariant_linears,
+    check_row_block,
     check_prefix,
     check_reference_options,
     per_stream,
@@ -453,7 +455,7 @@ class LlamaGenAdapter(ImageARModel):
         self.active_layers = self.cfg.n_layer
 
     def _place(self, device: str, dtype: str, attention_kernel: str = "math", tf32: bool = True,
-               pixel_rounding: str = "half_up", batch_invariant: bool = True) -> None:
+               pixel_rounding: str = "half_up", batch_invariant: bool = True, row_block: int = 1) -> None:
         """Eval mode on ``device`` in ``dtype`` (``auto``: bf16 on CUDA, float32 otherwise); the VQ in fp32;
         the reference options (``attention_kernel``, ``tf32``, ``pixel_rounding``: ``coolsd.models.base``)."""
         check_reference_options(attention_kernel, pixel_rounding)
@@ -461,9 +463,10 @@ class LlamaGenAdapter(ImageARModel):
         self.eval()
         self.to(device=target, dtype=resolve_dtype(dtype, target))
         self.vq.float()
-        self.batch_invariant = bool(batch_invariant)
+        self.batch_invariant = validate.boolean("model.batch_invariant", batch_invariant)
+        self.row_block = check_row_block(row_block)
         if self.batch_invariant:
-            batch_invariant_linears(self)
+            batch_invariant_linears(self, self.row_block)
         self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
         set_tf32(target, tf32)
 
@@ -572,10 +575,11 @@ class LlamaGen(LlamaGenAdapter):
         tf32: bool = True,
         pixel_rounding: str = "half_up",
         batch_invariant: bool = True,
+        row_block: int = 1,
     ) -> None:
         """Reference options (defaults = FoundationVision/LlamaGen's sampling scripts; ``coolsd.models.base``):
         ``attention_kernel`` ``math`` for decode forwards, ``tf32`` on CUDA, ``pixel_rounding`` ``half_up``.
-        ``batch_invariant``: bitwise batch-independent float32 arithmetic on a CPU (``ImageARModel``)."""
+        ``batch_invariant`` and ``row_block``: batch-independent float32 arithmetic on a CPU (``ImageARModel``)."""
         super().__init__()
         self._build(gpt, vq, sampling, gpt_size, init_seed, init_std, zero_init_output)
         self.class_names = list(class_names)
@@ -588,7 +592,7 @@ class LlamaGen(LlamaGenAdapter):
             from coolsd.models.vq import load_vq_checkpoint
 
             load_vq_checkpoint(self.vq, vq_checkpoint)
-        self._place(device, dtype, attention_kernel, tf32, pixel_rounding, batch_invariant)
+        self._place(device, dtype, attention_kernel, tf32, pixel_rounding, batch_invariant, row_block)
 
     def class_index(self, prompt: str) -> int:
         if prompt in self.class_names:

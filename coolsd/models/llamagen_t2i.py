@@ -351,6 +351,7 @@ class LlamaGenT2I(LlamaGenAdapter):
         tf32: bool = True,
         pixel_rounding: str = "half_up",
         batch_invariant: bool = True,
+        row_block: int = 1,
     ) -> None:
         """``text_encoder``: a hub id or local folder of a T5 encoder (with ``tokenizer=None`` its tokenizer
         comes from the same place), ``tiny_random`` (tests), or a built ``T5EncoderModel``-like module or a
@@ -369,7 +370,7 @@ class LlamaGenT2I(LlamaGenAdapter):
         if pretrained:
             load_gpt_checkpoint(self.gpt, files[gpt_file], strict=True)
             self._load_vq(files[vq_file])
-        self._place(device, dtype, attention_kernel, tf32, pixel_rounding, batch_invariant)
+        self._place(device, dtype, attention_kernel, tf32, pixel_rounding, batch_invariant, row_block)
         self.text = self._caption_encoder(text_encoder, tokenizer, text_encoder_revision, caption_cleaning)
         if self.text.hidden_size != self.cfg.caption_dim:
             raise ValueError(f"the text encoder's width ({self.text.hidden_size}) differs from "

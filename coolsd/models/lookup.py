@@ -81,6 +81,7 @@ class LookupModel(ImageARModel):
     ) -> None:
         super().__init__()
         self.prompts = list(prompts)
+        self.check_prompt_set = self.prompts  # the start-up self-check (coolsd.numerics) uses these
         self.codebook_size = vocab
         self.grid = (int(grid[0]), int(grid[1]))
         self.sampling = (sampling if isinstance(sampling, SamplingConfig)

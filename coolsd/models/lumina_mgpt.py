@@ -79,11 +79,13 @@ from transformers.models.chameleon.modeling_chameleon import (
     apply_rotary_pos_emb,
 )
 
+from coolsd import validate
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
     attention_context,
     batch_invariant_linears,
+    check_row_block,
     check_reference_options,
     per_stream,
     set_tf32,
@@ -573,6 +575,7 @@ class LuminaMGPT(ImageARModel):
         tf32: bool = False,
         pixel_rounding: str = "truncate",
         batch_invariant: bool = True,
+        row_block: int = 1,
     ) -> None:
         """Reference options (defaults = Lumina-mGPT's ``inference_solver.py``): ``header`` ``sampled`` (the
         image header is sampled as the reference does, ``forced``: written by the adapter), ``header_mismatch``
@@ -589,7 +592,8 @@ class LuminaMGPT(ImageARModel):
         check_reference_options(attention_kernel, pixel_rounding)
         self.header, self.header_mismatch, self.text_top_k = header, header_mismatch, text_top_k
         self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
-        self.batch_invariant = bool(batch_invariant)
+        self.batch_invariant = validate.boolean("model.batch_invariant", batch_invariant)
+        self.row_block = check_row_block(row_block)
         self.header_mismatches: list[dict[str, Any]] = []  # prompts whose sampled header was replaced
         for name, value in (("width", width), ("height", height)):
             if not isinstance(value, int) or value <= 0 or value % PIXELS_PER_SIZE_UNIT:
@@ -644,7 +648,7 @@ class LuminaMGPT(ImageARModel):
         self.lm.to(dtype=target_dtype)
         self.vqgan.float()
         if self.batch_invariant:
-            batch_invariant_linears(self)
+            batch_invariant_linears(self, self.row_block)
         set_tf32(target_device, tf32)
 
     # -- prompts ---------------------------------------------------------------------------------------------

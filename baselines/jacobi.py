@@ -1,0 +1,364 @@
+"""Speculative Jacobi decoding and its training-free family as slots of one window drafter on the shared loop.
+
+SJD (Teng et al., arXiv 2410.01699) lets the target draft for itself: a window of ``W = draft_len + 1`` tokens
+after the last committed one is refined by Jacobi iteration; every iteration runs the target once over
+``[last committed, d_1..d_{W−1}]`` and accepts a prefix of the drafts with ``min(1, p_t(d)/q(d))``, where ``q``
+is the distribution ``d`` was drawn from. That is vanilla speculative sampling with a drafter that remembers
+the target's own outputs, so every method below is this drafter (``JacobiDrafter``) with one or two slots
+changed, run by ``coolsd.decoding.Decoder`` with ``baselines.exact.ExactRule`` or GSD's
+``baselines.gsd.GroupedRule`` (``shared/docs/algorithms.md``, "The Jacobi family"):
+
+* **(A) ``init``, a fresh window slot**: ``random`` (a uniform code, stored q one-hot on it: SJD),
+  ``random_uniform_q`` (a uniform code, stored q uniform over the codes, so it is accepted with
+  ``min(1, V·p(x))``: SJD-PAC), ``repeat_horizon`` (the token one column to the left, q one-hot; at column 0 a
+  uniform code), ``auto`` (the model adapter's ``sjd_init``).
+* **(B) ``carry``, the drafts right of the committed block** (the target's outputs there, computed in the
+  verify forward conditioned on the rejected drafts: the Jacobi update):
+  ``independent`` (SJD: a fresh sample of ``p_t``, stored q = ``p_t``);
+  ``maximal`` (SCD-MC, SJD-PAC's adaptive continuation): the maximal coupling of the old draft with ``p_t``,
+  i.e. keep the old draft ``x`` with probability ``min(1, p_t(x)/q(x))``, else draw ``norm([p_t − q]_+)``, with
+  stored q = ``p_t`` (``carried_q: exact``, the marginal of the coupled token) or, as SCD's published code does,
+  the old q for a kept draft (``carried_q: reference_code``; see the README for what the exactness test
+  finds); ``gumbel`` (SCD-GS): every absolute image position keeps one Gumbel noise vector ``g`` over the
+  codes for the whole decode and a carried draft is ``argmax_v(log p_t(v) + g(v))``, stored q = ``p_t``.
+* **(D) ``tree_width`` K, ``tree_depth`` D: SJD-PAC's proactive drafting.** After a rejection the window is a
+  K-ary tree rooted at the committed token with ``D − 1`` branching levels (D counts the root, as the reference
+  code's ``tree_depth`` does): level ``l`` holds the coupled carried draft of window slot ``l`` first and
+  ``K − 1`` more tokens drawn from that slot's stored q **without replacement**, each node storing q with the
+  earlier siblings removed and renormalised; every node of level ``l − 1`` has these same ``K`` children (the
+  reference's Cartesian tree); the rest of the window hangs as one chain under the first-child path. The loop
+  verifies it with the shared multi-draft walk (``coolsd.acceptance.verify_tree``). ``K = 1`` or ``D = 1`` is a
+  chain.
+
+Carried drafts for the next iteration always come from the path the walk stopped on: below the last
+accepted node ``c``, the first child (the rejected draft, whose position is committed as the resampled token),
+its first child and so on; each becomes a carried slot with the target's distribution at its position (the
+output at its parent) and, for ``maximal``, its old token and q. One more slot takes the distribution after
+the last such node (no old draft: a fresh sample, or Gumbel for ``gumbel``). For a chain this is SJD's own
+rule: positions ``n + 2 .. W`` of the old window.
+
+Differences from the reference code, on purpose (``README``, "The Jacobi family"):
+
+* Every image token is decoded inside the window, which shrinks at the grid's end; the references decode a few
+  tokens plainly autoregressively at the start and end (Lumina-mGPT's structural tokens are forced by the
+  adapter here).
+* ``gumbel``: the noise is keyed by absolute image position throughout (the reference reuses one noise row for
+  the plain autoregressive steps, which is not exact); the committed token after a rejection is drawn from the
+  residual with its own uniform, as there, and the bonus token by the loop's sampler (same distribution).
+* SJD-PAC: the reference draws the K siblings of a level from the residual ``(p − q)_+`` and verifies them as
+  if drawn from ``p_t``, picks the path with the longest accepted prefix, and commits a uniform random token when
+  every draft passes; by our reading (and a distribution test of its sampler run outside this repository) that
+  is not exact. Here siblings come from the stored q without replacement and the walk takes the first accepted
+  sibling, which the chi-square tests check (``tests/test_jacobi.py``).
+* ``repeat_horizon`` for a fresh token whose left neighbour is also fresh copies that neighbour (the reference
+  copies the last token it already holds); the reference's LlamaGen path never applies it (use ``random``).
+
+Written after tyshiwo1/Accelerating-T2I-AR-with-SJD ``scheduler/jacobi_iteration_lumina_mgpt.py``,
+junhyukso/SCD ``lumina1/scheduler/jacobi_iteration_lumina_mgpt_{SCDMC,GS}.py`` and ``janus_pro/scheduler/``,
+KangJialiang/SJD-PAC ``scheduler/sjd_pac_iteration_lumina_mgpt.py``; studied, not copied.
+
+Example: ``python run.py decoder=scd_mc``; ``python run.py decoder=sjd decoder.drafter.init=random``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from coolsd import validate
+from coolsd.acceptance import ratio_acceptance, vanilla_residual
+from coolsd.drafters.base import Drafter, empty_draft
+from coolsd.models.base import ImageARModel
+from coolsd.rng import COUPLE, GUMBEL, INIT, JACOBI, TREE, sample
+from coolsd.types import Draft, TargetOutput, Verdict
+
+INITS = ("auto", "random", "random_uniform_q", "repeat_horizon")
+CARRIES = ("independent", "maximal", "gumbel")
+CARRIED_Q = ("exact", "reference_code")
+
+
+@dataclass(frozen=True)
+class TreeTemplate:
+    """SJD-PAC's window as a fixed node layout: ``levels`` branching levels of ``width`` siblings (every node of a
+    level has the same children), then a chain under the first-child path, ``nodes`` draft nodes in all.
+
+    ``parents[j]`` (−1 = the root), ``slot[j]`` the window slot (= depth − 1) and ``rank[j]`` the sibling rank of
+    node j; ``first_chain[r]`` lists the first-child path below row ``r`` of ``p`` (0 = the root, j + 1 = node j),
+    −1 padded."""
+
+    width: int
+    levels: int
+    nodes: int
+    parents: torch.Tensor
+    slot: torch.Tensor
+    rank: torch.Tensor
+    first_chain: torch.Tensor
+
+    @classmethod
+    def build(cls, width: int, levels: int, nodes: int) -> "TreeTemplate":
+        parents, slot, rank = [], [], []
+        previous = [-1]
+        for level in range(levels):
+            current = []
+            for par in previous:
+                for r in range(width):
+                    if len(parents) == nodes:
+                        break
+                    parents.append(par)
+                    slot.append(level)
+                    rank.append(r)
+                    current.append(len(parents) - 1)
+            previous = current
+        tip = next((j for j in range(len(parents) - 1, -1, -1) if all(
+            rank[a] == 0 for a in _ancestry(parents, j))), -1)  # the deepest all-first-child node
+        depth = slot[tip] + 1 if tip >= 0 else 0
+        while len(parents) < nodes:  # the chain under the first-child path
+            parents.append(tip)
+            slot.append(depth)
+            rank.append(0)
+            tip, depth = len(parents) - 1, depth + 1
+        m = len(parents)
+        first_child = [-1] * (m + 1)
+        for j in range(m - 1, -1, -1):
+            if rank[j] == 0:
+                first_child[parents[j] + 1] = j
+        chains = []
+        for row in range(m + 1):
+            chain, node = [], first_child[row]
+            while node >= 0:
+                chain.append(node)
+                node = first_child[node + 1]
+            chains.append(chain)
+        longest = max((len(c) for c in chains), default=0)
+        first_chain = torch.full((m + 1, max(longest, 1)), -1, dtype=torch.long)
+        for row, chain in enumerate(chains):
+            first_chain[row, : len(chain)] = torch.tensor(chain, dtype=torch.long)
+        return cls(width=width, levels=levels, nodes=m, parents=torch.tensor(parents, dtype=torch.long),
+                   slot=torch.tensor(slot, dtype=torch.long), rank=torch.tensor(rank, dtype=torch.long),
+                   first_chain=first_chain)
+
+    @property
+    def depth(self) -> int:
+        """Window slots the layout spans (the first-child path's length)."""
+        return int(self.slot.max()) + 1 if self.nodes else 0
+
+
+def _ancestry(parents: list[int], j: int) -> list[int]:
+    out = []
+    while j >= 0:
+        out.append(j)
+        j = parents[j]
+    return out
+
+
+class JacobiDrafter(Drafter):
+    """The Jacobi window of a batch of images with the family's slots as options (module doc)."""
+
+    drafts_trees = False  # its own window (chain or SJD-PAC tree); decoder.tree is refused when the decoder is built
+
+    def __init__(self, target: ImageARModel, init: str = "auto", carry: str = "independent",
+                 carried_q: str = "exact", tree_width: int = 1, tree_depth: int = 1) -> None:
+        validate.choice("decoder.drafter.init", init, INITS)
+        if init == "auto":
+            init = getattr(target, "sjd_init", "random")
+            if init not in INITS[1:]:
+                raise ValueError(f"{type(target).__name__}.sjd_init must be one of {INITS[1:]}, got {init!r}")
+        self.target = target
+        self.init = init
+        self.carry = validate.choice("decoder.drafter.carry", carry, CARRIES)
+        self.carried_q = validate.choice("decoder.drafter.carried_q", carried_q, CARRIED_Q)
+        if carried_q == "reference_code" and carry != "maximal":
+            raise ValueError("decoder.drafter.carried_q=reference_code is SCD's maximal-coupling code; set "
+                             "decoder.drafter.carry=maximal or carried_q=exact")
+        self.tree_width = validate.integer("decoder.drafter.tree_width", tree_width, minimum=1)
+        self.tree_depth = validate.integer("decoder.drafter.tree_depth", tree_depth, minimum=1)
+        self.vocab = target.codebook_size
+        self.width = target.grid[1]
+        self.streams = None
+        self.q: torch.Tensor | None = None  # (B, C, V) stored q of the carried slots
+        self.x: torch.Tensor | None = None  # (B, C) coupled carried tokens (maximal), −1 = draw at propose
+        self.carried: list[int] = []  # per image: how many of the C slots are carried
+        self._templates: dict[int, TreeTemplate] = {}
+        self._draft_len = 0
+        self._t: torch.Tensor | None = None
+
+    @property
+    def is_tree(self) -> bool:
+        return self.tree_width > 1 and self.tree_depth > 1
+
+    def template(self, nodes: int) -> TreeTemplate:
+        """The SJD-PAC layout of ``nodes`` draft nodes (cached)."""
+        if nodes not in self._templates:
+            self._templates[nodes] = TreeTemplate.build(self.tree_width, self.tree_depth - 1, nodes)
+        return self._templates[nodes]
+
+    def block_shape(self, draft_len: int) -> tuple[int, int]:
+        self._draft_len = draft_len
+        if not self.is_tree:
+            return draft_len, draft_len
+        return self.template(draft_len).depth, draft_len
+
+    # -- the loop's calls ---------------------------------------------------------------------------------
+    def begin(self, prompts, prefill: TargetOutput, first_tokens: torch.Tensor, streams) -> None:
+        b = first_tokens.shape[0]
+        self.streams = streams
+        device = first_tokens.device
+        self.q = torch.zeros(b, 0, self.vocab, device=device)
+        self.x = torch.zeros(b, 0, dtype=torch.long, device=device)
+        self.carried = [0] * b
+
+    def select(self, images) -> None:
+        index = torch.tensor(list(images), device=self.q.device)
+        self.q, self.x = self.q[index], self.x[index]
+        self.carried = [self.carried[i] for i in images]
+
+    def propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
+        if tree is not None:
+            raise ValueError("a Jacobi decoder drafts its own window (a chain or SJD-PAC's tree); remove "
+                             "decoder.tree")
+        b = last_tokens.shape[0]
+        device = last_tokens.device
+        if depth == 0:
+            return empty_draft(b, self.vocab, device)
+        self._t = t
+        tokens, q = self.window(last_tokens, t, limit, depth)  # (B, L), (B, L, V)
+        index = torch.arange(depth, device=device)
+        if not self.is_tree:
+            return Draft(tokens=tokens, q=q, valid=index[None, :] < limit[:, None], forwards=[0] * b)
+        return self.tree_draft(tokens, q, t, limit)
+
+    def window(self, last_tokens: torch.Tensor, t: torch.Tensor, limit: torch.Tensor, depth: int):
+        """The window slots 0..depth−1 of every image: carried drafts, then fresh initial tokens."""
+        b = last_tokens.shape[0]
+        device = last_tokens.device
+        k = self.q.shape[1]
+        carried = torch.minimum(torch.tensor(self.carried, device=device), limit)  # (B,)
+        index = torch.arange(depth, device=device)
+        is_carried = index[None, :] < carried[:, None]  # (B, L)
+        q_carried = torch.zeros(b, depth, self.vocab, device=device, dtype=self.q.dtype)
+        x_fixed = torch.full((b, depth), -1, dtype=torch.long, device=device)
+        if k:
+            q_carried[:, : min(k, depth)] = self.q[:, :depth]
+            x_fixed[:, : min(k, depth)] = self.x[:, :depth]
+        x_carried = self.jacobi_update(q_carried, t)  # (B, L)
+        x_carried = torch.where(x_fixed >= 0, x_fixed, x_carried)
+        fresh = self.initial_tokens(x_carried, carried, last_tokens, t, depth)  # (B, L)
+        tokens = torch.where(is_carried, x_carried, fresh)
+        if self.init == "random_uniform_q":
+            q_fresh = torch.full_like(q_carried, 1.0 / self.vocab)
+        else:
+            q_fresh = torch.nn.functional.one_hot(fresh, self.vocab).to(q_carried.dtype)  # (B, L, V)
+        return tokens, torch.where(is_carried[..., None], q_carried, q_fresh)
+
+    def jacobi_update(self, q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """Draws of the carried slots from their stored ``q`` (B, L, V) -> (B, L): ``independent`` and
+        ``maximal`` by inverse CDF of the JACOBI uniforms (used by ``maximal`` only for the slot after the last
+        old draft), ``gumbel`` as ``argmax(log q + g)`` with each absolute position's noise. Rows holding no
+        carried distribution (all zero) give garbage that the caller discards."""
+        if self.carry != "gumbel":
+            u = self.streams.uniform(t, JACOBI, q.shape[1])  # (B, L)
+            return sample(q, u)
+        positions = t[:, None] + torch.arange(q.shape[1], device=t.device)  # (B, L) absolute image positions
+        g = self.gumbel(positions)  # (B, L, V)
+        return torch.where(q > 0, q.clamp_min(torch.finfo(q.dtype).tiny).log() + g, -torch.inf).argmax(-1)
+
+    def gumbel(self, positions: torch.Tensor) -> torch.Tensor:
+        """The Gumbel noise (B, L, V) of absolute image positions (B, L): a pure function of (seed, position)."""
+        u = self.streams.uniform_grid(positions, GUMBEL, self.vocab)  # (B, L, V) in [0, 1)
+        return -torch.log(-torch.log(u.clamp_min(2.0**-25)))  # u = 0 (one code in 2^24) as the smallest one
+
+    def initial_tokens(self, carried_tokens: torch.Tensor, carried: torch.Tensor, last_tokens: torch.Tensor,
+                       t: torch.Tensor, depth: int) -> torch.Tensor:
+        """Fresh tokens (B, L) for the window slots from each image's ``carried`` count on (earlier slots
+        are ignored): uniform codes, or ``repeat_horizon`` copies of the left neighbour."""
+        device = last_tokens.device
+        u = self.streams.uniform(t, INIT, depth)  # (B, L)
+        uniform = (u * self.vocab).long().clamp_(max=self.vocab - 1)
+        if self.init != "repeat_horizon":
+            return uniform
+        index = torch.arange(depth, device=device)
+        fresh = index[None, :] >= carried[:, None]
+        column0 = fresh & ((t[:, None] + index[None, :]) % self.width == 0)  # a fresh token at column 0 is random
+        source = torch.where(column0, index[None, :], -1).cummax(1).values  # the last column-0 slot so far
+        # the left anchor of the fresh run: the last carried token, or the last committed one
+        anchor = torch.where(carried > 0, carried_tokens.gather(1, (carried - 1).clamp_min(0)[:, None])[:, 0],
+                             last_tokens)
+        return torch.where(source >= 0, uniform.gather(1, source.clamp_min(0)), anchor[:, None])
+
+    def tree_draft(self, tokens: torch.Tensor, q: torch.Tensor, t: torch.Tensor, limit: torch.Tensor) -> Draft:
+        """SJD-PAC's tree over the window slots ``tokens``/``q`` (B, S) / (B, S, V) (module doc, (D))."""
+        b, s = tokens.shape
+        device = tokens.device
+        tmpl = self.template(self._draft_len)
+        slot, rank = tmpl.slot.to(device), tmpl.rank.to(device)
+        levels = min(tmpl.levels, s)
+        # K candidates per branching level: rank 0 = the window slot's draft, ranks 1.. without replacement
+        picks = tokens[:, :levels, None].expand(-1, -1, self.tree_width).clone()  # (B, Lv, K)
+        conds = q[:, :levels, None].expand(-1, -1, self.tree_width, -1).clone()  # (B, Lv, K, V)
+        enough = torch.ones(b, levels, self.tree_width, dtype=torch.bool, device=device)
+        if levels:
+            remaining = q[:, :levels].scatter(-1, tokens[:, :levels, None], 0.0)  # (B, Lv, V)
+            u = self.streams.uniform(t, TREE, levels * self.tree_width).view(b, levels, self.tree_width)
+            for r in range(1, self.tree_width):
+                mass = remaining.sum(-1, keepdim=True)
+                enough[:, :, r] = mass[..., 0] > 0
+                conds[:, :, r] = remaining / mass.clamp_min(torch.finfo(q.dtype).tiny)
+                picks[:, :, r] = sample(remaining, u[:, :, r])
+                remaining = remaining.scatter(-1, picks[:, :, r, None], 0.0)
+        lv = slot.clamp(max=max(levels - 1, 0))
+        in_tree = slot < levels
+        node_tokens = torch.where(in_tree, picks[:, lv, rank], tokens[:, slot.clamp(max=s - 1)])  # (B, M)
+        node_q = torch.where(in_tree[None, :, None], conds[:, lv, rank], q[:, slot.clamp(max=s - 1)])
+        ok = torch.where(in_tree, enough[:, lv, rank], True) & (slot[None, :] < limit[:, None])
+        parents = tmpl.parents.to(device)
+        valid = ok.clone()
+        for _ in range(tmpl.depth):  # a node is valid only under a valid parent
+            valid = valid & torch.where(parents >= 0, valid[:, parents.clamp_min(0)], True)
+        return Draft(tokens=node_tokens, q=node_q, valid=valid, forwards=[0] * b,
+                     parents=parents.expand(b, -1))
+
+    def observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict) -> None:
+        # the first-child path below the last accepted node: its first node's position is committed, the
+        # rest are the next window's carried slots, plus one slot after the path's last node
+        b = p.shape[0]
+        device = p.device
+        m = draft.draft_len
+        n = verdict.num_accepted
+        if draft.is_chain:  # below node n − 1 (the root for n = 0): nodes n, n + 1, ... of the drafted prefix
+            chain = n[:, None] + torch.arange(m, device=device)  # (B, m)
+            chain = torch.where(chain < draft.valid.sum(-1, keepdim=True), chain, -1)
+        else:
+            last = verdict.path.gather(1, (n - 1).clamp_min(0)[:, None])[:, 0]
+            stop_row = torch.where(n > 0, last + 1, 0)
+            table = self.template(m).first_chain.to(device)
+            chain = table[stop_row]  # (B, C)
+            chain = torch.where((chain >= 0) & draft.valid.gather(1, chain.clamp_min(0)), chain, -1)
+            chain = torch.where(chain.lt(0).long().cummax(1).values.bool(), -1, chain)  # stop at the first gap
+        if chain.shape[1] == 0:  # an empty draft (the image's last token): nothing is carried
+            chain = torch.full((b, 1), -1, dtype=torch.long, device=device)
+        length = (chain >= 0).sum(-1)  # (B,) path nodes below the stop
+        carried = length.clamp_min(0)  # the path's 2nd..last nodes + one slot after it
+        width = max(int(carried.max()) if b else 0, 1)
+        k = torch.arange(width, device=device)
+        # carried slot k: the path node at index k + 1 (old draft) with p at its parent = p row of path[k] + 1
+        parent_node = chain.gather(1, k.clamp(max=chain.shape[1] - 1)[None, :].expand(b, -1))  # path[k]
+        p_rows = torch.where(k[None, :] < carried[:, None], parent_node + 1, 0)
+        q_new = p.gather(1, p_rows[..., None].expand(-1, -1, p.shape[-1]))  # (B, width, V)
+        x_new = torch.full((b, width), -1, dtype=torch.long, device=device)
+        if self.carry == "maximal":
+            nxt = k + 1
+            old_node = chain.gather(1, nxt.clamp(max=chain.shape[1] - 1)[None, :].expand(b, -1))
+            old_node = torch.where(nxt[None, :] < chain.shape[1], old_node, -1)
+            has_old = (old_node >= 0) & (k[None, :] < carried[:, None])
+            j = old_node.clamp_min(0)
+            x_old = draft.tokens.gather(1, j)
+            q_old = draft.q.gather(1, j[..., None].expand(-1, -1, draft.q.shape[-1]))
+            u = self.streams.uniform(self._t, COUPLE, 2 * width).view(b, width, 2)
+            keep = u[..., 0] < ratio_acceptance(q_new.gather(-1, x_old[..., None])[..., 0],
+                                                q_old.gather(-1, x_old[..., None])[..., 0])
+            resampled = sample(vanilla_residual(q_new, q_old), u[..., 1])
+            x_new = torch.where(has_old, torch.where(keep, x_old, resampled), -1)
+            if self.carried_q == "reference_code":  # SCD's code: a kept draft keeps its old q
+                q_new = torch.where((has_old & keep)[..., None], q_old, q_new)
+        self.q, self.x = q_new, x_new
+        self.carried = carried.tolist()

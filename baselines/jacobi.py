@@ -84,7 +84,9 @@ class TreeTemplate:
 
     ``parents[j]`` (−1 = the root), ``slot[j]`` the window slot (= depth − 1) and ``rank[j]`` the sibling rank of
     node j; ``first_chain[r]`` lists the first-child path below row ``r`` of ``p`` (0 = the root, j + 1 = node j),
-    −1 padded."""
+    −1 padded; ``carry_path[r]``: that path, continued at the depths below its end by the root's first-child
+    path (the chain), one node per depth: where the next window's carried drafts come from after the walk stopped
+    at row ``r`` (as the reference carries the chain on whichever path was accepted)."""
 
     width: int
     levels: int
@@ -93,6 +95,7 @@ class TreeTemplate:
     slot: torch.Tensor
     rank: torch.Tensor
     first_chain: torch.Tensor
+    carry_path: torch.Tensor
 
     @classmethod
     def build(cls, width: int, levels: int, nodes: int) -> "TreeTemplate":
@@ -129,13 +132,20 @@ class TreeTemplate:
                 chain.append(node)
                 node = first_child[node + 1]
             chains.append(chain)
-        longest = max((len(c) for c in chains), default=0)
-        first_chain = torch.full((m + 1, max(longest, 1)), -1, dtype=torch.long)
+        main = chains[0]  # the root's first-child path: one node per depth
+        carries = []
         for row, chain in enumerate(chains):
-            first_chain[row, : len(chain)] = torch.tensor(chain, dtype=torch.long)
+            start = (slot[row - 1] + 1 if row else 0) + len(chain)  # the depth index after the chain's end
+            carries.append(chain + main[start:])
+        def table(lists: list[list[int]]) -> torch.Tensor:
+            out = torch.full((m + 1, max(max((len(c) for c in lists), default=0), 1)), -1, dtype=torch.long)
+            for row, items in enumerate(lists):
+                out[row, : len(items)] = torch.tensor(items, dtype=torch.long)
+            return out
+
         return cls(width=width, levels=levels, nodes=m, parents=torch.tensor(parents, dtype=torch.long),
                    slot=torch.tensor(slot, dtype=torch.long), rank=torch.tensor(rank, dtype=torch.long),
-                   first_chain=first_chain)
+                   first_chain=table(chains), carry_path=table(carries))
 
     @property
     def depth(self) -> int:
@@ -318,38 +328,40 @@ class JacobiDrafter(Drafter):
                      parents=parents.expand(b, -1))
 
     def observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict) -> None:
-        # the first-child path below the last accepted node: its first node's position is committed, the
-        # rest are the next window's carried slots, plus one slot after the path's last node
+        # the carry path: one node per depth below the last accepted node (the first is the rejected draft,
+        # whose position is now committed); each further node is a carried slot with the target's distribution
+        # at its position (the output at its parent), plus one slot after the path's last node
         b = p.shape[0]
         device = p.device
         m = draft.draft_len
         n = verdict.num_accepted
+        if m == 0:  # an empty draft (the image's last token): nothing is carried
+            self.q, self.x = p.new_zeros(b, 0, p.shape[-1]), torch.zeros(b, 0, dtype=torch.long, device=device)
+            self.carried = [0] * b
+            return
         if draft.is_chain:  # below node n − 1 (the root for n = 0): nodes n, n + 1, ... of the drafted prefix
-            chain = n[:, None] + torch.arange(m, device=device)  # (B, m)
-            chain = torch.where(chain < draft.valid.sum(-1, keepdim=True), chain, -1)
+            path = n[:, None] + torch.arange(m, device=device)  # (B, m)
+            path = torch.where(path < draft.valid.sum(-1, keepdim=True), path, -1)
+            parents = torch.arange(-1, m - 1, device=device)  # node j's parent: j − 1
         else:
+            tmpl = self.template(m)
             last = verdict.path.gather(1, (n - 1).clamp_min(0)[:, None])[:, 0]
-            stop_row = torch.where(n > 0, last + 1, 0)
-            table = self.template(m).first_chain.to(device)
-            chain = table[stop_row]  # (B, C)
-            chain = torch.where((chain >= 0) & draft.valid.gather(1, chain.clamp_min(0)), chain, -1)
-            chain = torch.where(chain.lt(0).long().cummax(1).values.bool(), -1, chain)  # stop at the first gap
-        if chain.shape[1] == 0:  # an empty draft (the image's last token): nothing is carried
-            chain = torch.full((b, 1), -1, dtype=torch.long, device=device)
-        length = (chain >= 0).sum(-1)  # (B,) path nodes below the stop
-        carried = length.clamp_min(0)  # the path's 2nd..last nodes + one slot after it
-        width = max(int(carried.max()) if b else 0, 1)
+            path = tmpl.carry_path.to(device)[torch.where(n > 0, last + 1, 0)]  # (B, C)
+            path = torch.where((path >= 0) & draft.valid.gather(1, path.clamp_min(0)), path, -1)
+            path = torch.where(path.lt(0).long().cummax(1).values.bool(), -1, path)  # stop at the first gap
+            parents = tmpl.parents.to(device)
+        carried = (path >= 0).sum(-1)  # (B,): the path's 2nd..last nodes + one slot after its last node
+        width = max(int(carried.max()), 1)
         k = torch.arange(width, device=device)
-        # carried slot k: the path node at index k + 1 (old draft) with p at its parent = p row of path[k] + 1
-        parent_node = chain.gather(1, k.clamp(max=chain.shape[1] - 1)[None, :].expand(b, -1))  # path[k]
-        p_rows = torch.where(k[None, :] < carried[:, None], parent_node + 1, 0)
+        pad = torch.full((b, width + 1), -1, dtype=torch.long, device=device)
+        pad[:, : min(path.shape[1], width + 1)] = path[:, : width + 1]
+        old_node = pad[:, 1:]  # (B, width) the old draft of carried slot k: path[k + 1] (−1: the last slot)
+        has_old = old_node >= 0
+        p_rows = torch.where(has_old, parents[old_node.clamp_min(0)] + 1, pad[:, :width] + 1)  # output at the parent
+        p_rows = torch.where(k[None, :] < carried[:, None], p_rows, 0)
         q_new = p.gather(1, p_rows[..., None].expand(-1, -1, p.shape[-1]))  # (B, width, V)
         x_new = torch.full((b, width), -1, dtype=torch.long, device=device)
         if self.carry == "maximal":
-            nxt = k + 1
-            old_node = chain.gather(1, nxt.clamp(max=chain.shape[1] - 1)[None, :].expand(b, -1))
-            old_node = torch.where(nxt[None, :] < chain.shape[1], old_node, -1)
-            has_old = (old_node >= 0) & (k[None, :] < carried[:, None])
             j = old_node.clamp_min(0)
             x_old = draft.tokens.gather(1, j)
             q_old = draft.q.gather(1, j[..., None].expand(-1, -1, draft.q.shape[-1]))

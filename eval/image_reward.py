@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, load_state_dict
+from coolsd.required_files import RequiredFile
 from eval.metrics import MeanScore
 
 HUB_REPO = "THUDM/ImageReward"
@@ -621,6 +622,30 @@ class ImageReward(MeanScore):
         self.arch_overrides = dict(arch or {})
         self._model: ImageRewardModel | None = None
         self._tokenizer: Any = None
+
+    @classmethod
+    def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
+        """``ImageReward.pt`` + ``med_config.json`` (``hub:<repo>`` or a folder) and the tokenizer's ``vocab.txt``
+        (a hub id or a folder), as ``preflight`` resolves them."""
+        out = []
+        pretrained = cfg.get("pretrained", f"hub:{HUB_REPO}")
+        if isinstance(pretrained, str) and pretrained.startswith("hub:"):
+            out += [RequiredFile("ImageReward weights", repo_id=pretrained[len("hub:"):], filename=name)
+                    for name in (CHECKPOINT_FILE, MED_CONFIG_FILE)]
+        elif pretrained is not None:
+            out.append(RequiredFile("ImageReward weights", local=str(pretrained),
+                                    must_have=(CHECKPOINT_FILE, MED_CONFIG_FILE),
+                                    manual=f"{FETCH_WEIGHTS} --local-dir {pretrained}"))
+        tokenizer = cfg.get("tokenizer", TOKENIZER_REPO)
+        if isinstance(tokenizer, (str, os.PathLike)):
+            source = str(tokenizer)
+            if _is_local(source):
+                out.append(RequiredFile("ImageReward tokenizer", local=source, must_have=(TOKENIZER_FILES[0],),
+                                        manual=f"hf download {TOKENIZER_REPO} {' '.join(TOKENIZER_FILES)} "
+                                               f"--local-dir {source}"))
+            else:
+                out.append(RequiredFile("ImageReward tokenizer", repo_id=source, filename=TOKENIZER_FILES[0]))
+        return out
 
     def preflight(self) -> None:
         """Resolve checkpoint, med_config and tokenizer files (builds no network); raise naming what is

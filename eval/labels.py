@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 DECODER_LABELS = {  # the order is the tables' method order
-    "ar": "AR", "sjd": "SJD", "sd": "vanilla SD", "lantern": "LANTERN", "lantern_pp": "LANTERN++",
-    "coolsd": "COOL-SD"}
-HEADLINE = {"coolsd": ("delta",), "lantern": ("delta", "k"), "lantern_pp": ("k", "lam")}  # always labelled
+    "ar": "AR", "sjd": "SJD", "scd_mc": "SCD-MC", "scd_gs": "SCD-GS", "sjd_pac": "SJD-PAC", "gsd": "GSD",
+    "sd": "vanilla SD", "lantern": "LANTERN", "lantern_pp": "LANTERN++", "coolsd": "COOL-SD"}
+HEADLINE = {"coolsd": ("delta",), "lantern": ("delta", "k"), "lantern_pp": ("k", "lam"),
+            "gsd": ("group_size",)}  # always labelled
 ALWAYS_NOTED = {"sd": ("tree",)}  # always in the label's parenthesis
-STRENGTH = {"coolsd": "delta", "lantern": "delta", "lantern_pp": "lam"}  # the relaxation-strength option
+STRENGTH = {"coolsd": "delta", "lantern": "delta", "lantern_pp": "lam", "gsd": "group_size"}  # relaxation strength
 SWEEP_KEYS = ("delta", "lam", "k", "draft_len")  # the options a sweep varies, by priority: one curve per rest
-SYMBOLS = {"delta": "δ", "lam": "λ", "nu": "ν", "mu": "μ", "draft_len": "L"}
+SYMBOLS = {"delta": "δ", "lam": "λ", "nu": "ν", "mu": "μ", "draft_len": "L", "group_size": "G"}
 SWEEP_NAMES = {"delta": "relaxation strength δ", "lam": "relaxation strength λ", "k": "neighbourhood size k",
                "draft_len": "draft length L"}
 TREES = {None: "chain", "mc_sim_7b_63": "EAGLE-1 tree", "dynamic": "EAGLE-2 tree"}

@@ -17,6 +17,13 @@ logged as image lists ``samples/<decoder>`` in ``files/media/``. Offline runs ar
 ``wandb sync <output_dir>/wandb/offline-run-*`` (from where they were made: W&B records the staged artifact
 files by absolute path; the ``files/`` folder is found relative to the run).
 
+**Live progress** (``Progress``): while the run generates, every ``logger.progress_every`` batches or
+``logger.progress_every_s`` seconds (whichever comes first) the console (a line above the progress bar) and
+W&B (``progress/<decoder>/images``, ``.../accepted_length``, ``.../img_per_s``, ``progress/images``) show the
+images done, the running pooled accepted length and the images per second of generation of every decoder;
+the W&B run is opened when generation starts (``begin``) and the final summary is logged into the same run
+when it ends (``log_run``). With several ranks rank 0 reports its own shard.
+
 Example: ``python run.py logger=wandb logger.mode=online logger.project=coolsd``.
 """
 from __future__ import annotations
@@ -24,8 +31,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 MODES = ("online", "offline", "disabled")
 
@@ -94,8 +102,108 @@ def staging_inside(folder: Path) -> Iterator[None]:
             os.environ["WANDB_DATA_DIR"] = old
 
 
+class Progress:
+    """Running totals of the generation loop, reported to the console and the logger (see the module doc).
+
+    ``add`` takes each generated batch's ``DecodeStats`` and its wall time; a report goes out every ``every``
+    batches or ``every_s`` seconds. ``img_per_s`` is a decoder's images over its own generation seconds (the
+    batches' wall times), so decoders interleaved in one loop are not charged for each other. The accepted
+    length is pooled: committed image tokens over verify forwards, summed (``coolsd.types``).
+    """
+
+    def __init__(self, logger: Any = None, every: int = 10, every_s: float = 60.0,
+                 write: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if every < 1 or every_s <= 0:
+            raise ValueError("logger.progress_every must be >= 1 and logger.progress_every_s > 0, got "
+                             f"{every}, {every_s}")
+        if write is None:
+            from tqdm import tqdm
+
+            write = tqdm.write  # above the progress bar, not through it
+        self.logger, self.every, self.every_s, self.write, self.clock = logger, every, every_s, write, clock
+        self.totals: dict[str, int] = {}
+        self.images: dict[str, int] = {}
+        self.committed: dict[str, int] = {}
+        self.iterations: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+        self.batches = 0
+        self.reports = 0
+        self._last = clock()
+
+    def start(self, totals: dict[str, int]) -> None:
+        """The images each decoder has to generate in this run (what is already recorded is not counted)."""
+        self.totals = dict(totals)
+        for name in totals:
+            self.images.setdefault(name, 0)
+            self.committed.setdefault(name, 0)
+            self.iterations.setdefault(name, 0)
+            self.seconds.setdefault(name, 0.0)
+        self._last = self.clock()
+
+    def add(self, name: str, stats: Sequence[Any], seconds: float) -> None:
+        """One generated batch of decoder ``name``: its images' ``DecodeStats`` and its wall time."""
+        for counter, zero in ((self.images, 0), (self.committed, 0), (self.iterations, 0), (self.seconds, 0.0)):
+            counter.setdefault(name, zero)
+        self.images[name] += len(stats)
+        self.committed[name] += sum(s.num_tokens - 1 for s in stats)
+        self.iterations[name] += sum(s.iterations for s in stats)
+        self.seconds[name] += seconds
+        self.batches += 1
+        if self.batches % self.every == 0 or self.clock() - self._last >= self.every_s:
+            self.report()
+
+    def snapshot(self) -> dict[str, float]:
+        """The flat metrics of a report: ``progress/<decoder>/{images,accepted_length,img_per_s}``, totals."""
+        out: dict[str, float] = {}
+        for name in self.images:
+            out[f"progress/{name}/images"] = self.images[name]
+            out[f"progress/{name}/accepted_length"] = self.committed[name] / max(self.iterations[name], 1)
+            seconds = self.seconds[name]
+            out[f"progress/{name}/img_per_s"] = self.images[name] / seconds if seconds else 0.0
+        out["progress/images"] = sum(self.images.values())
+        out["progress/total"] = sum(self.totals.values()) if self.totals else sum(self.images.values())
+        return out
+
+    def line(self, final: bool = False) -> str:
+        parts = []
+        for name in self.images:
+            total = self.totals.get(name)
+            done = f"{self.images[name]}/{total}" if total is not None else str(self.images[name])
+            rate = self.images[name] / self.seconds[name] if self.seconds[name] else 0.0
+            if not self.images[name]:
+                parts.append(f"{name} {done} img")
+                continue
+            parts.append(f"{name} {done} img, accepted length "
+                         f"{self.committed[name] / max(self.iterations[name], 1):.2f}, {rate:.2f} img/s")
+        return ("generation done: " if final else "progress: ") + "; ".join(parts)
+
+    def report(self, final: bool = False) -> None:
+        self.reports += 1
+        self._last = self.clock()
+        if not self.images:
+            return
+        self.write(self.line(final))
+        log = getattr(self.logger, "log_progress", None)
+        if log is not None:
+            log(self.snapshot())
+
+    def finish(self) -> None:
+        """The last report, once generation ends (the final metrics follow with ``log_run``)."""
+        self.report(final=True)
+
+
 class NullLogger:
-    """Logs nothing."""
+    """Logs nothing (the console still shows the progress lines)."""
+
+    def __init__(self, progress_every: int = 10, progress_every_s: float = 60.0) -> None:
+        self.progress_every, self.progress_every_s = progress_every, progress_every_s
+
+    def begin(self, record: dict[str, Any], out_dir: Path) -> None:
+        return None
+
+    def log_progress(self, metrics: dict[str, Any]) -> None:
+        return None
 
     def log_run(self, record: dict[str, Any], out_dir: Path) -> None:
         return None
@@ -105,13 +213,37 @@ class WandbLogger:
     """Log a run's metrics with intervals, per-decoder tables, plots and images to W&B (see the module doc)."""
 
     def __init__(self, project: str = "coolsd", mode: str = "offline", entity: str | None = None,
-                 tags: Sequence[str] = (), name: str | None = None, group: str | None = None) -> None:
+                 tags: Sequence[str] = (), name: str | None = None, group: str | None = None,
+                 progress_every: int = 10, progress_every_s: float = 60.0) -> None:
         """``name``/``group``: None takes them from the experiment and the job's overrides (``run_name``,
-        ``run_group``)."""
+        ``run_group``). ``progress_every``/``progress_every_s``: live progress every so many batches or
+        seconds."""
         if mode not in MODES:
             raise ValueError(f"logger.mode must be one of {MODES}, got {mode!r}")
         self.project, self.mode, self.entity = project, mode, entity
         self.tags, self.name, self.group = list(tags), name, group
+        self.progress_every, self.progress_every_s = progress_every, progress_every_s
+        self._run: Any = None
+
+    def _init(self, record: dict[str, Any], out_dir: Path) -> Any:
+        import wandb
+
+        return wandb.init(project=self.project, entity=self.entity, mode=self.mode, dir=str(out_dir),
+                          tags=self.tags, name=self.name or run_name(record),
+                          group=self.group or run_group(record), job_type=record["decoder"],
+                          config=record["config"], reinit="finish_previous",
+                          settings=wandb.Settings(silent=True, console="off"))
+
+    def begin(self, record: dict[str, Any], out_dir: Path) -> None:
+        """Open the W&B run when generation starts (``record``: ``decoder``, ``config``, ``job``), so progress
+        shows during the run."""
+        out_dir = Path(out_dir)
+        with staging_inside(out_dir / "wandb"):
+            self._run = self._init(record, out_dir)
+
+    def log_progress(self, metrics: dict[str, Any]) -> None:
+        if self._run is not None:
+            self._run.log(dict(metrics))
 
     def log_run(self, record: dict[str, Any], out_dir: Path) -> None:
         import wandb
@@ -120,12 +252,10 @@ class WandbLogger:
 
         out_dir = Path(out_dir)
         with staging_inside(out_dir / "wandb"):
-            run = wandb.init(project=self.project, entity=self.entity, mode=self.mode, dir=str(out_dir),
-                             tags=self.tags, name=self.name or run_name(record),
-                             group=self.group or run_group(record), job_type=record["decoder"],
-                             config=record["config"], reinit="finish_previous",
-                             settings=wandb.Settings(silent=True, console="off"))
+            run = self._run if self._run is not None else self._init(record, out_dir)
+            self._run = None
             try:
+                run.config.update(record["config"], allow_val_change=True)
                 self._log(wandb, run, record, out_dir, table_cells)
             finally:
                 run.finish()

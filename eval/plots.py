@@ -3,7 +3,9 @@
 ``make_plots`` writes ``<out>/figures/<name>_*.png`` and ``.pdf``: FID, CLIP and ImageReward vs speedup with
 95 % error bars on both axes, each method's sweep joined in the order of its swept option (δ, λ, k, draft
 length) as one curve and its Pareto front drawn over it; accepted length vs the swept option; TV per step vs
-accepted length. Points are named inside the axes (``eval.report.label_inside``), the legend sits below.
+accepted length; when several methods sweep their draft length (the Jacobi family's window), their accepted
+lengths against the window W = draft_len + 1 (the Jacobi papers' L) in one panel per model. Points are named
+inside the axes (``eval.report.label_inside``), the legend sits below.
 (``eval.report`` keeps the per-run plot of one ``run.json``.)
 
 Example: ``python scripts/make_tables.py results/runs/sweep_coolsd_delta results/runs/sweep_lantern --name
@@ -142,6 +144,23 @@ def make_plots(frame: pd.DataFrame, figures: Path, name: str) -> list[Path]:
             finish(ax, [], SWEEP_NAMES.get(key, key),
                    "mean accepted length (tokens per target forward)", DECODER_LABELS.get(decoder, decoder))
         save(fig, "accepted_length_vs_strength")
+
+    window = frame[frame["strength_key"] == "draft_len"].dropna(subset=["strength", "mean_accepted_length"])
+    if window["decoder"].nunique() >= 2:  # several methods swept over their draft length: one panel per model
+        window = window.assign(window=window["strength"].astype(float) + 1)
+        wmodels = list(dict.fromkeys(window["model_label"]))
+        fig, axes = plt.subplots(1, len(wmodels), figsize=(6.4 * len(wmodels), 4.8), squeeze=False,
+                                 layout="constrained")
+        for ax, model in zip(axes[0], wmodels):
+            rows = window[window["model_label"] == model]
+            for _, curve, group in sweep_curves(rows, "strength", "mean_accepted_length"):
+                draw_curve(ax, group.sort_values("window"), "window", "mean_accepted_length", colors[curve], curve)
+            ticks = sorted(set(rows["window"]))
+            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+            finish(ax, [], "window W = draft_len + 1 (the Jacobi papers' L; tokens per verify forward)",
+                   "step compression: mean accepted length (tokens per target forward)", model)
+        fig.suptitle("error bars: 95 % bootstrap intervals over images", fontsize=8)
+        save(fig, "accepted_length_vs_window")
 
     tv = sweep_curves(frame, "mean_accepted_length", "tv_per_step")
     if tv:

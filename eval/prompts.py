@@ -11,9 +11,12 @@ Example: ``python run.py data=file data.path=my_prompts.txt eval.num_prompts=100
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from coolsd.models.base import ImageARModel
+from coolsd.required_files import RequiredFile
 
 NUM_PROMPTS_KEY = "eval.num_prompts"
 
@@ -75,6 +78,12 @@ class FilePrompts:
     def __init__(self, path: str) -> None:
         self.path = path
 
+    @classmethod
+    def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
+        """The prompt file (``data.path``)."""
+        return [RequiredFile("prompt file", local=str(cfg["path"]), manual="write one prompt per line there "
+                             "(or set data.path)")]
+
     def load(self, model: ImageARModel, num_prompts: int | None, key: str = NUM_PROMPTS_KEY) -> list[str]:
         path = Path(self.path).expanduser()
         if not path.is_file():
@@ -114,6 +123,14 @@ class CocoCaptions:
             raise ValueError(f"data.selection must be 'longest' or 'random', got {selection!r}")
         self.path, self.selection, self.seed = path, selection, seed
 
+    @classmethod
+    def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
+        """``captions_val2017.json`` (``data.path``; not on the Hugging Face hub)."""
+        path = str(cfg["path"])
+        return [RequiredFile("MS-COCO 2017 val captions", local=path,
+                             manual=f"curl -LO {COCO_URL} && unzip annotations_trainval2017.zip -d $COCO_DIR "
+                                    f"(so that {path} exists; export COCO_DIR or set data.path)")]
+
     def captions(self) -> list[tuple[int, str]]:
         """(image id, caption) pairs in protocol order."""
         import json
@@ -152,6 +169,12 @@ class PartiPrompts:
 
     def __init__(self, path: str, category: str | None = None) -> None:
         self.path, self.category = path, category
+
+    @classmethod
+    def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
+        """``PartiPrompts.tsv`` (``data.path``)."""
+        path = str(cfg["path"])
+        return [RequiredFile("PartiPrompts", local=path, manual=f"curl -L -o {path} {PARTI_URL}")]
 
     def load(self, model: ImageARModel, num_prompts: int | None, key: str = NUM_PROMPTS_KEY) -> list[str]:
         import csv

@@ -9,10 +9,11 @@ Resumable: per-image records are appended to ``records/<decoder>[.rank<r>].jsonl
 are written atomically; rerunning with the same output folder (``hydra.run.dir=<folder>``) skips every
 finished (decoder, prompt), whichever process finished it.
 
-Sharded: launched by ``torchrun --nproc_per_node=K run.py ...`` every rank takes the prompts with
-``index % K == rank`` (on GPU rank r uses ``cuda:LOCAL_RANK``); rank 0 waits for all, gathers the records,
-computes the metrics and writes ``run.json``. On SLURM use the Hydra submitit launcher (one job per
-override set), with torchrun inside a job for several GPUs.
+Sharded: launched by ``torchrun --nproc_per_node=K run.py ...``, or as the K tasks of a SLURM job
+(``hydra/launcher=slurm`` with ``tasks_per_node``; ``eval/distributed.py`` reads the ranks), every rank takes
+the prompts with ``index % K == rank`` (on GPU one device per local rank); rank 0 waits for all through their
+markers on disk (no collective that could time out), gathers the records, computes the metrics and writes
+``run.json``.
 
 Every metric of ``run.json`` carries its 95 % interval (``<metric>_ci: [lo, hi]``) and every decoder its
 paired comparisons with the baselines of ``eval.compare_to`` (``vs_<baseline>``); ``eval/stats.py`` says
@@ -26,12 +27,12 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import logging
 import math
 import os
 import shutil
 import time
 import uuid
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,12 +44,16 @@ from tqdm import tqdm
 
 from coolsd import validate
 from coolsd.decoding import Decoder
+from coolsd.device import check_model_device
 from coolsd.fingerprint import TOKEN_CODE_VERSION, differing_keys, json_digest, weights_digest
 from coolsd.io import atomic_write_bytes
 from coolsd.numerics import check_batch_invariance
 from coolsd.types import pooled_accepted_length
 from eval import stats
+from eval.distributed import Shards, dist_options
 from eval.labels import canonical, decoder_options, method_label
+from eval.logging import Progress
+from eval.prefetch import check_run_files, run_overrides
 from eval.records import JsonlLog, atomic_write_json, environment, git_commit, load_records, save_png
 from eval.report import comparison_table, markdown_table, one_line_summary, speed_quality_plot
 from eval.stats import Bootstrap
@@ -122,80 +127,41 @@ class EvalSuite:
         return min(self.speed_prompts or self.num_prompts, self.num_prompts)
 
 
-class Shards:
-    """torch.distributed context when launched by torchrun (WORLD_SIZE > 1); a no-op otherwise."""
-
-    def __init__(self) -> None:
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if self.world > 1:
-            import torch.distributed as dist
-
-            if torch.cuda.is_available():
-                torch.cuda.set_device(self.local_rank)
-            if not dist.is_initialized():
-                dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-
-    def broadcast(self, value: Any) -> Any:
-        """Rank 0's ``value`` on every rank (e.g. the output folder, which Hydra names per process)."""
-        if self.world == 1:
-            return value
-        import torch.distributed as dist
-
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def gather(self, value: Any) -> list[Any]:
-        """Every rank's ``value``, in rank order (``[value]`` without a process group)."""
-        if self.world == 1:
-            return [value]
-        import torch.distributed as dist
-
-        out = [None] * self.world
-        dist.all_gather_object(out, value)
-        return out
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
-
-    def close(self) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-
-
 def select_decoders(cfg: DictConfig, decoder_overridden: bool) -> dict[str, DictConfig]:
     """The decoder configs this run compares, AR first; ``cfg.decoder`` (with its overrides) wins its name.
 
-    ``compare``: ``auto`` (every suite decoder when no ``decoder=`` was given on the command line, else
-    none), ``all``, ``none``, or a list of suite names.
+    ``compare``: ``auto`` (the set ``all``, the default run's decoders, when no ``decoder=`` was given on the
+    command line, else none), ``none``, the name of a set of ``compare_sets`` (suite entry -> overrides of its
+    config, e.g. ``jacobi``: every window as long as SJD's), or a list of suite names.
     """
     suite = cfg.suite
     mode = cfg.compare
+    sets = OmegaConf.select(cfg, "compare_sets", default=None) or {}
     if mode == "auto":
         mode = "none" if decoder_overridden else "all"
-    if mode == "all":
-        names = list(suite)
-    elif mode == "none":
+    overrides: dict[str, Any] = {}
+    if mode == "none":
         names = []
+    elif isinstance(mode, str) and mode in sets:
+        overrides = {name: sets[mode][name] or {} for name in sets[mode]}
+        names = list(overrides)
     elif OmegaConf.is_list(mode) or isinstance(mode, list):
         names = list(mode)
-        unknown = [n for n in names if n not in suite]
-        if unknown:
-            raise ValueError(f"compare lists unknown decoders {unknown}; allowed: {list(suite)}")
     else:
-        raise ValueError(f"compare must be auto, all, none or a list of {list(suite)}; got {mode!r}")
+        raise ValueError(f"compare must be auto, none, one of the sets {sorted(sets)} (compare_sets) or a list of "
+                         f"suite decoders {list(suite)}; got {mode!r}")
+    unknown = [n for n in names if n not in suite]
+    if unknown:
+        raise ValueError(f"compare lists unknown decoders {unknown}; allowed: {list(suite)}")
     if "ar" not in suite:
         raise ValueError("suite.ar (the AR baseline) is missing from the config")
     chosen: dict[str, DictConfig] = {"ar": suite.ar}
     for name in names:
-        chosen[name] = suite[name]
+        if overrides.get(name):  # resolved first: a merged copy no longer sees the config's root
+            chosen[name] = OmegaConf.merge(OmegaConf.to_container(suite[name], resolve=True),
+                                           OmegaConf.to_container(overrides[name], resolve=True))
+        else:
+            chosen[name] = suite[name]
     chosen[cfg.decoder.name] = cfg.decoder
     return chosen
 
@@ -497,11 +463,20 @@ class ARCache:
 
     ``$COOLSD_CACHE/ar/<fingerprint digest>/``: ``records.jsonl`` (keyed by each image's digest of prompt and
     seed) and ``images/<digest>.png``. Latency is never reused: the timed subset is generated in every run.
+
+    Concurrent jobs share it: ``records.jsonl.lock`` (``filelock``) serialises loading (whose repair may
+    rewrite the file) and every append, so a record written by one job is never cut off or interleaved by
+    another (``tests/test_cache_lock.py``: two writer processes, no entry lost).
     """
 
-    def __init__(self, root: Path, digest: str) -> None:
+    def __init__(self, root: Path, digest: str, lock_timeout_s: float = 600.0) -> None:
+        from filelock import FileLock
+
         self.dir = root / "ar" / digest
-        self.log = JsonlLog(self.dir / "records.jsonl", key="fingerprint")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.lock = FileLock(str(self.dir / "records.jsonl.lock"), timeout=lock_timeout_s)
+        with self.lock:
+            self.log = JsonlLog(self.dir / "records.jsonl", key="fingerprint")
 
     def get(self, image_digest: str) -> dict | None:
         rec = self.log.done.get(image_digest)
@@ -514,7 +489,8 @@ class ARCache:
         if image_file is not None:
             rec["image"] = f"images/{record['fingerprint']}.png"
             atomic_write_bytes(self.dir / rec["image"], image_file.read_bytes())
-        self.log.append(rec)
+        with self.lock:  # one whole line per record, whatever the other jobs append meanwhile
+            self.log.append(rec)
 
 
 @dataclass
@@ -529,6 +505,7 @@ class Generator:
     records: RunRecords
     ar_cache: ARCache | None
     signature: str | None = None  # this machine's numerics signature, stored in every record
+    progress: Progress | None = None  # live progress (console + logger), rank 0 only
 
     def __post_init__(self) -> None:
         suffix = f".rank{self.shards.rank}" if self.shards.world > 1 else ""
@@ -549,6 +526,9 @@ class Generator:
         if self.ar_cache is not None and "ar" in todo_rest:
             todo_rest["ar"] = self._reuse_ar(todo_rest["ar"])
         total = len(todo_timed) + sum(len(v) for v in todo_rest.values())
+        if self.progress is not None:
+            self.progress.start({name: sum(n == name for _, n in todo_timed) + len(todo_rest.get(name, []))
+                                 for name in self.decoders})
         bar = tqdm(total=total, desc=f"generating ({len(prompts)} prompts x {len(self.decoders)} decoders"
                    + (f", rank {self.shards.rank}/{self.shards.world})" if self.shards.world > 1 else ")"),
                    unit="img", dynamic_ncols=True, disable=self.shards.rank != 0 and self.shards.world > 1)
@@ -566,6 +546,8 @@ class Generator:
                     self._generate(name, chunks[round_], timed=False)
                     bar.update(len(chunks[round_]))
         bar.close()
+        if self.progress is not None:
+            self.progress.finish()
 
     def _restore_images(self, done: dict[str, dict[int, dict]], mine: set[int]) -> None:
         """Finished records of this rank that have no image file (made with ``eval.save_images=false``, or the
@@ -646,10 +628,28 @@ class Generator:
             self.logs[name].append(record)
             if name == "ar" and self.ar_cache is not None and not timed:
                 self.ar_cache.put(record, images[k])
+        if self.progress is not None:
+            self.progress.add(name, [g.stats for g in gens], batch_s)
 
 
 def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: bool = True,
                    choices: dict[str, Any] | None = None, job: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Generate, measure and score on every rank (``eval.distributed.Shards``: torchrun, SLURM tasks or one
+    process, ``dist.*`` keys); rank 0 writes ``run.json`` and returns the record, other ranks return ``{}``.
+    A rank that stops on an error, or is requeued (``SystemExit``), says so in its marker
+    (``ranks/rank<k>.json``), so the ranks waiting for it stop waiting."""
+    shards = Shards(**dist_options(OmegaConf.select(cfg, "dist", default=None)))
+    try:
+        return _run_experiment(cfg, shards, output_dir, decoder_overridden, choices, job)
+    except BaseException as error:
+        shards.fail(error)
+        raise
+    finally:
+        shards.close()
+
+
+def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, decoder_overridden: bool,
+                    choices: dict[str, Any] | None, job: dict[str, Any] | None) -> dict[str, Any]:
     """Generate, measure and score; rank 0 writes ``run.json``, ``table.md``, grids; returns the record.
 
     ``job``: what Hydra says about this job (``name``, ``override_dirname``, ``sweep_dir``, ``num``), recorded
@@ -661,8 +661,7 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
     """
     started = dt.datetime.now(dt.timezone.utc)
     wall0 = time.perf_counter()
-    shards = Shards()
-    out_dir = Path(shards.broadcast(str(output_dir)))
+    out_dir = shards.begin(output_dir)  # rank 0's folder on every rank; starts this rank's heartbeat marker
     suite: EvalSuite = instantiate(cfg.eval)
     for metric in suite.metrics:  # every weight, reference and tokenizer file before the first image
         metric.preflight()
@@ -680,6 +679,8 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
     fingerprints = {name: decoder_fingerprint(cfg, name, dc) for name, dc in decoder_cfgs.items()}
     torch.manual_seed(suite.seed)
 
+    check_model_device(OmegaConf.to_container(cfg.model, resolve=True))  # no silent CPU fallback (coolsd.device)
+    check_run_files(cfg, decoder_cfgs, run_overrides())  # model, drafters, prompts, metrics: before the target
     model = instantiate(cfg.model)
     decoders: dict[str, Decoder] = {name: instantiate(dc, model=model) for name, dc in decoder_cfgs.items()}
     weights = weights_digest(model)
@@ -696,16 +697,30 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
     ar_cache = ARCache(cache_root, records.digests["ar"]) if suite.reuse_ar and suite.num_timed < len(prompts) \
         else None
 
-    Generator(decoders, prompts, suite, out_dir, shards, records, ar_cache, numerics["signature"]).run(done)
-    shards.barrier()
-    if shards.rank != 0:
-        shards.close()
+    logger, progress = None, None
+    if shards.rank == 0:  # the W&B run opens now, so it shows progress while the run generates
+        logger = instantiate(cfg.logger)
+        if hasattr(logger, "begin"):
+            logger.begin({"decoder": cfg.decoder.name, "config": OmegaConf.to_container(cfg, resolve=True),
+                          "job": dict(job or {})}, out_dir)
+        progress = Progress(logger, every=getattr(logger, "progress_every", 10),
+                            every_s=getattr(logger, "progress_every_s", 60.0))
+    generator = Generator(decoders, prompts, suite, out_dir, shards, records, ar_cache, numerics["signature"],
+                          progress)
+    generator.run(done)
+    counts = {name: len(log.done) for name, log in generator.logs.items()}
+    if shards.rank != 0:  # no collective from here on: markers on disk (ranks/rank<k>.json)
+        shards.finish(counts)
+        shards.wait_for_rank_zero()  # until run.json is written, so all ranks leave the process group together
         return {}
+    shards.wait_for_ranks()  # polls the other ranks' markers; raises on a failed or silent rank
 
     found = {name: load_records(out_dir / "records", name) for name in decoders}
     missing = {name: [i for i in range(len(prompts)) if i not in recs] for name, recs in found.items()}
     if any(missing.values()):
-        raise RuntimeError(f"records missing after generation: {missing}")
+        raise RuntimeError(f"records missing after generation: {missing}" + (
+            f" (every rank said it was done: {out_dir} must be one folder that every node shares, not a node-local "
+            "disk)" if shards.world > 1 else ""))
     ordered = {name: [found[name][i] for i in range(len(prompts))] for name in decoders}
     boot = suite.bootstrap
     per_decoder = {name: summarize(recs, ordered["ar"], boot) for name, recs in ordered.items()}
@@ -754,11 +769,10 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
     speed_quality_plot(per_decoder, out_dir / "speed_quality.png", len(prompts), labels=labels)
     atomic_write_json(out_dir / "run.json", record)
     atomic_write_bytes(out_dir / "table.md", (table + "\n").encode())
-    logger = instantiate(cfg.logger)
     logger.log_run(record, out_dir)
     print(table)
     print(one_line_summary(record))
-    shards.close()
+    shards.finish(counts)  # the ranks waiting for rank 0 may leave
     return record
 
 
@@ -776,11 +790,11 @@ def machine_numerics(model, shards: Shards, mismatch: str) -> dict[str, Any]:
                            "kind of machine, or set eval.numerics_mismatch=accept to merge them anyway (recorded "
                            "in run.json numerics.ranks)")
     if not check.batch_invariant and shards.rank == 0:
-        warnings.warn(f"batch invariance does not hold on this machine ({check.describe()}): the self-check's "
-                      f"logits alone and inside a batch differ by up to {check.max_rel_diff:.1e} (relative), so an "
-                      "image may differ in its last bits, and rarely in its tokens, between batch sizes and "
-                      "resumes (README, \"Bitwise reproducibility\"; model.row_block=4 restored it on an AMD EPYC at "
-                      "a cost); run.json numerics records it", stacklevel=2)
+        logging.getLogger("coolsd").warning(
+            f"batch invariance does not hold on this machine ({check.describe()}): the self-check's logits alone "
+            f"and inside a batch differ by up to {check.max_rel_diff:.1e} (relative), so an image may differ in its "
+            "last bits, and rarely in its tokens, between batch sizes and resumes (README, \"Bitwise "
+            "reproducibility\"; model.row_block=4 restored it on an AMD EPYC at a cost); run.json numerics records it")
     return {"check": check.as_dict(), "ranks": ranks, "fingerprint": check.fingerprint(),
             "signature": check.signature}
 

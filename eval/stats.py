@@ -165,6 +165,38 @@ def bootstrap_difference(estimate: float, replicates: np.ndarray, level: float =
     return out
 
 
+def non_inferiority(estimate: float, replicates: np.ndarray, margin: float, level: float = 0.95) -> dict[str, Any]:
+    """One-sided test that a difference (worse = larger, e.g. ΔFID = method − baseline) is below ``margin``:
+    H0 Δ ≥ margin against H1 Δ < margin. Non-inferior at ``level`` when the one-sided upper bound (the
+    ``level`` quantile of the replicates re-centred on the estimate) is below the margin; the p-value is the
+    share of re-centred replicates at or above the margin, ``(1 + #{Δ*_b >= margin}) / (B + 1)``."""
+    r = np.asarray(replicates, dtype=np.float64)
+    r = r[np.isfinite(r)]
+    out: dict[str, Any] = {"test": "non-inferiority (paired bootstrap, one-sided)", "difference": float(estimate),
+                           "margin": float(margin), "upper": None, "p": None, "non_inferior": None,
+                           "resamples": len(r)}
+    if len(r) and math.isfinite(estimate):
+        shifted = estimate + (r - r.mean())
+        out["upper"] = float(np.quantile(shifted, level))
+        out["p"] = float((1 + int((shifted >= margin).sum())) / (len(r) + 1))
+        out["non_inferior"] = out["upper"] < margin
+    return out
+
+
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values (Holm 1979; family-wise error control for any dependence) in the
+    order given; ``None`` entries (tests that could not be made) are left out of the family and stay ``None``."""
+    index = [i for i, p in enumerate(pvalues) if p is not None]
+    order = sorted(index, key=lambda i: pvalues[i])
+    m = len(order)
+    out: list[float | None] = [None] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))
+        out[i] = running
+    return out
+
+
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], boot: Bootstrap, unit: str) -> dict[str, Any]:
     """Mean of ``a - b`` over paired units (the same prompts), bootstrapped over the pairs."""
     d = np.asarray(a, np.float64) - np.asarray(b, np.float64)

@@ -232,7 +232,7 @@ def measurements(records: Iterable[tuple[dict[str, Any], str]]) -> list[Measurem
                 decoder_cfg = config.get("suite", {}).get(name, {"name": name})
             out.append(Measurement(
                 model=record.get("model") or "unknown",
-                decoder=name,
+                decoder=str(decoder_cfg.get("name") or name),  # the method: suite entries name variants of it
                 options=decoder_options(decoder_cfg),
                 metrics=dict(metrics),
                 started=str(record.get("started") or ""),
@@ -479,9 +479,10 @@ class TableRow:
     first_of_model: bool
 
 
-def layout(frame: pd.DataFrame, columns: Sequence[Column]) -> list[TableRow]:
-    """Rows grouped by model, every method of any model in every group ("—" where not measured); bold the best
-    value of a column when it is significantly better than the runner-up (``significantly_best``)."""
+def layout(frame: pd.DataFrame, columns: Sequence[Column], every_method: bool = True) -> list[TableRow]:
+    """Rows grouped by model, every method of any model in every group ("—" where not measured; with
+    ``every_method=False``, as for published numbers, only a model's own rows); bold the best value of a column
+    when it is significantly better than the runner-up (``significantly_best``)."""
     if frame.empty:
         return []
     methods = frame.drop_duplicates("method").sort_values("_order", kind="stable")
@@ -499,7 +500,8 @@ def layout(frame: pd.DataFrame, columns: Sequence[Column]) -> list[TableRow]:
             best.append(significantly_best({m: float(by_method[m][column.key]) for m in present},
                                            {m: interval(by_method[m].get(f"{column.key}_ci")) for m in present},
                                            column.better))
-        ordered = sorted(set(by_method) | set(method_rank), key=lambda m: (method_rank[m], m))
+        ordered = sorted(set(by_method) | (set(method_rank) if every_method else set()),
+                         key=lambda m: (method_rank[m], m))
         for i, method in enumerate(ordered):
             cells = tuple(Cell(texts[method][j], method in best[j]) if method in by_method
                           else Cell(MISSING, False) for j in range(len(columns)))
@@ -666,7 +668,7 @@ def build_tables(measured: pd.DataFrame, notes: Sequence[str], name: str, wanted
         frames.append(measured)
     if published is not None:
         columns = present_columns([published], wanted)
-        rows = layout(published, columns)
+        rows = layout(published, columns, every_method=False)
         pub_notes = sorted({str(n) for n in published["note"].dropna()}) if "note" in published else []
         pub_notes.append("No intervals were published, so nothing is bold.")
         pub_notes.append("— = not reported in the paper.")
@@ -733,6 +735,9 @@ def write_tables(paths: Sequence[str | Path], wandb: str | None = None, name: st
     name = name or default_name(kept)
     measured = measured_frame(kept)
     published_rows = published_frame(Path(published_file)) if published else None
+    if published_rows is not None and not measured.empty:  # the published rows of the methods measured here
+        published_rows = published_rows[published_rows["decoder"].isin(set(measured["decoder"]))]
+        published_rows = published_rows.reset_index(drop=True)
     tables = build_tables(measured, notes, name, columns, published_rows)
     folder = output_folder(paths, out)
     if folder is None:

@@ -1,9 +1,9 @@
 """Decide the COOL-SD paper's claims on the runs of ``experiment=embedded_claims`` (logic: ``eval/claims.py``).
 
     python run.py -m experiment=embedded_claims            # about an hour or more on 2 CPU cores
-    python scripts/claims.py results/runs/embedded_claims/<time> --out results
+    python scripts/claims.py results/runs/embedded_claims --out results
     python run.py -m experiment=embedded_claims_quick      # under 10 minutes
-    python scripts/claims.py results/runs/embedded_claims_quick/<time>
+    python scripts/claims.py results/runs/embedded_claims_quick
 
 Writes ``<out>/embedded_claims.md`` (verdicts, figures, the μ fit, every point and comparison with its 95 %
 interval), ``<out>/embedded_claims.json`` and ``<out>/figures/embedded_claims_*.{png,pdf}``. ``--out`` defaults

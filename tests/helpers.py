@@ -122,3 +122,9 @@ def invariance_property(model) -> str:
                   f"{check.max_rel_diff:.1e}): this test checks the weaker property (float32 rounding, tokens "
                   "changed in at most 2 % of images), not bitwise equality", stacklevel=2)
     return "rounding"
+
+
+def default_run_decoders() -> set[str]:
+    """The decoders a run with no ``decoder=`` compares: AR plus ``compare_sets.all`` of configs/config.yaml."""
+    config = OmegaConf.load(Path(__file__).resolve().parents[1] / "configs" / "config.yaml")
+    return {"ar", *config.compare_sets.all}

@@ -9,7 +9,8 @@ choice of seeds if the implementation were right — the false-alarm probability
   distributions; Pearson chi-square per prompt (cells of expected count < 5 pooled).
 * ``test_relaxed_rules_give_their_analytic_one_step_output_in_a_batch_of_8``: a 3-token image whose second
   token comes from one acceptance step (draft_len 1), batches of 8 mixing two prompts: each prompt's
-  distribution of the first two tokens equals ``p(x0) · P̂(x1 | x0)`` with ``P̂ = q f + Σ_x q(x)(1 − f(x)) G_x``.
+  distribution of the first two tokens equals ``p(x0) · P̂(x1 | x0)`` with ``P̂ = q f + Σ_x q(x)(1 − f(x)) G_x``
+  (COOL-SD, LANTERN, LANTERN++, GSD's grouped rule).
 
 Reproducibility: an image depends only on its prompt, seed and config — identical tokens at batch 1, inside a
 batch of 8 with other prompts, at the end of a batch whose other images finish earlier, and through the
@@ -23,6 +24,7 @@ import pytest
 import torch
 
 from baselines.exact import ExactRule
+from baselines.gsd import GroupedRule
 from baselines.lantern import LanternRule
 from baselines.jacobi import JacobiDrafter
 from coolsd.cool import CoolSDRule
@@ -102,14 +104,16 @@ def brute_force_output(rule, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("name", ["coolsd_exp_d2", "lantern_ref", "lantern_pp"])
+@pytest.mark.parametrize("name", ["coolsd_exp_d2", "lantern_ref", "lantern_pp", "gsd"])
 def test_relaxed_rules_give_their_analytic_one_step_output_in_a_batch_of_8(name):
     v = 6
     target, draft = lookup_pair(grid=(1, 3), vocab=v)
     table = compute_neighbours(torch.randn(v, 3, generator=torch.Generator().manual_seed(0)), v - 1)
-    rule = {"coolsd_exp_d2": CoolSDRule(delta=2.0, draft_len=1),
-            "lantern_ref": LanternRule(table, k=3, mode="additive", budget=0.3, resample="reference"),
-            "lantern_pp": LanternRule(table, k=2, mode="multiplicative", budget=4.0)}[name]
+    embeddings = torch.randn(v, 3, generator=torch.Generator().manual_seed(1))
+    rule = {"coolsd_exp_d2": lambda: CoolSDRule(delta=2.0, draft_len=1),
+            "lantern_ref": lambda: LanternRule(table, k=3, mode="additive", budget=0.3, resample="reference"),
+            "lantern_pp": lambda: LanternRule(table, k=2, mode="multiplicative", budget=4.0),
+            "gsd": lambda: GroupedRule(embeddings, group_size=4, delta_p=0.3, max_distance=3.0)}[name]()
     decoder = Decoder(name, target, rule, draft_len=1, drafter=ModelDrafter(target, draft), track_tv=False)
     counts = {p: torch.zeros(v * v) for p in PROMPTS}
     for prompts, seeds in mixed_batches(8000, sizes=(8,)):

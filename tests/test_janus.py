@@ -27,7 +27,7 @@ from coolsd.drafters.eagle import EagleDrafter, EagleHead
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.janus_pro import JanusArch, JanusPro, layer_skip_copy, tiny_tokenizer
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
-from tests.helpers import CONFIGS, forward1, keep1, prefill1
+from tests.helpers import CONFIGS, default_run_decoders, forward1, keep1, prefill1
 
 ROOT = CONFIGS.parent
 PROMPT = "a red cube on a table"
@@ -305,7 +305,7 @@ def test_every_decoder_runs_end_to_end_on_the_tiny_janus(tmp_path):
                           text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "run.json").read_text())
-    assert set(record["per_decoder"]) == {p.stem for p in (CONFIGS / "decoder").glob("*.yaml")}
+    assert set(record["per_decoder"]) == default_run_decoders()
     assert record["per_decoder"]["ar"]["target_forwards_per_image"] == 64  # prefill + 63 decode steps
     assert all(len(list((tmp_path / "images" / name).glob("*.png"))) == 1 for name in record["per_decoder"])
 

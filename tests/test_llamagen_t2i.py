@@ -31,7 +31,7 @@ from coolsd.models.llamagen_t2i import HashWordTokenizer, LlamaGenT2I, clean_cap
 from coolsd.rng import Streams
 from coolsd.sampling import guide
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
-from tests.helpers import CONFIGS, forward1, keep1, prefill1
+from tests.helpers import CONFIGS, default_run_decoders, forward1, keep1, prefill1
 
 ROOT = CONFIGS.parent
 WORDS = ["a", "blue", "car", "parked", "in", "front", "of", "yellow", "brick", "wall", "photo", "the", "cat",
@@ -637,7 +637,7 @@ def test_run_py_every_decoder_on_the_tiny_t2i_model(tmp_path):
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "run.json").read_text())
-    suite = {p.stem for p in (ROOT / "configs" / "decoder").glob("*.yaml")}
+    suite = default_run_decoders()
     assert set(record["per_decoder"]) == suite
     assert record["per_decoder"]["ar"]["target_forwards_per_image"] == 64  # prefill + 63 decode steps
     for name, metrics in record["per_decoder"].items():

@@ -41,7 +41,7 @@ from coolsd.models.lumina_mgpt import (
 )
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
 from coolsd.rng import HEADER, Streams
-from tests.helpers import CONFIGS, forward1, keep1, prefill1
+from tests.helpers import CONFIGS, default_run_decoders, forward1, keep1, prefill1
 
 ROOT = CONFIGS.parent
 TOL = {"rtol": 1e-9, "atol": 1e-9}
@@ -638,7 +638,7 @@ def test_every_decoder_runs_through_run_py(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "run.json").read_text())
-    suite = {p.stem for p in (CONFIGS / "decoder").glob("*.yaml")}
+    suite = default_run_decoders()
     assert set(record["per_decoder"]) == suite
     assert record["per_decoder"]["ar"]["target_forwards_per_image"] == 16  # prefill + 15 steps, 4 x 4 grid
     for name in suite:

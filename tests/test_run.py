@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from run import decoder_chosen
+from tests.helpers import default_run_decoders
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOKUP = ["model=lookup", "drafter=lookup", "data=fixed", "logger=none"]
@@ -25,7 +26,7 @@ def test_run_without_decoder_writes_record_table_images_and_wandb(tmp_path):
     """No decoder= given: the whole suite runs (the embedded default run is tested in test_embedded.py)."""
     proc = run_py("model=tiny", "eval.num_prompts=2", "eval.threads=1", f"hydra.run.dir={tmp_path}")
     record = json.loads((tmp_path / "run.json").read_text())
-    suite = {p.stem for p in (ROOT / "configs" / "decoder").glob("*.yaml")}  # no decoder= given: all run
+    suite = default_run_decoders()  # no decoder= given: all run
     assert record["decoder"] == "sd" and set(record["per_decoder"]) == suite
     for key in ("mean_accepted_length", "latency_s", "speedup", "target_forwards_per_image", "tv_per_step"):
         assert key in record["metrics"]

@@ -454,7 +454,29 @@ def test_rows_compose_and_the_tiny_table_matches_the_llamagen_table():
     tiny = sweep(compose_with(["experiment=tiny_table"], hydra_cfg=True))
     assert tiny == sweep(compose_with(["experiment=table_llamagen"], hydra_cfg=True))
     cfg = compose_with(["experiment=tiny_table", "row=sd_eagle1"])
-    assert cfg.decoder.name == "sd" and cfg.decoder.tree == "mc_sim_7b_63" and cfg.model.gpt.dim == 64
+    assert cfg.decoder.name == "sd" and cfg.decoder.tree == "naive_extend_57" and cfg.model.gpt.dim == 64
+
+
+# the tree and LANTERN++ resampling path each paper table's code base uses (shared/docs/reference/lantern.md §2.2-2.3;
+# Janus-Pro has no published LANTERN++ code: the harness uses Lumina-mGPT's)
+TABLE_TREES = {"table_llamagen": ("naive_extend_57", "reference_q"), "tiny_table": ("naive_extend_57", "reference_q"),
+               "table_lumina": ("mc_sim_7b_63", "reference"), "table_janus_pro": ("mc_sim_7b_63", "reference")}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_TREES))
+def test_every_static_tree_row_of_a_table_shares_its_tree_and_lantern_pp_runs_its_published_path(name):
+    tree, resample = TABLE_TREES[name]
+    rows = sweep(compose_with([f"experiment={name}"], hydra_cfg=True))["row"]
+    trees = {}
+    for row in [*rows, "lantern_pp_ablation"]:
+        decoder = compose_with([f"experiment={name}", f"row={row}"]).decoder
+        if decoder.name != "sjd":
+            trees[row] = decoder.tree
+        if row == "lantern_pp":
+            assert decoder.resample == resample, (name, decoder.resample)
+        if row == "lantern_pp_ablation":
+            assert decoder.resample != resample and decoder.resample in ("reference", "reference_q")
+    assert set(trees.values()) == {tree}, trees
 
 
 def test_tiny_table_multirun_becomes_a_table_and_plots(tmp_path):
@@ -470,7 +492,7 @@ def test_tiny_table_multirun_becomes_a_table_and_plots(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (results / "tables" / "tiny_table.md").read_text()
     methods = [line.split("|")[2].strip() for line in md.splitlines() if line.startswith("| ")][1:]
-    assert methods == ["AR", "SJD", "vanilla SD (EAGLE-1 tree)", "LANTERN++ k=10, λ=5", "COOL-SD δ=1.1",
+    assert methods == ["AR", "SJD", "vanilla SD (naive_extend_57 tree)", "LANTERN++ k=10, λ=5", "COOL-SD δ=1.1",
                        "COOL-SD δ=2"]
     assert "2 images per method" in md and "—" not in md.split("\n\n")[1]  # every row measured
     for path in records:  # each row's cells are its own run's numbers

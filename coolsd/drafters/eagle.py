@@ -48,7 +48,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +68,7 @@ from coolsd.models.base import (
     to_rows,
 )
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, load_state_dict
+from coolsd.required_files import RequiredFile
 from coolsd.rng import DRAFT, sample
 from coolsd.sampling import finite_images, stream_probs
 from coolsd.trees import DraftRows, Expansion, TreeShape, draft_dynamic_tree, draft_static_tree
@@ -329,6 +330,22 @@ class EagleDrafter(Drafter):
     LlamaGen drafters). ``begin`` queues the prefix pairs it implies as every image's first pending block,
     so the first ``propose`` feeds them in one forward, exactly as LANTERN's first ``topK_genrate`` call does.
     """
+
+    @classmethod
+    def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
+        """The checkpoint ``resolve_checkpoint`` reads: a ``hub:<repo>`` (config.json + weights) or a folder."""
+        spec = cfg.get("checkpoint")
+        if not spec:
+            return []
+        spec = str(spec)
+        weights = "|".join((WEIGHTS_FILE, *EAGLE_WEIGHTS))
+        if spec.startswith(HUB_PREFIX):
+            return [RequiredFile("EAGLE drafter", repo_id=spec[len(HUB_PREFIX):],
+                                 patterns=(CONFIG_FILE, *EAGLE_WEIGHTS), must_have=(CONFIG_FILE, weights))]
+        name = Path(spec).name
+        hint = (f"python scripts/train_drafter.py model={name[len('drafter_'):]}   (writes {spec}); or "
+                + TRAIN_HINT.split(", or ", 1)[1]) if name.startswith("drafter_") else TRAIN_HINT
+        return [RequiredFile("EAGLE drafter", local=spec, must_have=(CONFIG_FILE, weights), manual=hint)]
 
     def __init__(
         self,

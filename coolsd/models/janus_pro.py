@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +65,7 @@ from coolsd.models.base import (
 )
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.llamagen import resolve_device, resolve_dtype
+from coolsd.required_files import RequiredFile
 from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
 from coolsd.types import TargetOutput
@@ -370,6 +371,16 @@ class JanusPro(ImageARModel):
 
     sjd_init = "random"  # no SJD reference setting for Janus; uniform initialisation (the Lumina default)
 
+    @classmethod
+    def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
+        """With ``pretrained``: the hub snapshot ``load_pretrained`` reads (configs, safetensors, tokenizer)."""
+        if not cfg.get("pretrained", True) or not cfg.get("repo_id"):
+            return []
+        return [RequiredFile("Janus-Pro weights + tokenizer", repo_id=str(cfg["repo_id"]), patterns=HUB_PATTERNS,
+                             revision=cfg.get("revision"),
+                             must_have=("config.json", "model.safetensors|model.safetensors.index.json",
+                                        "tokenizer.json|tokenizer.model"))]
+
     def __init__(
         self,
         sampling: dict | SamplingConfig,
@@ -390,8 +401,10 @@ class JanusPro(ImageARModel):
         pixel_rounding: str = "truncate",
         batch_invariant: bool = True,
         row_block: int = 1,
+        requires_cuda: bool = False,
     ) -> None:
         super().__init__()
+        target_device = resolve_device(device, requires_cuda=requires_cuda and pretrained and model is None)
         check_reference_options(attention_kernel, pixel_rounding)
         self.batch_invariant = validate.boolean("model.batch_invariant", batch_invariant)
         self.row_block = check_row_block(row_block)
@@ -400,7 +413,6 @@ class JanusPro(ImageARModel):
         if "{prompt}" not in prompt_template:
             raise ValueError(f"model.prompt_template must contain '{{prompt}}', got {prompt_template!r}")
         self.prompt_template = prompt_template
-        target_device = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, target_device)
         if model is not None:
             if tokenizer is None:

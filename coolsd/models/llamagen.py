@@ -19,13 +19,14 @@ import copy
 import itertools
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from coolsd import validate
+from coolsd.device import resolve_device  # also imported from here by the other adapters
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
@@ -40,6 +41,7 @@ from coolsd.models.base import (
     stream_rows,
 )
 from coolsd.models.vq import VQConfig, VQModel
+from coolsd.required_files import RequiredFile
 from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
 from coolsd.types import TargetOutput
@@ -557,6 +559,15 @@ class LlamaGen(LlamaGenAdapter):
 
     model_type = "c2i"
 
+    @classmethod
+    def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
+        """The GPT and VQ checkpoints it is given (``model.gpt_checkpoint``, ``model.vq_checkpoint``; none for
+        random weights); local files, e.g. the embedded model's in ``coolsd/assets/embedded/``."""
+        hint = ("python scripts/train_embedded.py (the embedded model), or set model.gpt_checkpoint / "
+                "model.vq_checkpoint to LlamaGen checkpoints")
+        files = (("gpt_checkpoint", "LlamaGen GPT checkpoint"), ("vq_checkpoint", "LlamaGen VQ checkpoint"))
+        return [RequiredFile(what, local=str(cfg[key]), manual=hint) for key, what in files if cfg.get(key)]
+
     def __init__(
         self,
         gpt: dict | GPTConfig,
@@ -651,12 +662,6 @@ def load_gpt_checkpoint(gpt: Transformer, path: str, strict: bool = False) -> No
     if missing:
         raise RuntimeError(f"{path} lacks {len(missing)} GPT parameters, e.g. {missing[:5]}; "
                            "is it a LlamaGen GPT checkpoint of the configured size?")
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def resolve_dtype(dtype: str, device: torch.device | None = None) -> torch.dtype:

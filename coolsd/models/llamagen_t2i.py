@@ -40,14 +40,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import nn
 
+from coolsd.device import resolve_device
 from coolsd.models.checkpoints import MissingWeightsError, hub_cached, hub_file, missing_together
 from coolsd.models.llamagen import GPTConfig, LlamaGenAdapter, LlamaGenCache, load_gpt_checkpoint
 from coolsd.models.vq import VQConfig
+from coolsd.required_files import RequiredFile
 from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
 from coolsd.types import TargetOutput
@@ -220,6 +222,7 @@ def tiny_random_t5(d_model: int, vocab_size: int = 512, seed: int = 0) -> nn.Mod
 
 T5_WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
               "pytorch_model.bin")
+T5_PATTERNS = ("*.json", "*.model", "*.safetensors")  # what prefetch fetches of a hub T5 (no TF/Flax copies)
 
 
 def _t5_unavailable(name: str) -> str:
@@ -327,6 +330,27 @@ class LlamaGenT2I(LlamaGenAdapter):
 
     model_type = "t2i"
 
+    @classmethod
+    def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
+        """With ``pretrained``: the GPT and VQ files of ``hub_repo`` (``weights_dir`` looked in first); a
+        hub or folder T5 text encoder (config, tokenizer, weights) unless ``tiny_random`` or a built module."""
+        out = []
+        if cfg.get("pretrained", True):
+            repo = cfg.get("hub_repo", "peizesun/llamagen_t2i")
+            for key, what in (("gpt_file", "LlamaGen T2I GPT weights"), ("vq_file", "LlamaGen VQ-16 weights")):
+                out.append(RequiredFile(what, repo_id=repo, filename=str(cfg[key]), local_dir=cfg.get("weights_dir")))
+        encoder = cfg.get("text_encoder", "google/flan-t5-xl")
+        if isinstance(encoder, str) and encoder != TINY_RANDOM:
+            weights = "|".join(T5_WEIGHTS)
+            if Path(encoder).expanduser().is_dir() or encoder.startswith((".", "/", "~")):
+                out.append(RequiredFile("T5 text encoder", local=encoder, must_have=("config.json", weights),
+                                        manual=f"hf download google/flan-t5-xl --local-dir {encoder}"))
+            else:
+                out.append(RequiredFile("T5 text encoder (weights + tokenizer)", repo_id=encoder,
+                                        patterns=T5_PATTERNS, revision=cfg.get("text_encoder_revision"),
+                                        must_have=("config.json", "spiece.model|tokenizer.json", weights)))
+        return out
+
     def __init__(
         self,
         gpt: dict | GPTConfig,
@@ -352,6 +376,7 @@ class LlamaGenT2I(LlamaGenAdapter):
         pixel_rounding: str = "half_up",
         batch_invariant: bool = True,
         row_block: int = 1,
+        requires_cuda: bool = False,
     ) -> None:
         """``text_encoder``: a hub id or local folder of a T5 encoder (with ``tokenizer=None`` its tokenizer
         comes from the same place), ``tiny_random`` (tests), or a built ``T5EncoderModel``-like module or a
@@ -362,8 +387,10 @@ class LlamaGenT2I(LlamaGenAdapter):
         missing, so a run without weights fails in a second instead of after building a 775M-parameter GPT.
         Reference options (defaults = ``sample_t2i.py``; ``coolsd.models.base``): ``attention_kernel=math``
         for the decode forwards, ``tf32=true`` on CUDA, ``pixel_rounding=half_up``; CFG only above 1 is
-        ``sampling.cfg_rule=above_one`` (the model configs set it)."""
+        ``sampling.cfg_rule=above_one`` (the model configs set it). ``requires_cuda``: with ``pretrained``,
+        ``device=auto`` without CUDA stops before any file is read (``coolsd.device``)."""
         super().__init__()
+        resolve_device(device, requires_cuda=requires_cuda and pretrained)  # before any file is looked up
         self.hub_repo, self.weights_dir = hub_repo, weights_dir
         files = self._look_up(pretrained, gpt_file, vq_file, text_encoder, text_encoder_revision)
         self._build(gpt, vq, sampling, gpt_size, init_seed, init_std, zero_init_output)

@@ -95,6 +95,7 @@ from coolsd.models.base import (
 from coolsd.models.chameleon_vqgan import ChameleonVQGAN, ChameleonVQGANConfig, load_vqgan
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, missing_together, strict_load
 from coolsd.models.llamagen import resolve_device
+from coolsd.required_files import RequiredFile
 from coolsd.rng import HEADER, Streams, sample
 from coolsd.sampling import SamplingConfig, logits_to_probs
 from coolsd.types import TargetOutput
@@ -109,6 +110,7 @@ PIXELS_PER_SIZE_UNIT = 32  # one unit of the size tokens = 32 px = 2 image codes
 CODES_PER_SIZE_UNIT = 2
 PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}"
 TOKENIZER_FILES = ("text_tokenizer.json", "vqgan.yaml", "vqgan.ckpt")
+LM_PATTERNS = ("config.json", "model.safetensors.index.json", "*.safetensors")  # what lumina_lm_files reads
 HEADER_MODES = ("sampled", "forced")  # model.header
 HEADER_MISMATCH = ("force", "error")  # model.header_mismatch
 CHAMELEON_DOWNLOAD = ("Meta's Chameleon download (licence form at "
@@ -556,6 +558,21 @@ class LuminaMGPT(ImageARModel):
 
     sjd_init = "random"  # the SJD reference's Lumina-mGPT demo setting
 
+    @classmethod
+    def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
+        """With ``pretrained``: the language model's config, index and shards (``hub_repo``) and Meta's Chameleon
+        tokenizer folder (``tokenizer_dir``: not on the hub, a manual download)."""
+        if not cfg.get("pretrained", True):
+            return []
+        folder = cfg.get("tokenizer_dir") or "<model.tokenizer_dir unset>"
+        repo = str(cfg.get("hub_repo", "Alpha-VLLM/Lumina-mGPT-7B-768"))
+        return [RequiredFile("Lumina-mGPT language model", repo_id=repo, patterns=LM_PATTERNS,
+                             revision=cfg.get("revision"), must_have=("config.json", "model.safetensors.index.json")),
+                RequiredFile("Chameleon tokenizer + VQGAN", local=str(folder),
+                             must_have=("text_tokenizer.json", "vqgan.yaml", "vqgan.ckpt|vqgan.safetensors"),
+                             manual=f"get the tokenizer folder from {CHAMELEON_DOWNLOAD}, then set "
+                                    "model.tokenizer_dir=<folder> or export CHAMELEON_TOKENIZER_DIR=<folder>")]
+
     def __init__(
         self,
         sampling: dict | SamplingConfig,
@@ -576,13 +593,16 @@ class LuminaMGPT(ImageARModel):
         pixel_rounding: str = "truncate",
         batch_invariant: bool = True,
         row_block: int = 1,
+        requires_cuda: bool = False,
     ) -> None:
         """Reference options (defaults = Lumina-mGPT's ``inference_solver.py``): ``header`` ``sampled`` (the
         image header is sampled as the reference does, ``forced``: written by the adapter), ``header_mismatch``
         (``force``: a sampled header other than the configured grid's is replaced by it, with a warning;
         ``error``: raise), ``text_top_k`` (the reference's top-k outside images, used for ``<racm3:break>``);
-        ``attention_kernel``, ``tf32``, ``pixel_rounding`` as in ``coolsd.models.base``."""
+        ``attention_kernel``, ``tf32``, ``pixel_rounding`` as in ``coolsd.models.base``; ``requires_cuda``: with
+        ``pretrained``, ``device=auto`` without CUDA stops before any file is read (``coolsd.device``)."""
         super().__init__()
+        target_device = resolve_device(device, requires_cuda=requires_cuda and pretrained)
         if header not in HEADER_MODES:
             raise ValueError(f"model.header must be one of {HEADER_MODES}, got {header!r}")
         if header_mismatch not in HEADER_MISMATCH:
@@ -603,7 +623,6 @@ class LuminaMGPT(ImageARModel):
         self.width, self.height = width, height
         self.size_units = (height // PIXELS_PER_SIZE_UNIT, width // PIXELS_PER_SIZE_UNIT)  # (h, w) tokens
         self.grid = (self.size_units[0] * CODES_PER_SIZE_UNIT, self.size_units[1] * CODES_PER_SIZE_UNIT)
-        target_device = resolve_device(device)
         target_dtype = resolve_model_dtype(dtype, target_device)
         if pretrained:  # every file is looked up before anything is built; one error lists what is missing
             errors = []

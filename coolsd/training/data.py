@@ -10,6 +10,15 @@ training data prepend 119 zero ids to the codes of LlamaGen T2I's 120 caption sl
 safetensors shards written atomically; ``manifest.json`` lists the finished shards and a rerun skips them
 (resumable; sample ``i`` always uses seed ``distill.seed + i``, so a regenerated shard is identical).
 
+**At scale** (``distill.batch_size``, ranks): the target samples ``distill.batch_size`` sequences per
+``Decoder.generate_batch`` call (AR, every image in step; each sample still uses its own seed stream, so on a
+batch-invariant model a sample is bitwise the one a batch of 1 gives: ``tests/test_distill.py``), and the
+hidden states come from one batched teacher-forced pass per ``distill.batch_size`` samples (at most 64).
+Shards are fixed by sample index and shard ``k`` belongs to rank ``k % world`` (``RANK``/``WORLD_SIZE`` of
+torchrun, through ``accelerate``), so the data do not depend on the number of ranks. Each shard is written
+atomically and carries the digest of the settings that made it (``fingerprint_sha1`` in its metadata); ranks add their shards to ``manifest.json``
+under a file lock (``filelock``). A rerun skips the listed shards and refuses one made with other settings.
+
 ``ShardStream`` turns the shards into training batches of pairs ``(f_t, x_{t+1}) -> f_{t+1}``: an endless,
 seeded, resumable stream split across data-parallel ranks (``coolsd.training.drafter`` trains on it).
 
@@ -25,6 +34,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +54,8 @@ from coolsd.models.checkpoints import load_state_dict
 DATA_FORMAT = "coolsd-drafter-data"
 MANIFEST = "manifest.json"
 SOURCES = ("self_distill", "images")
+OVERLAP_MODES = ("refuse", "warn")  # distillation prompts that are also evaluation prompts
+SHARD_LOCK = ".manifest.lock"  # ranks add their shards to manifest.json under this file lock
 STORAGE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -58,6 +71,10 @@ class DistillConfig:
     storage_dtype: str = "bfloat16"
     images_path: str | None = None
     val_shards: int = 1
+    batch_size: int = 16
+    eval_overlap: str = "refuse"
+    eval_prompt_files: Sequence[str] = ()
+    wait_poll_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -72,10 +89,15 @@ class DistillConfig:
                              "`codes` (M, N) or `images` (M, 3, H, W), optionally `labels` (M,))")
         if self.val_shards < 0:
             raise ValueError(f"distill.val_shards must be >= 0, got {self.val_shards}")
+        if self.batch_size < 1:
+            raise ValueError(f"distill.batch_size must be >= 1, got {self.batch_size}")
+        if self.eval_overlap not in OVERLAP_MODES:
+            raise ValueError(f"distill.eval_overlap must be one of {OVERLAP_MODES}, "
+                             f"got {self.eval_overlap!r}")
 
 
 # -- data generation -------------------------------------------------------------------------------------
-TEACHER_BATCH = 64  # sequences per teacher-forced pass (ImageARModel.teacher_force)
+TEACHER_BATCH = 64  # at most this many sequences per teacher-forced pass (ImageARModel.teacher_force)
 
 
 def cycle(prompts: Sequence[str], count: int) -> list[str]:
@@ -174,47 +196,76 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
 
 
 def make_shard(model: ImageARModel, data: DistillConfig, spec: ShardSpec, prompts: list[str],
-               codes: torch.Tensor | None, prefix: str = "last") -> bytes:
+               codes: torch.Tensor | None, prefix: str = "last",
+               fingerprint_sha1: str | None = None) -> bytes:
     """Generate (or teacher-force) the samples of one shard and serialise them as safetensors bytes.
 
     ``hidden`` holds the prefix slots the ``prefix`` convention feeds (1 or all C) and then f_0 .. f_{N-1}."""
     from safetensors.torch import save
 
-    sampler = Decoder("ar", model, ExactRule(), draft_len=0, track_tv=False)
-    tokens = []
-    for i in range(spec.start, spec.stop):
-        if codes is None:
-            x = sampler.generate(prompts[i], seed=data.seed + i).tokens
-        else:
-            x = codes[i].to(model.device)
-        tokens.append(x.cpu())
-    batch = torch.stack(tokens)  # (M, N)
     shard_prompts = prompts[spec.start : spec.stop]
-    hidden = [model.teacher_force(shard_prompts[j : j + TEACHER_BATCH], batch[j : j + TEACHER_BATCH], prefix)
-              for j in range(0, len(batch), TEACHER_BATCH)]
+    if codes is None:
+        batch = sample_tokens(model, shard_prompts, [data.seed + i for i in range(spec.start, spec.stop)],
+                              data.batch_size)
+    else:
+        batch = codes[spec.start : spec.stop].cpu()  # (M, N)
+    step = min(TEACHER_BATCH, data.batch_size)  # distill.batch_size is what fits the GPU
+    hidden = [model.teacher_force(shard_prompts[j : j + step], batch[j : j + step], prefix)
+              for j in range(0, len(batch), step)]
     hidden = torch.cat(hidden).to("cpu", STORAGE_DTYPES[data.storage_dtype])
     tensors = {
-        "tokens": torch.stack(tokens),  # (M, N)
+        "tokens": batch,  # (M, N)
         "hidden": hidden.contiguous(),  # (M, S, P+N, H), P = 1 (prefix=last) or C (prefix=all)
         "sample_index": torch.arange(spec.start, spec.stop),
     }
-    return save(tensors, metadata={"format": DATA_FORMAT,
-                                   "prompts": json.dumps(prompts[spec.start : spec.stop])})
+    return save(tensors, metadata={"format": DATA_FORMAT, "prompts": json.dumps(shard_prompts),
+                                   "fingerprint_sha1": fingerprint_sha1 or "",
+                                   "batch_size": str(data.batch_size)})
+
+
+def sample_tokens(model: ImageARModel, prompts: Sequence[str], seeds: Sequence[int],
+                  batch_size: int) -> torch.Tensor:
+    """AR samples of the target (M, N), ``batch_size`` sequences per ``Decoder.generate_batch`` call; sample
+    ``b`` uses the stream of ``seeds[b]`` whatever its batch."""
+    sampler = Decoder("ar", model, ExactRule(), draft_len=0, track_tv=False)
+    out = []
+    for j in range(0, len(prompts), batch_size):
+        gens = sampler.generate_batch(list(prompts[j : j + batch_size]), list(seeds[j : j + batch_size]))
+        out.extend(g.tokens.cpu() for g in gens)
+    return torch.stack(out)
+
+
+def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def shard_digest(path: Path) -> str | None:
+    """The settings digest a shard file was made with (None: a shard written before shards carried one)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return (f.metadata() or {}).get("fingerprint_sha1") or None
 
 
 def generate_data(model: ImageARModel, data: DistillConfig, directory: str | os.PathLike,
                   prompts: Sequence[str], model_config: dict | None = None, progress: bool = True,
-                  prefix: str = "last") -> dict:
-    """Write every missing shard into ``directory``; return the manifest (resumable).
+                  prefix: str = "last", rank: int = 0, world: int = 1) -> dict:
+    """Write this rank's missing shards into ``directory``; return the manifest (resumable).
 
-    ``prefix``: the drafter's prefix convention the samples are made for (``head.prefix``).
+    ``prefix``: the drafter's prefix convention the samples are made for (``head.prefix``). Of ``world``
+    ranks, rank ``r`` makes the shards ``k`` with ``k % world == r`` (the others may still be missing when it
+    returns: ``wait_for_data``).
 
     ``prompts`` (cycled) condition the samples; with ``source=images`` and ``labels`` in the file, sample
     ``i``'s prompt is its label instead (class-conditional models).
     """
+    from filelock import FileLock
+
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside a world of {world} processes")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(directory)  # a write killed mid-way (atomic writes never leave one otherwise)
+    remove_stale_temps(directory)  # a write killed mid-way (live writers of other ranks keep their locks)
     codes, labels = (None, None)
     if data.source == "images":
         codes, labels = load_image_codes(model, data.images_path)
@@ -227,21 +278,119 @@ def generate_data(model: ImageARModel, data: DistillConfig, directory: str | os.
         prompts = cycle(prompts, data.num_samples)
     check_prefix(prefix)
     fingerprint = data_fingerprint(model, data, prompts, model_config, prefix)
+    digest = fingerprint_digest(fingerprint)
+    lock = FileLock(str(directory / SHARD_LOCK))
+    with lock:
+        manifest = checked_manifest(directory, fingerprint)
+        if not (directory / MANIFEST).is_file():
+            write_manifest(directory, manifest)
+    specs = [s for s in shard_specs(data.num_samples, data.shard_size) if s.index % world == rank]
+    todo = []
+    for spec in specs:
+        path = directory / spec.name
+        if spec.name in manifest["shards"] and path.is_file():
+            stored = shard_digest(path)
+            if stored is not None and stored != digest:
+                raise ValueError(f"{path} was made with other settings than this run's (its settings digest "
+                                 f"{stored} != {digest}); delete that shard (or the folder) or choose "
+                                 "another distill.dir")
+            continue
+        todo.append(spec)
+    desc = f"drafter data shards (rank {rank}/{world})" if world > 1 else "drafter data shards"
+    for spec in tqdm(todo, desc=desc, disable=not progress):
+        blob = make_shard(model, data, spec, prompts, codes, prefix, digest)
+        atomic_write_bytes(directory / spec.name, blob)
+        with lock:  # another rank may have added its shards since: read, add ours, write
+            manifest = checked_manifest(directory, fingerprint)
+            manifest["shards"][spec.name] = {"start": spec.start, "stop": spec.stop}
+            write_manifest(directory, manifest)
+    with lock:
+        return checked_manifest(directory, fingerprint)
+
+
+def checked_manifest(directory: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The folder's manifest (a new one if none), refused when it was made with other settings."""
     manifest = read_manifest(directory)
     if manifest is None:
-        manifest = {"format": DATA_FORMAT, "version": 1, "fingerprint": fingerprint, "shards": {}}
-    elif {**manifest.get("fingerprint", {}), "prefix": manifest_prefix(manifest)} != fingerprint:
-        old = {**manifest.get("fingerprint", {}), "prefix": manifest_prefix(manifest)}
+        return {"format": DATA_FORMAT, "version": 1, "fingerprint": fingerprint, "shards": {}}
+    old = {**manifest.get("fingerprint", {}), "prefix": manifest_prefix(manifest)}
+    if old != fingerprint:
         diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
         raise ValueError(f"distill.dir {directory} holds samples made with other settings (stored vs now: "
                          f"{diff}); choose another distill.dir or delete that folder")
-    specs = shard_specs(data.num_samples, data.shard_size)
-    todo = [s for s in specs if s.name not in manifest["shards"] or not (directory / s.name).is_file()]
-    for spec in tqdm(todo, desc="drafter data shards", disable=not progress):
-        atomic_write_bytes(directory / spec.name, make_shard(model, data, spec, prompts, codes, prefix))
-        manifest["shards"][spec.name] = {"start": spec.start, "stop": spec.stop}
-        write_manifest(directory, manifest)
     return manifest
+
+
+def wait_for_data(directory: Path, data: DistillConfig, timeout_s: float | None = None) -> None:
+    """Poll the folder until every shard is listed and on disk (the other ranks' shards): no collective, so
+    ranks that finish early wait without a process-group timeout."""
+    start = time.monotonic()
+    while not data_complete(directory, data):
+        if timeout_s is not None and time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"drafter data in {directory} still incomplete after {timeout_s:.0f} s; is "
+                               "every rank running, and is the folder shared by all of them?")
+        time.sleep(data.wait_poll_s)
+
+
+# -- distillation prompts vs evaluation prompts ----------------------------------------------------------
+def _normal(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def read_prompt_file(path: Path) -> list[str]:
+    """Prompts of an evaluation set: a COCO captions file (``annotations[].caption``: every caption of every
+    image), a JSON list of strings, a PartiPrompts-style TSV (column ``Prompt``) or one prompt per line."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        content = json.loads(text)
+        if isinstance(content, dict) and "annotations" in content:
+            return [str(a["caption"]) for a in content["annotations"]]
+        if isinstance(content, list):
+            return [str(c["caption"] if isinstance(c, dict) else c) for c in content]
+        raise ValueError(f"{path}: neither a COCO captions file nor a list of prompts")
+    if path.suffix == ".tsv":
+        import csv
+
+        rows = csv.DictReader(text.splitlines(), delimiter="\t")
+        return [row["Prompt"] for row in rows if row.get("Prompt")]
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def eval_overlap(prompts: Sequence[str], files: Sequence[str | os.PathLike]) -> dict[str, list[str]]:
+    """The distillation prompts found in each evaluation prompt file that exists (matched after lower-casing
+    and collapsing whitespace), per file; files that do not exist are left out."""
+    wanted = {_normal(p): p for p in prompts}
+    found: dict[str, list[str]] = {}
+    for f in files:
+        path = Path(f).expanduser()
+        if not path.is_file():
+            continue
+        hits = sorted({wanted[n] for n in map(_normal, read_prompt_file(path)) if n in wanted})
+        if hits:
+            found[str(path)] = hits
+    return found
+
+
+def check_eval_overlap(prompts: Sequence[str], data: DistillConfig, data_target: str | None = None,
+                       data_path: str | None = None) -> dict[str, list[str]]:
+    """Refuse (``distill.eval_overlap=refuse``) or warn (``warn``) when distillation prompts are evaluation
+    prompts: a drafter distilled on the evaluation captions (``data=coco`` reads val2017, the evaluation set
+    of ``eval=coco5k``) has seen the test prompts. ``data_target``/``data_path``: the ``data`` group's
+    ``_target_`` and ``path``, so ``data=coco`` on val2017 is recognised without its file."""
+    found = eval_overlap(prompts, data.eval_prompt_files)
+    if data_target == "eval.prompts.CocoCaptions" and data_path and "val2017" in Path(str(data_path)).name:
+        found.setdefault(str(Path(data_path).expanduser()), list(prompts))
+    if not found:
+        return found
+    where = "; ".join(f"{len(hits)} of them in {path} (e.g. {hits[0]!r})" for path, hits in found.items())
+    message = (f"the drafter's distillation prompts ({len(set(prompts))} distinct) overlap the evaluation "
+               f"prompts: {where}. A drafter distilled on the evaluation prompts has seen the test set; use the "
+               "training captions (data=coco_train, MS-COCO 2017 train) or another prompt file "
+               "(data=file data.path=...)")
+    if data.eval_overlap == "refuse":
+        raise ValueError(message + ", or pass distill.eval_overlap=warn to continue anyway")
+    warnings.warn(message + " (distill.eval_overlap=warn: continuing)", stacklevel=2)
+    return found
 
 
 def manifest_prefix(manifest: dict[str, Any]) -> str:

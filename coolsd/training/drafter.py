@@ -49,10 +49,12 @@ What stays the project's own, and why:
   whole state is one integer, so a resumed run continues with the very next batch; with it, resuming at a
   checkpoint gives byte-identical final weights (``tests/test_eagle.py``).
 
-Multi-GPU: ``torchrun --nproc_per_node=<gpus> scripts/train_drafter.py ... stage=train`` or
-``accelerate launch --multi_gpu --num_processes=<gpus> scripts/train_drafter.py ... stage=train`` (after
-``stage=data`` in one process); ``train.batch_size`` is per process and micro-batch. Checkpoints assume one
-node or a shared file system (every rank writes its RNG state into the same folder).
+Multi-GPU: ``torchrun --nproc_per_node=<gpus> scripts/train_drafter.py ...`` or
+``accelerate launch --multi_gpu --num_processes=<gpus> scripts/train_drafter.py ...``; every stage runs on
+every rank: the data stage shards by shard index (``coolsd.training.data``: rank ``r`` of ``W`` makes shards
+``k % W == r``, then waits on disk for the rest), training is data-parallel; ``train.batch_size`` is per
+process and micro-batch. Checkpoints assume one node or a shared file system (every rank writes its RNG state
+into the same folder).
 
 Written after jadohu/LANTERN ``entrypoints/train_drafter/main.py`` (EAGLE's recipe), without its quirks: here
 gradient accumulation accumulates and the warm-up length is set in steps.
@@ -89,9 +91,9 @@ from coolsd.models.base import ImageARModel
 from coolsd.models.checkpoints import load_state_dict
 from coolsd.models.llamagen import resolve_device
 from coolsd.sampling import stream_probs
-from coolsd.training.data import (Batch, DistillConfig, ShardStream, cycle, data_complete, generate_data,
-                                  manifest_prefix, pair_positions, read_manifest, split_shards,
-                                  training_pairs)
+from coolsd.training.data import (Batch, DistillConfig, ShardStream, check_eval_overlap, cycle, data_complete,
+                                  generate_data, manifest_prefix, pair_positions, read_manifest, split_shards,
+                                  training_pairs, wait_for_data)
 from coolsd.types import pooled_accepted_length
 
 STAGES = ("all", "data", "train")
@@ -408,21 +410,27 @@ def run(cfg: DictConfig, model: ImageARModel | None = None) -> TrainResult | Non
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     model_config = OmegaConf.to_container(cfg.model, resolve=True)
+    prompt_set = instantiate(cfg.data)
+    text_prompts = not list(cfg.model.get("class_names") or [])
+    if cfg.stage in ("all", "data") and data.source == "self_distill" and text_prompts:
+        # refuse evaluation prompts before the target is loaded (distill.eval_overlap)
+        check_eval_overlap(cycle(prompt_set.load(None, None), data.num_samples), data,
+                           cfg.data.get("_target_"), cfg.data.get("path"))
     if model is None:
         model = instantiate(cfg.model)
     model.requires_grad_(False)
     model.eval()
-    prompt_set = instantiate(cfg.data)
     data_dir, out_dir = Path(cfg.distill.dir), Path(cfg.out_dir)
     again = f"python scripts/train_drafter.py stage=data distill.dir={data_dir} (same overrides)"
 
     if cfg.stage in ("all", "data"):
-        if accelerator.num_processes > 1 and not data_complete(data_dir, data):
-            raise RuntimeError(f"drafter data in {data_dir} is incomplete; generate it in one process first: "
-                               + again)
-        if accelerator.num_processes == 1:
-            generate_data(model, data, data_dir, prompt_set.load(model, None), model_config,
-                          progress=train_cfg.progress, prefix=cfg.head.prefix)
+        prompts = prompt_set.load(model, None)
+        # every rank makes its shards (shard k on rank k % world), then waits on disk for the others' shards
+        generate_data(model, data, data_dir, prompts, model_config, progress=train_cfg.progress and
+                      accelerator.is_main_process, prefix=cfg.head.prefix, rank=accelerator.process_index,
+                      world=accelerator.num_processes)
+        if accelerator.num_processes > 1:
+            wait_for_data(data_dir, data)
         if cfg.stage == "data":
             return None
     manifest = read_manifest(data_dir)

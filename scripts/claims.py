@@ -1,4 +1,4 @@
-"""Decide the COOL-SD paper's claims on the runs of ``experiment=embedded_claims`` (logic: ``eval/claims.py``).
+"""Decide the COOL-SD paper's claims on the runs of ``experiment=embedded_claims`` (logic: the ``eval/claims/`` package).
 
     python run.py -m experiment=embedded_claims            # about an hour or more on 2 CPU cores
     python scripts/claims.py results/runs/embedded_claims --out results
@@ -22,7 +22,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="the multirun folder (one sub-folder per regime) or one run")
     parser.add_argument("--out", type=Path, default=None, help="where the page goes (default: the input folder)")
-    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (seed 0)")
+    parser.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples (seed 0); Holm-corrected p needs ≥ 10,000")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     out = args.out or args.folder

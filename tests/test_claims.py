@@ -41,6 +41,14 @@ def test_claims_experiments_compose_in_both_regimes(experiment):
         assert schedules == {"exponential", "uniform", "linear"}
         resamplings = {chain.suite[n].resample for n in chain.compare if chain.suite[n].name == "lantern_pp"}
         assert resamplings == {"reference", "optimal"}
+        # on the static tree LANTERN++ runs its published path at λ 2/3/5 × k 5/10/20; reference is an ablation
+        lpp = [tree.suite[n] for n in tree.compare if tree.suite[n].name == "lantern_pp"]
+        grid = {(e.k, e.lam) for e in lpp if e.resample == "reference_q"}
+        assert grid == {(k, lam) for k in (5, 10, 20) for lam in (2.0, 3.0, 5.0)}
+        assert {(e.k, e.lam) for e in lpp if e.resample == "reference"} == {(10, 5.0)}
+        assert {tree.suite[n].tree for n in tree.compare if tree.suite[n].name != "sjd"} == {"mc_sim_7b_63"}
+        assert any(tree.suite[n].get("schedule") == "linear" and tree.suite[n].delta == 1.5 for n in tree.compare)
+    assert tree.claims.lantern_pp_resample == "reference_q" and chain.claims.lantern_pp_resample == "reference"
 
 
 def make_point(name, method, tau, fid, tv, n=50, seed=0, **config):
@@ -92,8 +100,10 @@ def test_frontier_claim_held_not_held_and_inconclusive():
         regime = regime_of(cool_curve() + [lpp])
         with_reps(regime, fid_noise=0.1 if expected != claims.INCONCLUSIVE else 2.0)
         c1 = next(c for c in claims.decide(regime) if c.key == "C1")
-        assert c1.verdict == expected, (lpp_fid, c1.comparisons)
-        assert abs(c1.comparisons[0].difference - (10.5 - lpp_fid)) < 1e-9  # interpolated at 3.3: 10.5
+        fid = [c for c in c1.comparisons if c.what.startswith("FID")]
+        assert c1.note.split("; FID: ")[1].startswith(expected), (lpp_fid, c1.note)
+        assert abs(fid[0].difference - (10.5 - lpp_fid)) < 1e-9  # interpolated at 3.3: 10.5
+        assert fid[0].tau == lpp.est["tau"] and fid[0].p_holm is not None
 
 
 def test_a_point_outside_the_curve_is_not_compared():
@@ -101,7 +111,60 @@ def test_a_point_outside_the_curve_is_not_compared():
     regime = regime_of(cool_curve() + [lpp])
     with_reps(regime, 0.1)
     c1 = next(c for c in claims.decide(regime) if c.key == "C1")
-    assert c1.verdict == claims.INCONCLUSIVE and "outside" in c1.comparisons[0].what
+    assert c1.verdict == claims.NOT_COMPARED and "not compared" in c1.comparisons[0].what
+    assert not c1.comparisons[0].made
+
+
+def test_holm_needs_a_smaller_p_than_one_test_and_the_family_is_the_claim():
+    """Two comparisons with p = 0.03 each: significant alone, not after Holm (adjusted 0.06); p = 0.01 and
+    0.03 -> 0.02 and 0.03, both significant."""
+    def comp(p, d=-1.0):
+        return claims.Comparison("x", d, [d - 0.5, d + 0.5], p, "claim")
+    fam = claims.holm_family([comp(0.03), comp(0.03)])
+    assert [c.p_holm for c in fam] == [0.06, 0.06] and all(c.favours is None for c in fam)
+    assert claims.verdict(fam) == claims.INCONCLUSIVE
+    fam = claims.holm_family([comp(0.01), comp(0.03, d=+1.0)])
+    assert [round(c.p_holm, 9) for c in fam] == [0.02, 0.03] and [c.favours for c in fam] == ["claim", "against"]
+    assert claims.verdict(fam) == claims.NOT_HELD
+    assert claims.verdict([]) == claims.NOT_COMPARED
+
+
+def test_regions_say_where_along_the_accepted_length_a_claim_holds():
+    cs = [claims.Comparison("a", -1, [-2, -0.5], 0.001, "claim", tau=2.7),
+          claims.Comparison("b", -1, [-2, -0.5], 0.001, "claim", tau=3.1),
+          claims.Comparison("c", 1, [0.5, 2], 0.001, "against", tau=3.8),
+          claims.Comparison("d", 0, [-1, 1], 0.9, None, tau=4.3),
+          claims.Comparison("e (not compared)", math.nan, None, None, None, tau=5.0)]
+    assert claims.regions(cs) == "τ 2.70–3.10: for; τ 3.80: against; τ 4.30: n.s."
+
+
+def test_every_exponential_mu_is_on_the_curve_and_c1_uses_tv_and_dominance():
+    """A μ=first point extends the exponential curve to a LANTERN++ point that μ=mean alone cannot reach; C1 is
+    then compared there on TV and FID, and a COOL-SD point better on both axes is listed as dominating."""
+    first = make_point("coolf", "coolsd", 4.8, 12.5, 0.07, seed=7, delta=3.0, schedule="exponential", mu="first")
+    lpp = make_point("lpp", "lantern_pp", 4.5, 20.0, 0.09, seed=9, k=10, lam=5.0, resample="reference")
+    dom = make_point("lpp_low", "lantern_pp", 2.7, 20.0, 0.09, seed=10, k=10, lam=2.0, resample="reference")
+    regime = regime_of(cool_curve() + [first, lpp, dom])
+    with_reps(regime, 0.1)
+    c1 = next(c for c in claims.decide(regime) if c.key == "C1")
+    made = [c for c in c1.comparisons if c.made]
+    assert {c.what.split(":")[0] for c in made} == {"TV/token", "FID"} and len(made) == 2  # lpp at 4.5 only
+    assert c1.verdict == claims.HELD
+    assert any(d.startswith("cool") and "dominates lpp_low" in d for d in c1.dominance), c1.dominance
+    assert not any(d.startswith("lpp") for d in c1.dominance)
+
+
+def test_c4_needs_non_inferiority_not_the_absence_of_a_significant_difference():
+    """COOL-SD δ=1.1 accepts more than vanilla SD; FID +0.5 ± noise 0.1 is inside a 10 % margin of 10 (shown
+    comparable), FID +3 is outside it (not held), FID +0.5 with noise 2 cannot show it (inconclusive), although
+    no FID difference is significant in the last case. Seeded (with_reps: 1)."""
+    for fid, noise, expected in ((10.5, 0.1, claims.HELD), (13.0, 0.1, claims.NOT_HELD), (10.5, 2.0, claims.INCONCLUSIVE)):
+        sd = make_point("sd", "sd", 2.5, 10.0, 0.0, seed=3)
+        cool = make_point("c11", "coolsd", 3.0, fid, 0.004, seed=4, delta=1.1, schedule="exponential", mu="mean")
+        regime = regime_of([sd, cool])
+        with_reps(regime, noise)
+        c4 = next(c for c in claims.decide(regime) if c.key == "C4")
+        assert c4.verdict == expected, (fid, noise, c4.note, c4.comparisons)
 
 
 def test_mu_fit_recovers_the_mu_that_made_the_ratios():
@@ -152,9 +215,10 @@ def test_quick_claims_experiment_runs_end_to_end(tmp_path):
     record = json.loads((runs / "embedded_claims.json").read_text())
     assert set(record["claims"]) == {"strong_chain", "weak_tree"}
     for verdicts in record["claims"].values():
-        assert {c["verdict"] for c in verdicts} <= {claims.HELD, claims.NOT_HELD, claims.INCONCLUSIVE}
+        assert {c["verdict"] for c in verdicts} <= {claims.HELD, claims.NOT_HELD, claims.INCONCLUSIVE,
+                                                   claims.NOT_COMPARED}
     assert record["regimes"]["weak_tree"]["num_images"] == 3
-    for stem in ("fid", "tv", "schedules", "gstar"):
+    for stem in ("fid", "tv", "schedules", "gstar", "mu"):
         assert (runs / "figures" / f"embedded_claims_{stem}.png").stat().st_size > 5000
 
 
@@ -184,7 +248,7 @@ def _weak_and_fitted(fitted_taus=(2.73, 3.34), n=50):
     weak.name = "weak_tree"
     weak.record = {"config": {"drafter": {"checkpoint": "embedded/drafter_weak"}, "claims": {"tree": "mc_sim_7b_63"},
                               "experiment_name": "embedded_claims"}}
-    extra = regime_of([make_point(f"coolsd_fit_d{d}", "coolsd", tau, 10.0, 0.03, n=n, seed=20 + i, delta=d,
+    extra = regime_of([make_point(f"coolsd_fit_d{d}", "coolsd", tau, 10.0, 0.02, n=n, seed=20 + i, delta=d,
                                   schedule="exponential", mu=mu, tree="mc_sim_7b_63")
                        for i, (d, tau, mu) in enumerate(zip((1.1, 2.0), fitted_taus, (0.2, 0.1)))])
     extra.name = claims.FITTED_REGIME
@@ -204,13 +268,13 @@ def test_fitted_mu_points_join_weak_tree_and_decide_c1_and_c4(tmp_path):
     decided = {c.key: c for c in claims.decide(weak)}
     assert list(decided)[:6] == ["C1", "C2a", "C2b", "C3a", "C3b", "C4"]
     c1f, c4f = decided["C1 (fitted μ)"], decided["C4 (fitted μ)"]
-    assert c1f.verdict == claims.HELD  # FID 10.0 against LANTERN++'s 12.5 at accepted length 3.0
+    assert c1f.verdict == claims.HELD  # FID 10.0, TV 0.02 against LANTERN++'s 12.5, 0.03 at accepted length 3.0
     assert c4f.verdict == claims.HELD and "accepted length: for" in c4f.note  # 2.73 > 2.42, FID the same
-    extra.points["coolsd_fit_d1.1"].est["fid"] += 0.5  # significantly worse quality: C4 not held
-    extra.points["coolsd_fit_d1.1"].reps["fid"] += 0.5
+    extra.points["coolsd_fit_d1.1"].est["fid"] += 2.0  # worse by more than the margin (1.0): C4 not held
+    extra.points["coolsd_fit_d1.1"].reps["fid"] += 2.0
     assert next(c for c in claims.decide(weak) if c.key == "C4 (fitted μ)").verdict == claims.NOT_HELD
-    extra.points["coolsd_fit_d1.1"].est["fid"] -= 0.5
-    extra.points["coolsd_fit_d1.1"].reps["fid"] -= 0.5
+    extra.points["coolsd_fit_d1.1"].est["fid"] -= 2.0
+    extra.points["coolsd_fit_d1.1"].reps["fid"] -= 2.0
     mu = {"fits": {"1.1": {"paper_ratio": 1.128, "mu": 0.2, "ci": [0.1, 0.3], "replicates_in_range": 50,
                            "resamples": 50},
                    "2": {"paper_ratio": 1.38, "mu": 0.1, "ci": [0.0, 0.2], "replicates_in_range": 50,

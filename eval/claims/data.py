@@ -1,0 +1,174 @@
+"""The claims experiment's data: method points with their per-image values, loaded from the runs' records, and
+their bootstrap replicates (paired over prompts: one set of resampled prompt sets for every point of a regime)."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from eval import stats
+from eval.records import load_records
+
+PAPER_RATIOS = {1.1: 2.73 / 2.42, 2.0: 3.34 / 2.42}  # COOL-SD / vanilla SD accepted length, LlamaGen (paper)
+HELD, NOT_HELD, INCONCLUSIVE, NOT_COMPARED = "held", "not held", "inconclusive", "not compared"
+LEVEL = 0.95
+#: non-inferiority margins of "comparable quality" statements, fixed before the runs: ΔFID below 10 % of the
+#: baseline's FID (C4; about the smallest FID gap that the 1,000-image intervals of the default run resolve,
+#: ±2 on FID ≈ 10), and ΔTV per token below 0.01 (for statements between two relaxed methods: a fifth of
+#: COOL-SD δ = 1.1's TV per token on the chain; not C4, whose baseline is lossless). ``claims.margins`` of the
+#: experiment config overrides them.
+MARGINS = {"fid_relative": 0.10, "tv_per_token": 0.01}
+
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+@dataclass
+class Point:
+    """One method point of a regime: its config, per-image values and bootstrap replicates."""
+
+    name: str
+    label: str
+    config: dict[str, Any]
+    indices: list[int]
+    committed: np.ndarray  # (N,) committed image tokens (num_tokens - 1)
+    iterations: np.ndarray  # (N,) verify forwards
+    tv_sum: np.ndarray  # (N,) summed one-step TV
+    latency: dict[int, float]  # timed index -> seconds (batch 1)
+    features: np.ndarray | None = None  # (N, D) classifier features
+    est: dict[str, float] = field(default_factory=dict)
+    reps: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """(N,) committed tokens including the first (the denominator of TV per token)."""
+        return self.committed + 1
+
+    @property
+    def method(self) -> str:
+        return str(self.config.get("name", self.name))
+
+
+@dataclass
+class Regime:
+    name: str
+    folder: Path
+    record: dict[str, Any]
+    points: dict[str, Point]
+    resamples: int = 0
+
+    @property
+    def indices(self) -> list[int]:
+        """The images every point generated (``load_regime`` checks that they are the same)."""
+        return next(iter(self.points.values())).indices
+
+    @property
+    def num_images(self) -> int:
+        return len(self.indices)
+
+
+def _per_image(records: dict[int, dict], key: str, default: float = 0.0) -> np.ndarray:
+    return np.array([float(records[i]["stats"].get(key, default)) for i in sorted(records)], dtype=np.float64)
+
+
+def load_regime(folder: Path, features: bool = True, device: str = "cpu") -> Regime:
+    """A regime's run: its ``run.json``, every point's per-image records and (``features``) the classifier
+    features of its images, taken with the run's own FID metric config."""
+    record = json.loads((folder / "run.json").read_text())
+    config = record["config"]
+    labels = record.get("labels", {})
+    points: dict[str, Point] = {}
+    for name in record["per_decoder"]:
+        recs = load_records(folder / "records", name)
+        decoder_cfg = config["suite"].get(name) or config["decoder"]
+        if name == config["decoder"]["name"]:
+            decoder_cfg = config["decoder"]
+        idx = sorted(recs)
+        points[name] = Point(
+            name=name, label=labels.get(name, name), config=decoder_cfg, indices=idx,
+            committed=_per_image(recs, "num_tokens") - 1, iterations=_per_image(recs, "iterations"),
+            tv_sum=_per_image(recs, "tv_sum"),
+            latency={i: recs[i]["stats"]["latency_s"] for i in idx if recs[i].get("timed")})
+        if features:
+            points[name].features = _features(config, folder, [recs[i] for i in idx], device)
+    indices = {tuple(p.indices) for p in points.values()}
+    if len(indices) != 1:
+        raise ValueError(f"{folder}: the method points did not generate the same prompts; rerun the regime")
+    return Regime(folder.name, folder, record, points)
+
+
+_METRICS: dict[str, Any] = {}
+
+
+def fid_metric(config: dict[str, Any]):
+    """The run's FID/KID metric (its first ``eval.metrics`` entry of ``eval.metrics.FIDKID``), built once."""
+    from hydra.utils import instantiate
+
+    spec = next((m for m in config["eval"].get("metrics", []) if m.get("_target_", "").endswith("FIDKID")), None)
+    if spec is None:
+        raise ValueError("the claims need FID: the runs' eval.metrics has no eval.metrics.FIDKID entry")
+    key = json.dumps(spec, sort_keys=True)
+    if key not in _METRICS:
+        _METRICS[key] = instantiate(spec)
+    return _METRICS[key]
+
+
+def _features(config: dict[str, Any], folder: Path, recs: list[dict], device: str) -> np.ndarray:
+    metric = fid_metric(config)
+    missing = [r["index"] for r in recs if not r.get("image")]
+    if missing:
+        raise ValueError(f"{folder}: records without images (eval.save_images=false?) e.g. {missing[:3]}")
+    return np.asarray(metric.per_image([folder / r["image"] for r in recs], [r["prompt"] for r in recs],
+                                       torch.device(device)), dtype=np.float64)
+
+
+# ------------------------------------------------------------------------------------------ replicates
+
+
+def compute(regime: Regime, resamples: int = 1000, seed: int = 0, device: str = "cpu") -> None:
+    """Point estimates and paired replicates of every point's accepted length, TV per token, FID, speedup."""
+    boot = stats.Bootstrap(resamples=resamples, seed=seed)
+    n = regime.num_images
+    w = boot.weights(n, "images")  # (B, N), the same for every point: paired
+    ar = regime.points.get("ar")
+    timed = sorted(set.intersection(*(set(p.latency) for p in regime.points.values()))) if ar else []
+    wt = boot.weights(len(timed), "timed") if len(timed) >= 2 else None
+    metric = fid_metric(regime.record["config"]) if any(p.features is not None for p in regime.points.values()) else None
+    reference = ref_stats = None
+    if metric is not None:
+        reference = metric.reference_features(torch.device(device))
+        ref_stats = stats.ReferenceStats.of(reference, device)  # S_r^1/2 once per regime
+    for p in regime.points.values():
+        p.est["tau"] = p.committed.sum() / max(p.iterations.sum(), 1)
+        p.reps["tau"] = (w @ p.committed) / np.maximum(w @ p.iterations, 1)
+        p.est["tv"] = p.tv_sum.sum() / max(p.tokens.sum(), 1)
+        p.reps["tv"] = (w @ p.tv_sum) / np.maximum(w @ p.tokens, 1)
+        if p.features is not None:
+            p.est["fid"] = stats.fid_value(p.features, reference)
+            p.reps["fid"] = stats.fid_replicates(p.features, ref_stats, w, device)
+        if wt is not None:
+            a = np.array([ar.latency[i] for i in timed])
+            m = np.array([p.latency[i] for i in timed])
+            p.est["speedup"] = a.mean() / m.mean()
+            p.reps["speedup"] = (wt @ a) / (wt @ m)
+    regime.resamples = resamples
+
+
+def interval(p: Point, key: str) -> list[float] | None:
+    if key not in p.reps:
+        return None
+    if key == "fid":
+        return stats.shifted_interval(p.est[key], p.reps[key], LEVEL)
+    return stats.percentile_interval(p.reps[key], LEVEL)
+def _ci_text(value: float, ci: list[float] | None, fmt: str = "{:.3f}") -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    text = fmt.format(value)
+    return text + (f" [{fmt.format(ci[0])}, {fmt.format(ci[1])}]" if ci else "")
+

@@ -1,0 +1,190 @@
+"""The claims page (``embedded_claims.md``), its JSON record, and ``run``: load, decide, draw, write."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from coolsd.io import atomic_write_bytes
+from eval.claims.data import MARGINS, Regime, _ci_text, compute, interval, load_regime
+from eval.claims.figures import frontier_figure, gstar_figure, mu_figure
+from eval.claims.statistics import (
+    FITTED_REGIME,
+    Claim,
+    decide,
+    fit_mu,
+    fitted_command,
+    fitted_points,
+    merge_fitted,
+)
+
+# ------------------------------------------------------------------------------------------------ page
+
+
+
+def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str, Any], figures: dict[str, Path],
+         out: Path, command: str, seconds: dict[str, float] | None = None) -> str:
+    """The claims page: verdict table, figures, μ fit, every point with its intervals, every comparison."""
+    experiment = regimes[0].record.get("config", {}).get("experiment_name") or "?"
+    quick = experiment.endswith("_quick")
+    lines = ["# The COOL-SD paper's claims on the embedded model" + (" (quick version)" if quick else ""), "",
+             f"Experiment: `python run.py -m experiment={experiment}`"
+             + (" — the quick version: few images per point, so wide intervals and mostly inconclusive verdicts; "
+                "the claims are decided by `experiment=embedded_claims`." if quick else "."), "",
+             f"Regenerate: `{command}`. Every number comes from the runs under the input folder; 95 % intervals "
+             f"are paired bootstrap intervals over prompts ({regimes[0].resamples} resamples, seed 0). "
+             "FID is in the shipped classifier's feature space (not an Inception FID).", ""]
+    lines.append("Regimes: " + "; ".join(
+        f"**{r.name}** ({r.num_images:,} images per point, drafter `{Path(str(r.record['config']['drafter'].get('checkpoint', ''))).name}`, "
+        f"tree `{r.record['config'].get('claims', {}).get('tree')}`)" for r in regimes) + ".")
+    if seconds:
+        lines.append("Wall time of each run's last `run.py` invocation (`run.json` `wall_s`; a resumed run counts only "
+                     "what it generated and scored): " + "; ".join(f"{k} {v / 60:.1f} min" for k, v in seconds.items())
+                     + ".")
+    lines += ["", "| claim | " + " | ".join(r.name for r in regimes) + " |",
+              "|---|" + "---|" * len(regimes)]
+    keys: dict[str, str] = {}
+    for r in regimes:
+        for c in claims[r.name]:
+            keys.setdefault(c.key, c.text)
+    for key, text in keys.items():
+        row = [f"{key}: {text}"]
+        for r in regimes:
+            c = next((c for c in claims[r.name] if c.key == key), None)
+            row.append("—" if c is None else f"**{c.verdict}**" + (f" ({c.note})" if c.note else ""))
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Verdicts: held = at least one comparison significantly in the claim's favour and none against "
+              "it; not held = one significantly against it; inconclusive = compared, none significant; not compared "
+              "= no comparison could be made (e.g. no point inside the other curve's range). Significance is "
+              "Holm-corrected at 5 % within each claim and regime (the family: that claim's comparisons listed "
+              "below; C1 and C2 on TV per token and FID together). \"Comparable quality\" (C4) is a one-sided "
+              "non-inferiority test with a margin fixed before the run: ΔFID < "
+              f"{MARGINS['fid_relative']:.0%} of vanilla SD's FID (`eval/claims/data.py` MARGINS says why). τ ranges give where along the accepted length a frontier "
+              "comparison is for, against or not significant (n.s.).", ""]
+    for name, path in figures.items():
+        lines += [f"![{name}]({path.relative_to(out).as_posix() if path.is_relative_to(out) else path})", ""]
+    lines += ["## The μ question", ""]
+    if "fits" in mu:
+        lines.append("R = accepted length of exponential COOL-SD ÷ vanilla SD's, against ω₁ (μ only rescales ω):")
+        lines.append("")
+        lines += ["| point | ω₁ | R |", "|---|--:|--:|"]
+        lines += [f"| {p['label']} | {p['omega1']:.3f} | {p['ratio']:.3f} |" for p in mu["points"]]
+        lines.append("")
+        for delta, fit in mu["fits"].items():
+            target = f"×{fit['paper_ratio']:.3f}"
+            if fit["mu"] is None:
+                lines.append(f"- δ = {delta} ({target}): outside the measured range of R, not fitted.")
+            else:
+                lines.append(f"- δ = {delta} ({target}): fitted μ = {_ci_text(fit['mu'], fit['ci'])} "
+                             f"({fit['replicates_in_range']} of {fit['resamples']} replicates in range).")
+        d = mu.get("difference", {})
+        if d.get("value") is not None:
+            lines.append(f"- μ(δ=2) − μ(δ=1.1) = {_ci_text(d['value'], d['ci'])}: one μ "
+                         + ("fits both ratios." if d["one_mu_fits_both"] else
+                            "does **not** fit both: the exponential form with this reading of μ cannot match the paper's two ratios on this model."))
+        elif d.get("note"):
+            lines.append(f"- {d['note']}")
+        if mu.get("fitted_points"):
+            lines += ["", "COOL-SD run with the fitted μ (its own run, same prompts and seeds; R paired with "
+                      "weak_tree's vanilla SD):", "", "| point | δ | μ (fitted) | ω₁ | R measured | R paper |",
+                      "|---|--:|--:|--:|--:|--:|"]
+            for f in mu["fitted_points"]:
+                lines.append(f"| {f['label']} | {f['delta']:g} | {f['mu']:.3f} | {f['omega1']:.3f} | "
+                             f"{_ci_text(f.get('ratio', math.nan), f.get('ratio_ci'))} | "
+                             + (f"{f['paper_ratio']:.3f}" if f.get("paper_ratio") else "—") + " |")
+            lines.append("")
+            lines.append("C1 and C4 with these points are the rows marked (fitted μ) of the table above.")
+        elif mu.get("command"):
+            lines += ["", f"Not yet run with the fitted μ: `{mu['command']}`, then rerun this page's command."]
+    else:
+        lines.append(mu.get("note", "not computed"))
+    lines += ["", "## Every point", ""]
+    for r in regimes:
+        lines += [f"### {r.name}", "", "| point | N | accepted length | TV per token | FID (classifier features) | speedup (batch 1) |",
+                  "|---|--:|--:|--:|--:|--:|"]
+        for p in r.points.values():
+            lines.append(f"| {p.label} | {len(p.indices)} | {_ci_text(p.est['tau'], interval(p, 'tau'), '{:.2f}')} | "
+                         f"{_ci_text(p.est['tv'], interval(p, 'tv'), '{:.4f}')} | "
+                         f"{_ci_text(p.est.get('fid', math.nan), interval(p, 'fid'), '{:.2f}')} | "
+                         f"{_ci_text(p.est.get('speedup', math.nan), interval(p, 'speedup'), '{:.2f}')} |")
+        lines.append("")
+    lines += ["## Every comparison", "", "Differences oriented as written; [95 % interval], two-sided bootstrap p "
+              "(and Holm-adjusted within its claim); non-inferiority rows give the one-sided upper bound and the "
+              "p of Δ ≥ margin.", ""]
+    for r in regimes:
+        lines.append(f"### {r.name}")
+        lines.append("")
+        for c in claims[r.name]:
+            lines.append(f"- **{c.key}** ({c.verdict})")
+            for comp in c.comparisons:
+                words = ({"claim": "non-inferior: shown", "against": "worse by more than the margin", None: "not shown"}
+                         if comp.kind == "non-inferiority" else
+                         {"claim": "for the claim", "against": "against the claim", None: "not significant"})
+                side = "not compared" if not comp.made else words[comp.favours]
+                p_text = "" if comp.p is None else f", p = {comp.p:.4f}" + (
+                    "" if comp.p_holm is None else f", Holm p = {comp.p_holm:.4f}")
+                lines.append(f"  - {comp.what}: {_ci_text(comp.difference, comp.ci, '{:.4f}')}{p_text} ({side})")
+            if not c.comparisons:
+                lines.append("  - no comparison could be made")
+            for d in c.dominance:
+                lines.append(f"  - direct dominance: {d}")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = None,
+        device: str = "cpu") -> dict[str, Any]:
+    """Load every regime below ``folder``, decide the claims, write ``<out>/embedded_claims.md``, its figures
+    (``<out>/figures/embedded_claims_*``) and ``<out>/embedded_claims.json``; returns the JSON record."""
+    folders = sorted(p.parent for p in Path(folder).glob("*/run.json"))
+    if (Path(folder) / "run.json").is_file():
+        folders = [Path(folder)]
+    if not folders:
+        raise FileNotFoundError(f"no run.json below {folder}: run `python run.py -m experiment=embedded_claims` first")
+    regimes, extra = [], None
+    for f in folders:
+        regime = load_regime(f, device=device)
+        compute(regime, resamples=resamples, device=device)
+        if f.name == FITTED_REGIME:
+            extra = regime
+        else:
+            regimes.append(regime)
+    if not regimes:
+        raise FileNotFoundError(f"{folder}: only the {FITTED_REGIME} run is here; it adds points to weak_tree's")
+    weak = next((r for r in regimes if r.name == "weak_tree"), None)  # the μ fit is about the paper's regime
+    mu = fit_mu(weak) if weak else {"note": "not fitted: the weak_tree regime (the paper's) is not among the runs "
+                                            "(python run.py -m experiment=<this experiment> regime=weak_tree)"}
+    if weak is not None:
+        mu["command"] = fitted_command(weak, mu, Path(folder))
+        if extra is not None:
+            mu["fitted_points"] = fitted_points(weak, merge_fitted(weak, extra), extra)
+            mu["fitted_folder"] = str(extra.folder)
+    elif extra is not None:
+        raise ValueError(f"{extra.folder}: a {FITTED_REGIME} run needs the weak_tree run beside it")
+    claims = {r.name: decide(r) for r in regimes}
+    figs = out / "figures"
+    figs.mkdir(parents=True, exist_ok=True)
+    figures = {
+        "FID vs accepted length": frontier_figure(regimes, "fid", "FID, classifier features (lower is better)",
+                                                  figs / "embedded_claims_fid"),
+        "TV per token vs accepted length": frontier_figure(regimes, "tv", "TV per committed token",
+                                                           figs / "embedded_claims_tv"),
+        "schedule ablation": frontier_figure(regimes, "tv", "TV per committed token", figs / "embedded_claims_schedules",
+                                             families=["COOL-SD (exponential, every μ)",
+                                                       "UniformRSD", "COOL-SD (linear)", "vanilla SD"]),
+        "G* vs the published resampling by k": gstar_figure(regimes, figs / "embedded_claims_gstar"),
+    }
+    r_figure = mu_figure(mu, figs / "embedded_claims_mu")
+    if r_figure is not None:
+        figures["R against ω₁ (the μ fit)"] = r_figure
+    seconds = {r.name: float(r.record["wall_s"]) for r in regimes + ([extra] if extra else []) if r.record.get("wall_s")}
+    text = page(regimes, claims, mu, figures, out, command or f"python scripts/claims.py {folder} --out {out}", seconds)
+    atomic_write_bytes(out / "embedded_claims.md", text.encode())
+    record = {"claims": {r: [{"key": c.key, "text": c.text, "verdict": c.verdict, "note": c.note,
+                              "comparisons": [vars(x) for x in c.comparisons]} for c in cs] for r, cs in claims.items()},
+              "mu": mu, "regimes": {r.name: {"folder": str(r.folder), "num_images": r.num_images,
+                                            "points": {p.name: {"label": p.label, **p.est} for p in r.points.values()}}
+                                    for r in regimes}}
+    atomic_write_bytes(out / "embedded_claims.json", (json.dumps(record, indent=2, default=float) + "\n").encode())
+    return record

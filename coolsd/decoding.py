@@ -23,6 +23,7 @@ Example: ``python run.py decoder=sd decoder.draft_len=4``.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,7 +93,7 @@ class Decoder:
             self.max_depth, self.max_nodes = self.tree.depth, len(self.tree.paths)
             parents = self.tree.parents()
             self._static_mask = ancestor_mask(parents)  # (M+1, M+1), the same for every image
-            self._static_depth = torch.tensor([0] + depths_of(parents))
+            self._static_depth = [0] + depths_of(parents)  # node depths, the root's 0 first
         elif isinstance(self.tree, DynamicTree):
             self.max_depth, self.max_nodes = self.tree.depth + 1, self.tree.total_tokens
         else:
@@ -100,6 +101,17 @@ class Decoder:
         self.plain_ar = self.max_depth == 0 and isinstance(self.drafter, NullDrafter)
         self.track_tv = track_tv
         self.sync_phases = sync_phases and model.device.type == "cuda"
+        self._draw_index: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def draw_index(self, m: int, device: torch.device) -> torch.Tensor:
+        """Draw indices (m + 1,) whose uniforms at kind 0 are an iteration's ACCEPT draws 0..m−1 and its SAMPLE
+        draw 0 in one ``Streams.uniform_at`` call: the counter adds ``kind << 56`` and the index, and int64
+        addition (wrapping) does not care in which order, so the values are bitwise those of two calls."""
+        key = (m, device)
+        if key not in self._draw_index:
+            self._draw_index[key] = torch.tensor([(ACCEPT << 56) + j for j in range(m)] + [SAMPLE << 56],
+                                                 device=device)
+        return self._draw_index[key]
 
     def _clock(self) -> float:
         if self.sync_phases:
@@ -205,27 +217,34 @@ class Decoder:
         b = tokens.shape[0]
         n_tokens = model.num_image_tokens
         device = tokens.device
-        bad = torch.full((b,), n_tokens, dtype=torch.long, device=device)  # first non-finite position
+        if t >= n_tokens:
+            return now
+        # every SAMPLE uniform of the image at once: draw 0 at positions t..N−1 (uniform_grid = uniform per column)
+        u = streams.uniform_grid(torch.arange(t, n_tokens, device=device).expand(b, -1), SAMPLE, 1)  # (B, N−t, 1)
+        finite = []  # per position: (B,) whether every logit of each image was finite
         for pos in range(t, n_tokens):
             position = torch.full((b, 1), pos - 1, dtype=torch.long, device=device)
             out = model.forward_block(cache, tokens[:, pos - 1 : pos], position)
-            bad = torch.where(finite_images(out.logits), bad, bad.clamp(max=pos))
+            finite.append(finite_images(out.logits))
             p = model.probs(out)[:, 0]  # (B, V)
             t2 = self._clock()
-            tokens[:, pos] = sample(p, streams.uniform(position[:, 0] + 1, SAMPLE, 1)[:, 0])
+            tokens[:, pos] = sample(p, u[:, pos - t, 0])
             cache.keep(1)
             t3 = self._clock()
             phases.verify_s += t2 - now
             phases.accept_s += t3 - t2
             now = t3
-        first = bad.tolist()
+        ok = torch.stack(finite, 1)  # (B, N − t)
+        first = torch.where(ok.all(1), n_tokens, (~ok).long().argmax(1) + t).tolist()  # first non-finite position
         self._check([f == n_tokens for f in first], "target", [labels[r] for r in rows], [prompts[r] for r in rows],
                     [seeds[r] for r in rows], first)
         return now
 
     def _iteration(self, cache, tokens: torch.Tensor, t: list[int], streams: Streams, recs: list[StatsRecorder],
                    phases: StatsRecorder, now: float, labels, prompts, seeds, rows: list[int]) -> float:
-        """One speculative iteration for every image in the batch; updates ``t`` and ``tokens`` in place."""
+        """One speculative iteration for every image in the batch; updates ``t`` and ``tokens`` in place.
+
+        Index tensors are built from the host lists (``t``, and ``n`` after the one host sync) in single calls."""
         model, rule = self.model, self.rule
         device = tokens.device
         b = len(t)
@@ -234,8 +253,8 @@ class Decoder:
         depth = max(limits)
         t_dev = torch.tensor(t, device=device)
         limit = torch.tensor(limits, device=device)
-        batch = torch.arange(b, device=device)
-        last = tokens[batch, t_dev - 1]
+        images = list(range(b))
+        last = tokens[images, [ti - 1 for ti in t]]  # (B,)
         # 1. draft
         tree = self.tree
         if isinstance(tree, TreeShape) and depth < self.max_depth:
@@ -246,41 +265,45 @@ class Decoder:
         #    ancestor mask (node at depth d sits at image position t - 1 + d)
         inputs = torch.cat([last[:, None], draft.tokens], dim=1)  # (B, M+1)
         m = draft.draft_len
-        if draft.is_chain:
-            offsets, tree_mask = torch.arange(m + 1, device=device).expand(b, -1), None
-        elif isinstance(self.tree, TreeShape):
-            tree_mask = self._static_mask[: m + 1, : m + 1].to(device)
-            offsets = self._static_depth[: m + 1].to(device).expand(b, -1)
+        if draft.is_chain or isinstance(self.tree, TreeShape):
+            offsets = range(m + 1) if draft.is_chain else self._static_depth[: m + 1]
+            positions = torch.tensor([[min(ti - 1 + d, n_tokens - 1) for d in offsets] for ti in t],
+                                     device=device)  # (B, M+1); invalid nodes clamped
+            tree_mask = None if draft.is_chain else self._static_mask[: m + 1, : m + 1].to(device)
         else:
             tree_mask = ancestor_masks(draft.parents)
             offsets = tree_mask.sum(-1) - 1  # a node's depth = its number of proper ancestors
-        positions = (t_dev[:, None] - 1 + offsets).clamp(max=n_tokens - 1)  # (B, M+1); invalid nodes clamped
+            positions = (t_dev[:, None] - 1 + offsets).clamp(max=n_tokens - 1)  # (B, M+1)
         out = model.forward_block(cache, inputs, positions, tree_mask)
         p = model.probs(out)  # (B, M+1, V)
         t2 = self._clock()
-        # 3. accept / resample, with each image's own uniforms
-        u_accept = streams.uniform(t_dev, ACCEPT, m)
-        u_sample = streams.uniform(t_dev, SAMPLE, 1)[:, 0]
+        # 3. accept / resample, with each image's own uniforms (ACCEPT draws 0..m−1 and SAMPLE draw 0, one call)
+        u = streams.uniform_at(t_dev, 0, self.draw_index(m, device))  # (B, m + 1)
         verify = verify_chain if draft.is_chain else verify_tree
-        verdict = verify(rule, p, draft, u_accept, u_sample)
+        verdict = verify(rule, p, draft, u[:, :m], u[:, m])
         flags = [verdict.num_accepted, finite_images(out.logits).long()]
         if draft.finite is not None:
             flags.append(draft.finite.long())
+        forwards = draft.forwards
+        if isinstance(forwards, torch.Tensor):
+            flags.append(forwards)
         host = torch.stack(flags).tolist()  # the iteration's one host sync
         n = host[0]
+        if isinstance(forwards, torch.Tensor):
+            forwards = host[-1]
         self._check([bool(x) for x in host[1]], "target", [labels[r] for r in rows], [prompts[r] for r in rows],
                     [seeds[r] for r in rows], t)
         if draft.finite is not None:
             self._check([bool(x) for x in host[2]], "drafter", [labels[r] for r in rows],
                         [prompts[r] for r in rows], [seeds[r] for r in rows], t)
+        verdict = dataclasses.replace(verdict, accepted=tuple(n))
         t3 = self._clock()
         # 4. commit: the accepted path and the next token; keep (and compact) the path's KV entries
         width = verdict.path.shape[1]
-        if width:
-            cols = t_dev[:, None] + torch.arange(width, device=device)  # (B, D): garbage past n is overwritten
-            tokens.scatter_(1, cols, draft.tokens.gather(1, verdict.path))
-        n_dev = verdict.num_accepted
-        tokens[batch, t_dev + n_dev] = verdict.next_token
+        if width:  # garbage past n is overwritten; a chain's path is 0..m−1
+            accepted = draft.tokens if draft.is_chain else draft.tokens.gather(1, verdict.path)
+            tokens[[[i] for i in images], [[ti + j for j in range(width)] for ti in t]] = accepted
+        tokens[images, [ti + ni for ti, ni in zip(t, n)]] = verdict.next_token
         kept = [x + 1 for x in n]
         if draft.is_chain:
             cache.keep(kept)
@@ -298,7 +321,7 @@ class Decoder:
         t5 = self._clock()
         for i, r in enumerate(rows):
             recs[r].iteration(n[i] + 1, tv[i], count[i])
-            recs[r].drafter_forwards += draft.forwards[i]
+            recs[r].drafter_forwards += forwards[i]
             t[i] += n[i] + 1
         phases.diagnostics_s += t5 - t4
         phases.draft_s += t1 - now

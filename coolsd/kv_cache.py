@@ -75,6 +75,7 @@ class StaticKVCache:
         self.key_valid = torch.ones(rows, max_len, dtype=torch.bool, device=device)
         self.has_padding = False
         self.max_len = max_len
+        self.num_layers = num_layers
         self.streams = streams
         self.lengths = [0] * batch  # committed slots per image
         self.block_starts = [0] * batch  # first slot of the latest block per image
@@ -82,6 +83,8 @@ class StaticKVCache:
         self._slots: torch.Tensor | None = None  # (B·S, T) slot of every block token when starts differ
         self._end = 0  # keys the block attends to
         self._start = 0  # the block's first slot when every row's block starts there
+        self._views: tuple | None = None  # per-layer views of the latest block (``_block_views``), built lazily
+        self._causal: torch.Tensor | None = None  # (max_len, max_len) additive causal mask, built lazily
 
     @property
     def batch(self) -> int:
@@ -112,14 +115,20 @@ class StaticKVCache:
         end = min(max(last, MIN_ATTENTION_WIDTH), self.max_len) if padding_invariant() else last
         self.block_starts, self.block_len, self.lengths = list(starts), t, [s + t for s in starts]
         self._end, self._start = end, last - t
-        device = self.k.device
+        self._views = None
         uniform = min(starts) == last - t  # every row's block at the same slots
         self._slots = None
         if not uniform:
+            device = self.k.device
             start_t = self._rows(torch.tensor(starts, device=device))
             self._slots = start_t[:, None] + torch.arange(t, device=device)  # (B·S, T)
-        if tree_mask is None and t == 1 and not self.has_padding and uniform and end == last:
-            return None
+        if tree_mask is None and not self.has_padding and uniform:
+            if t == 1 and end == last:
+                return None
+            # causal inside the block, every committed slot visible, the free slots up to ``end`` masked: the
+            # rows [last − t, last) of one additive causal matrix (the values the general construction gives)
+            return self._causal_mask()[last - t: last, :end].expand(self.k.shape[1], 1, t, end).clone()
+        device = self.k.device
         block = torch.ones(t, t, dtype=torch.bool, device=device).tril() if tree_mask is None \
             else tree_mask.to(device=device, dtype=torch.bool)
         k = block.shape[-1]
@@ -145,6 +154,13 @@ class StaticKVCache:
         mask.scatter_(-1, self._slots[:, :, None], True)
         return self._additive(mask)
 
+    def _causal_mask(self) -> torch.Tensor:
+        """(max_len, max_len) additive mask in the cache's dtype: 0 where key slot j <= query slot i, −inf above."""
+        if self._causal is None:
+            self._causal = torch.full((self.max_len, self.max_len), float("-inf"), dtype=self.k.dtype,
+                                      device=self.k.device).triu_(1)
+        return self._causal
+
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
         """Boolean visibility (B·S, T, end) -> the additive attention mask (B·S, 1, T, end)."""
         return torch.zeros(visible.shape, dtype=self.k.dtype, device=visible.device).masked_fill_(
@@ -162,6 +178,48 @@ class StaticKVCache:
             self.k[layer][rows, :, self._slots] = k.transpose(1, 2)
             self.v[layer][rows, :, self._slots] = v.transpose(1, 2)
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def _block_views(self) -> tuple:
+        """Per-layer views of the latest block, built once per block: K and V up to the attended end
+        (B·S, H, end, D), and, when every row's block starts at the same slot, its slots token-major
+        (B·S, T, H, D) to write into (else None)."""
+        if self._views is None:
+            end, s, t = self._end, self._start, self.block_len
+            if self.num_layers == 1:  # an EAGLE drafter's cache: index the one layer (no unbind)
+                views = [(self.k[0, :, :, :end],), (self.v[0, :, :, :end],)]
+                if self._slots is None:
+                    views += [(self.k[0, :, :, s:s + t].transpose(1, 2),), (self.v[0, :, :, s:s + t].transpose(1, 2),)]
+            else:
+                views = [self.k[:, :, :, :end].unbind(0), self.v[:, :, :, :end].unbind(0)]
+                if self._slots is None:
+                    views += [self.k[:, :, :, s:s + t].transpose(2, 3).unbind(0),
+                              self.v[:, :, :, s:s + t].transpose(2, 3).unbind(0)]
+            self._views = tuple(views) if len(views) == 4 else (*views, None, None)
+        return self._views
+
+    def block_slots(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The latest block's K/V slots of ``layer`` as writable token-major views (B·S, T, H, D), or None when
+        the rows' blocks start at different slots (then ``write_tokens``). After writing them, ``attended``
+        gives what the block attends to."""
+        views = self._block_views()
+        return None if views[2] is None else (views[2][layer], views[3][layer])
+
+    def write_tokens(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``write`` for token-major K/V (B·S, T, H, D), as projections produce them (no transposes)."""
+        slots = self.block_slots(layer)
+        if slots is not None:
+            slots[0].copy_(k)
+            slots[1].copy_(v)
+        else:
+            rows = torch.arange(self._slots.shape[0], device=k.device)[:, None]
+            self.k[layer][rows, :, self._slots] = k
+            self.v[layer][rows, :, self._slots] = v
+        return self.attended(layer)
+
+    def attended(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of ``layer`` up to the latest block's attended end (B·S, H, end, D) (views, as ``write``)."""
+        views = self._block_views()
+        return views[0][layer], views[1][layer]
 
     # -- after verification -----------------------------------------------------------------------------
     @torch.inference_mode()

@@ -58,10 +58,11 @@ def guide(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
 
     With one stream the conditional logits are returned unchanged.
     """
-    cond = logits[0].float()
+    if logits.dtype != torch.float32:
+        logits = logits.float()
     if logits.shape[0] == 1:
-        return cond
-    uncond = logits[1].float()
+        return logits[0]
+    cond, uncond = logits.unbind(0)
     return uncond + cfg_scale * (cond - uncond)
 
 
@@ -82,7 +83,11 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """Guided logits (..., V) -> float32 probabilities (..., V) through temperature, top-k, top-p."""
-    logits = logits.float()
+    return _float_probs(logits.float(), cfg)
+
+
+def _float_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """``logits_to_probs`` of float32 logits."""
     if cfg.temperature == 0.0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     if cfg.temperature != 1.0:
@@ -93,12 +98,12 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 
 def stream_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """The whole pipeline: per-stream raw logits (S, T, V) -> guided probabilities (T, V)."""
-    return logits_to_probs(guide(logits, cfg.cfg_scale), cfg)
+    return _float_probs(guide(logits, cfg.cfg_scale), cfg)  # guide returns float32
 
 
 def finite_images(logits: torch.Tensor) -> torch.Tensor:
     """(B,) bool: whether every logit of each image is finite; ``logits`` (S, B, T, V)."""
-    return torch.isfinite(logits).flatten(2).all(-1).all(0)
+    return torch.isfinite(logits).all(dim=(0, *range(2, logits.dim())))
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

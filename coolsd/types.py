@@ -48,7 +48,7 @@ NaN or infinity (the loop raises). Every image has the same number ``M`` of node
     tokens: torch.Tensor  # (B, M) int64 codebook ids
     q: torch.Tensor  # (B, M, V) float32
     valid: torch.Tensor  # (B, M) bool
-    forwards: list[int]
+    forwards: list[int] | torch.Tensor  # or (B,) int64 on the device: the loop reads it in its one host sync
     parents: torch.Tensor | None = None  # (B, M) int64, None for a chain
     finite: torch.Tensor | None = None  # (B,) bool: the drafter's logits were finite (None: not checked)
 
@@ -76,6 +76,8 @@ class Verdict:
     next_token: torch.Tensor  # (B,) int64
     path: torch.Tensor  # (B, D) int64 node indices, valid up to num_accepted
     tests: tuple = ()
+    #: ``num_accepted`` on the host, set by the loop after its one host sync (so ``Drafter.observe`` needs none)
+    accepted: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,11 @@ Everything is measured side by side in one process, after warm-up:
    The per-phase times (draft / verify / accept / observe, per iteration) come from ``DecodeStats``. AR's
    own overhead shows in its row; every measured speedup is relative to that AR.
 
+5. **Torch calls** (``decode_counts``): every decoder decodes the first prompt once more at batch 1 under a
+   ``TorchFunctionMode`` that counts torch API calls per committed token in the target's forwards, the
+   drafter's network, and the loop (everything else), and host synchronisations per iteration; the same counts
+   are held under ceilings in ``tests/test_call_counts.py``. Unlike timings, they do not drift.
+
 Costs depend on the block size and the tree only: a dynamic tree's verify is costed as a causal block of
 the same size, and a tree drafter's level expansion (several nodes in one forward) or an EAGLE step that
 feeds several pending tokens as one drafter step (equal on a GPU; on a CPU they cost more, which then shows
@@ -172,6 +177,149 @@ def call_anatomy(fn: Callable[[], Any], top: int = 8) -> dict[str, Any]:
     with CallCounter() as counter:
         fn()
     return {"total": sum(counter.counts.values()), "by_function": dict(counter.counts.most_common(top))}
+
+
+# -- torch calls and host synchronisations of a decode, by phase -------------------------------------------
+#: the phases of ``decode_counts``: ``prefill`` (the target's prefill and the drafter's ``begin``), ``target``
+#: (``forward_block`` of the target: its network forwards), ``drafter`` (the drafter's network: an EAGLE head's
+#: forward and output head, a draft model's ``forward_block``) and ``loop`` (everything else an iteration does:
+#: draft bookkeeping, sampling pipelines, acceptance, commit, observe)
+PHASES = ("prefill", "target", "drafter", "loop")
+#: tensor methods and torch functions that wait for the device (a GPU → host copy of a value): ``.item()``,
+#: ``.tolist()``, ``bool()``/``int()``/``float()``/``index()`` of a tensor, ``nonzero``, ``torch.equal``, …
+SYNC_FUNCTIONS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero",
+                            "argwhere", "equal", "cpu", "numpy", "masked_select", "unique", "unique_consecutive",
+                            "allclose"})
+
+
+def _is_sync(func: Any, args: tuple, kwargs: dict | None) -> bool:
+    """Whether one torch API call makes the host wait for the device (``SYNC_FUNCTIONS``, a copy to the CPU
+    of a tensor that is not there, or indexing with a boolean tensor, which needs its ``nonzero``)."""
+    name = getattr(func, "__name__", "")
+    if name in SYNC_FUNCTIONS:
+        return True
+    if name == "to" and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu":
+        target = [a for a in (*args[1:], *(kwargs or {}).values()) if isinstance(a, (str, torch.device))]
+        return any(torch.device(a).type == "cpu" for a in target)
+    if name in ("__getitem__", "__setitem__") and len(args) > 1:
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+    return False
+
+
+class PhaseCounter(TorchFunctionMode):
+    """Counts torch API calls (functions, tensor methods and attributes, as ``CallCounter``) and host
+    synchronisations (``_is_sync``) into the phase that is current (``phase``; set by ``phase_hooks``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "loop"
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.syncs: collections.Counter[str] = collections.Counter()
+        self.entries: collections.Counter[str] = collections.Counter()  # network forwards per phase
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls[self.phase] += 1
+        if _is_sync(func, args, kwargs):
+            self.syncs[self.phase] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def phase_hooks(decoder: Decoder) -> list[tuple[Any, str, str, bool]]:
+    """(object, method name, phase, whether a call is one network forward) of the calls ``decode_counts``
+    attributes to a phase; calls made inside them belong to that phase (the innermost hook wins)."""
+    model, drafter = decoder.model, decoder.drafter
+    hooks = [(model, "prefill", "prefill", False), (drafter, "begin", "prefill", False),
+             (model, "forward_block", "target", True)]
+    if isinstance(drafter, EagleDrafter):
+        hooks += [(drafter.head, "forward", "drafter", True), (drafter.head, "logits", "drafter", False)]
+    elif isinstance(drafter, ModelDrafter):
+        hooks += [(drafter.model, "prefill", "prefill", False), (drafter.model, "forward_block", "drafter", True)]
+    return hooks
+
+
+@dataclass(frozen=True)
+class DecodeCounts:
+    """Torch API calls and host synchronisations of one decode, by phase (``PHASES``); ``forwards`` counts the
+    network forwards of the target and drafter phases; ``tokens`` = image tokens committed by the iterations
+    (the prefill's first token excluded)."""
+
+    decoder: str
+    seed: int
+    batch: int
+    tokens: int
+    iterations: int
+    calls: dict[str, int]
+    syncs: dict[str, int]
+    forwards: dict[str, int]
+
+    def per_token(self, phase: str) -> float:
+        return self.calls[phase] / max(self.tokens, 1)
+
+    def per_forward(self, phase: str) -> float:
+        return self.calls[phase] / max(self.forwards[phase], 1)
+
+    @property
+    def loop_per_iteration(self) -> float:
+        return self.calls["loop"] / max(self.iterations, 1)
+
+    @property
+    def syncs_per_iteration(self) -> float:
+        """Host synchronisations of the iterations (prefill excluded) per iteration."""
+        return sum(v for k, v in self.syncs.items() if k != "prefill") / max(self.iterations, 1)
+
+    def summary(self) -> dict[str, float]:
+        """The figures the bench reports and ``tests/test_call_counts.py`` holds under ceilings."""
+        return {
+            "target_per_token": self.per_token("target"), "drafter_per_token": self.per_token("drafter"),
+            "loop_per_token": self.per_token("loop"), "target_per_forward": self.per_forward("target"),
+            "drafter_per_forward": self.per_forward("drafter"), "loop_per_iteration": self.loop_per_iteration,
+            "syncs_per_iteration": self.syncs_per_iteration,
+        }
+
+
+def decode_counts(decoder: Decoder, prompt: str, seed: int, batch: int = 1, warm: bool = True) -> DecodeCounts:
+    """Count the torch calls and host synchronisations of ``decoder`` generating ``batch`` images of ``prompt``
+    (seeds ``seed..seed + batch − 1``), by phase. Counts are deterministic for fixed tokens; ``warm`` decodes
+    the same images once uncounted first, so lazily built tables (device copies, masks) are not counted."""
+    prompts, seeds = [prompt] * batch, list(range(seed, seed + batch))
+    if warm:
+        decoder.generate_batch(prompts, seeds)
+    counter = PhaseCounter()
+    patched = []
+
+    def hook(obj: Any, name: str, phase: str, forward: bool) -> None:
+        original = getattr(obj, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            outer, counter.phase = counter.phase, phase
+            if forward:
+                counter.entries[phase] += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                counter.phase = outer
+
+        own = name in vars(obj)
+        object.__setattr__(obj, name, wrapper)
+        patched.append((obj, name, original if own else None))
+
+    for spec in phase_hooks(decoder):
+        hook(*spec)
+    try:
+        with counter:
+            gens = decoder.generate_batch(prompts, seeds)
+    finally:
+        for obj, name, original in reversed(patched):
+            if original is None:
+                object.__delattr__(obj, name)
+            else:
+                object.__setattr__(obj, name, original)
+    return DecodeCounts(
+        decoder=decoder.name, seed=seed, batch=batch,
+        tokens=sum(g.stats.num_tokens - 1 for g in gens), iterations=max(g.stats.iterations for g in gens),
+        calls={p: counter.calls[p] for p in PHASES}, syncs={p: counter.syncs[p] for p in PHASES},
+        forwards={p: counter.entries[p] for p in PHASES})
 
 
 # -- the cost model ----------------------------------------------------------------------------------------
@@ -624,6 +772,7 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
     for what, a in record["call_anatomy"].items():
         parts = ", ".join(f"{k} {v}" for k, v in a["by_function"].items())
         lines.append(f"* {what}: {a['total']} — {parts}")
+    lines += call_count_lines(record.get("call_counts") or {})
     lines += [
         "",
         "## Decoders",
@@ -674,6 +823,23 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
     if setup["note"]:
         lines += ["", setup["note"]]
     return "\n".join(lines) + "\n"
+
+
+def call_count_lines(counts: dict[str, dict[str, Any]]) -> list[str]:
+    """The markdown table of ``decode_counts`` per decoder (one image, batch 1)."""
+    if not counts:
+        return []
+    seed = next(iter(counts.values()))["seed"]
+    lines = ["", f"Torch API calls of one decode (batch 1, the first prompt, seed {seed}; ``decode_counts``): per "
+             "committed token by phase, per network forward, the loop's calls and the host synchronisations "
+             "(`.item()`, `.tolist()`, `bool()` of a tensor, `nonzero`, …) per iteration:", "",
+             "| decoder | target / token | drafter / token | loop / token | target / forward | drafter / step | "
+             "loop / iteration | syncs / iteration |", "|---|---|---|---|---|---|---|---|"]
+    for name, c in counts.items():
+        lines.append(f"| {name} | {c['target_per_token']:.1f} | {c['drafter_per_token']:.1f} | "
+                     f"{c['loop_per_token']:.1f} | {c['target_per_forward']:.1f} | {c['drafter_per_forward']:.1f} | "
+                     f"{c['loop_per_iteration']:.1f} | {c['syncs_per_iteration']:.2f} |")
+    return lines
 
 
 def ar_graph_projection(costs: Costs, ar: DecoderResult, num_tokens: int) -> float | None:
@@ -790,6 +956,7 @@ def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
     with torch.inference_mode():
         cost = CostModel(cfg, model, decoders, prompts[0], timer)
         stats = run_interleaved(decoders, prompts, cfg, cost)
+        counts = {name: decode_counts(dec, prompts[0], cfg.seed) for name, dec in decoders.items()}
         throughput = measure_throughput(decoders, prompts, cfg, timer) if cfg.throughput.batch_sizes else {}
     costs = cost.costs()
     paper = dict(cfg.accepted_lengths or {})
@@ -816,6 +983,7 @@ def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
         },
         "costs": asdict(costs),
         "call_anatomy": cost.anatomy,
+        "call_counts": {name: {**asdict(c), **c.summary()} for name, c in counts.items()},
         "graph_errors": cost.graph_errors,
         "ar_graph_projection_s": ar_graph_projection(costs, results["ar"], model.num_image_tokens),
         "decoders": {k: asdict(v) for k, v in results.items()},

@@ -64,7 +64,6 @@ from coolsd.models.base import (
     batch_invariant_linears,
     check_prefix,
     per_stream,
-    stream_rows,
     to_rows,
 )
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, load_state_dict
@@ -168,14 +167,20 @@ class EagleHead(nn.Module):
         ``ImageARModel.make_draft_layer`` (``None``: teacher-forced causal pass).
         """
         rows = features.shape[0]
-        e = self.embed(tokens).to(self.fc.weight.dtype)  # (T, H) or (B, T, H)
-        if e.dim() == 2:
+        dtype = self.fc.weight.dtype
+        e = self.embed(tokens)  # (T, H) or (B, T, H)
+        if e.dtype != dtype:
+            e = e.to(dtype)
+        images = tokens.shape[0] if tokens.dim() == 2 else 0
+        if not images:
             e = e.unsqueeze(0).expand(rows, -1, -1)
-        elif e.shape[0] != rows:
-            e = stream_rows(e, rows // e.shape[0])
+        elif images != rows:
+            e = e.repeat_interleave(rows // images, dim=0)  # = stream_rows: the streams of an image adjacent
         if positions.dim() == 2 and positions.shape[0] != rows:
-            positions = stream_rows(positions, rows // positions.shape[0])
-        h = self.fc(torch.cat([e, features.to(self.fc.weight.dtype)], dim=-1))  # (R, T, H)
+            positions = positions.repeat_interleave(rows // positions.shape[0], dim=0)
+        if features.dtype != dtype:
+            features = features.to(dtype)
+        h = self.fc(torch.cat([e, features], dim=-1))  # (R, T, H)
         return self.layer(h, positions, cache, mask)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -311,6 +316,7 @@ class DraftStep:
     features: torch.Tensor
     q: torch.Tensor
     finite: torch.Tensor
+    rows: torch.Tensor | None = None  # the features as cache rows (B·S, T, H) (what the next step feeds), if kept
 
 
 class EagleDrafter(Drafter):
@@ -378,6 +384,7 @@ class EagleDrafter(Drafter):
         self.fed: list[int] | None = None  # pending pairs consumed by the latest propose (None: no forward)
         self.after_feed: list[int] = []  # cache lengths right after the pending block
         self.node_features: torch.Tensor | None = None  # tree drafting: outputs of the latest request
+        self.in_step = False  # whether the pending pairs were checked against the loop's positions
 
     def new_cache(self, batch: int, prefix_pairs: int = 1) -> StaticKVCache:
         """A cache for ``batch`` images: ``prefix_pairs`` prefix pairs (1 with ``prefix: last``, C with ``all``),
@@ -408,6 +415,7 @@ class EagleDrafter(Drafter):
         self.pending_count = [c] * b
         self.pending_start = [-c] * b  # prefix slot j sits at pair position j - C
         self.fed = None
+        self.in_step = False
 
     def select(self, images) -> None:
         index = torch.tensor(list(images), device=self.pending_tokens.device)
@@ -416,6 +424,7 @@ class EagleDrafter(Drafter):
         self.pending_count = [self.pending_count[i] for i in images]
         self.pending_start = [self.pending_start[i] for i in images]
         self.cache.select(images)
+        self.in_step = False
 
     @torch.inference_mode()
     def step(
@@ -425,6 +434,7 @@ class EagleDrafter(Drafter):
         positions: torch.Tensor,
         tree_mask: torch.Tensor | None = None,
         rows: torch.Tensor | None = None,
+        feature_rows: torch.Tensor | None = None,
     ) -> DraftStep:
         """One head forward over pairs appended to the cache as a new block (reusable by tree drafting).
 
@@ -432,40 +442,52 @@ class EagleDrafter(Drafter):
         (T, K) or (B, T, K) over each image's last K cache slots as in ``StaticKVCache.begin_block``
         (``None``: causal). The block stays in the cache until ``observe`` rolls it back. ``rows`` (B,): the
         draft distribution of one row per image only (q is (B, 1, V)); feeding the pending pairs needs no
-        more, and the head over the vocabulary is the costly part on large codebooks.
+        more, and the head over the vocabulary is the costly part on large codebooks. ``feature_rows``: the
+        same features as cache rows (B·S, T, H) (a previous step's ``DraftStep.rows``), used instead.
         """
-        s, b, t, h = features.shape
+        s = self.target.num_streams
+        b, t = tokens.shape
         mask = self.cache.begin_block(t, tree_mask)
         with attention_context(getattr(self.target, "attention_kernel", "auto")):  # the target's decode kernel
-            f_hat = per_stream(self.head(to_rows(features), tokens, positions, self.cache, mask), s)  # (S, B, T, H)
+            out_rows = self.head(to_rows(features) if feature_rows is None else feature_rows, tokens, positions,
+                                 self.cache, mask)  # (B·S, T, H)
+        f_hat = per_stream(out_rows, s)  # (S, B, T, H)
         if rows is not None:
+            h = out_rows.shape[-1]
             f_hat_q = f_hat.gather(2, rows.view(1, b, 1, 1).expand(s, b, 1, h))
         else:
             f_hat_q = f_hat
         logits = self.head.logits(f_hat_q)  # (S, B, T', V)
-        return DraftStep(features=f_hat, q=stream_probs(logits, self.target.sampling), finite=finite_images(logits))
+        return DraftStep(features=f_hat, q=stream_probs(logits, self.target.sampling), finite=finite_images(logits),
+                         rows=out_rows)
 
     def _feed_pending(self) -> DraftStep:
         """Run every image's pending pairs (the last one holds its last committed token) as one block and keep
         each image's own count; returns the last pair's predicted feature and draft distribution per image."""
         device = self.pending_tokens.device
-        width = self.pending_tokens.shape[1]
-        positions = torch.tensor(self.pending_start, device=device)[:, None] + torch.arange(width, device=device)
-        last = torch.tensor(self.pending_count, device=device) - 1
+        counts = self.pending_count
+        width = self.pending_tokens.shape[1]  # the pending block, padded to the longest image's (or wider)
+        positions = torch.tensor([[s0 + j for j in range(width)] for s0 in self.pending_start], device=device)
+        last = torch.tensor([c - 1 for c in counts], device=device)
         out = self.step(self.pending_features, self.pending_tokens, positions, rows=last)
-        self.cache.keep(self.pending_count)
-        self.fed, self.after_feed = list(self.pending_count), list(self.cache.lengths)
+        self.cache.keep(counts)
+        self.fed, self.after_feed = list(counts), list(self.cache.lengths)
+        if min(counts) == width:  # every image's last pair is the block's last: a view (the next step copies it)
+            return DraftStep(features=out.features[:, :, width - 1:], q=out.q, finite=out.finite,
+                             rows=out.rows[:, width - 1:])  # (S, B, 1, H), (B·S, 1, H)
         s, b, _, h = out.features.shape
         root = out.features.gather(2, last.view(1, b, 1, 1).expand(s, b, 1, h))  # (S, B, 1, H)
         return DraftStep(features=root, q=out.q, finite=out.finite)
 
     @torch.inference_mode()
     def propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
-        ends = [s + c for s, c in zip(self.pending_start, self.pending_count)]
-        expected = (t - 1).tolist()
-        if ends != expected:
-            raise RuntimeError(f"EagleDrafter out of step: pending pairs end at {ends}, the loop drafts after "
-                               f"image indices {expected}")
+        ends = [s + c for s, c in zip(self.pending_start, self.pending_count)]  # = t − 1 of each image
+        if not self.in_step:  # checked once per batch (after begin and select): a host sync
+            expected = (t - 1).tolist()
+            if ends != expected:
+                raise RuntimeError(f"EagleDrafter out of step: pending pairs end at {ends}, the loop drafts after "
+                                   f"image indices {expected}")
+            self.in_step = True
         self.fed = None
         b = last_tokens.shape[0]
         if depth == 0:
@@ -479,15 +501,16 @@ class EagleDrafter(Drafter):
         drafted, qs = [], []
         u = self.streams.uniform(t, DRAFT, depth)  # (B, L)
         for i in range(depth):
-            if i:
-                out = self.step(out.features, drafted[-1][:, None], (t - 2 + i)[:, None])  # x_{t+i-1} pairs at t+i-2
+            if i:  # x_{t+i-1} pairs at t+i-2
+                position = torch.tensor([[e + i - 1] for e in ends], device=t.device)  # (B, 1)
+                out = self.step(out.features, drafted[-1][:, None], position, feature_rows=out.rows)
                 finite = finite & out.finite
             q = out.q[:, -1]  # (B, V)
             drafted.append(sample(q, u[:, i]))
             qs.append(q)
         valid = torch.arange(depth, device=t.device)[None, :] < limit[:, None]
         return Draft(tokens=torch.stack(drafted, 1), q=torch.stack(qs, 1), valid=valid,
-                     forwards=limit.clamp(max=depth).tolist(), finite=finite)
+                     forwards=limit.clamp(max=depth), finite=finite)  # forwards: read in the loop's host sync
 
     def _expand(self, request: Expansion) -> DraftRows:
         """Tree drafting (``coolsd.trees``): draft distributions (B, F, V) of the requested nodes' children.
@@ -509,16 +532,25 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict) -> None:
         n = verdict.num_accepted  # (B,)
-        b = n.shape[0]
+        accepted = verdict.accepted if verdict.accepted is not None else tuple(n.tolist())  # host counts
+        b = len(accepted)
         device = self.pending_tokens.device
-        width = int(n.max()) + 1 if b else 1
-        path = verdict.path[:, : width - 1]
-        rows = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=path.device), path + 1], dim=1)  # (B, W)
-        s, _, _, h = out.hidden.shape
-        features = out.hidden.gather(2, rows.view(1, b, width, 1).expand(s, b, width, h))  # f of the committed
-        tokens = torch.cat([draft.tokens.gather(1, path), torch.zeros(b, 1, dtype=torch.long, device=device)], 1)
-        tokens.scatter_(1, n[:, None], verdict.next_token[:, None])  # (B, W): accepted tokens, then next_token
-        counts = (n + 1).tolist()
+        counts = [a + 1 for a in accepted]
+        width = max(counts) if b else 1
+        if draft.is_chain:  # the committed rows are the block's first ones (the verify input's order)
+            features = out.hidden[:, :, :width]  # (S, B, W, H): f of the committed tokens
+            tokens = draft.tokens[:, : width - 1]
+        else:
+            path = verdict.path[:, : width - 1]
+            rows = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=path.device), path + 1], dim=1)  # (B, W)
+            s, _, _, h = out.hidden.shape
+            features = out.hidden.gather(2, rows.view(1, b, width, 1).expand(s, b, width, h))
+            tokens = draft.tokens.gather(1, path)
+        if min(counts) == width:  # every image accepted as many: its next token closes the row
+            tokens = torch.cat([tokens, verdict.next_token[:, None]], 1)  # (B, W)
+        else:
+            tokens = torch.cat([tokens, torch.zeros(b, 1, dtype=torch.long, device=device)], 1)
+            tokens[list(range(b)), list(accepted)] = verdict.next_token  # (B, W): accepted tokens, then next_token
         if self.fed is None:  # no forward ran: queue behind what is still pending (one image at a time)
             self._append_pending(features, tokens, counts)
             return

@@ -80,17 +80,17 @@ def stream_rows(x: torch.Tensor, streams: int) -> torch.Tensor:
     (row ``b·S + s``: an image's streams are adjacent, so dropping finished images moves whole blocks)."""
     if streams == 1:
         return x
-    return x.unsqueeze(1).expand(x.shape[0], streams, *x.shape[1:]).reshape(x.shape[0] * streams, *x.shape[1:])
+    return x.repeat_interleave(streams, dim=0)  # one call: the same contiguous rows as unsqueeze/expand/reshape
 
 
 def per_stream(rows: torch.Tensor, streams: int) -> torch.Tensor:
     """Cache rows (B·S, ...), image-major -> the stream axis first (S, B, ...) (a view)."""
-    return rows.view(-1, streams, *rows.shape[1:]).transpose(0, 1)
+    return rows.unflatten(0, (-1, streams)).transpose(0, 1)
 
 
 def to_rows(x: torch.Tensor) -> torch.Tensor:
     """Per-stream tensors (S, B, ...) -> cache rows (B·S, ...), image-major."""
-    return x.transpose(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+    return x.transpose(0, 1).flatten(0, 1)
 
 
 def attention_context(kernel: str) -> contextlib.AbstractContextManager:
@@ -119,10 +119,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     kernels, or written out inside ``attention_context("matmul")`` (see ``padding_invariant_attention``)."""
     if not _MATMUL_ATTENTION.get() or causal:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    single = q.shape[-2] == 1 and padding_invariant()
+    queries, head_dim = q.shape[-2:]
+    single = queries == 1 and padding_invariant()
     if single:
         q = torch.cat([q, q], dim=-2)  # materialised: a stride-0 expand takes matmul's slow path (7x)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (head_dim ** -0.5)
     if mask is not None:
         scores = scores + mask
     out = torch.matmul(scores.softmax(-1), v)

@@ -104,13 +104,10 @@ class Decoder:
         self._draw_index: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def draw_index(self, m: int, device: torch.device) -> torch.Tensor:
-        """Draw indices (m + 1,) whose uniforms at kind 0 are an iteration's ACCEPT draws 0..m−1 and its SAMPLE
-        draw 0 in one ``Streams.uniform_at`` call: the counter adds ``kind << 56`` and the index, and int64
-        addition (wrapping) does not care in which order, so the values are bitwise those of two calls."""
+        """An iteration's ACCEPT draws 0..m−1 and SAMPLE draw 0 as one ``Streams.uniform_at`` index (cached)."""
         key = (m, device)
         if key not in self._draw_index:
-            self._draw_index[key] = torch.tensor([(ACCEPT << 56) + j for j in range(m)] + [SAMPLE << 56],
-                                                 device=device)
+            self._draw_index[key] = Streams.draws((ACCEPT, m), (SAMPLE, 1), device=device)
         return self._draw_index[key]
 
     def _clock(self) -> float:

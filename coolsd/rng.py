@@ -82,6 +82,14 @@ class Streams:
         flat = torch.arange(count, device=counter.device)
         return to_unit(mix((counter[..., None] + flat) * _GAMMA))
 
+    @staticmethod
+    def draws(*kinds_counts: tuple[int, int], device: torch.device | str = "cpu") -> torch.Tensor:
+        """Draw indices for ``uniform_at(position, 0, ...)`` covering draws ``0 .. count − 1`` of each ``kind`` in
+        order, e.g. ``draws((ACCEPT, m), (SAMPLE, 1))``: one call whose values are bitwise those of one
+        ``uniform`` call per kind (the counter adds ``kind << 56`` and the index; int64 addition wraps alike
+        in any order)."""
+        return torch.tensor([(kind << 56) + j for kind, count in kinds_counts for j in range(count)], device=device)
+
     def uniform_at(self, position: torch.Tensor, kind: int, index: torch.Tensor) -> torch.Tensor:
         """Uniforms (B, *index.shape) for the draws ``index`` (any shape, int64) of ``kind`` at ``position``."""
         counter = (position.to(self.keys.device, torch.long) << 40) + (self.keys + (kind << 56))  # (B,)

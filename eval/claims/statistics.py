@@ -229,11 +229,8 @@ def lantern_pp_baseline(regime: Regime) -> list[Point]:
     return [p for p in select(regime, "lantern_pp") if p.config.get("resample", "reference") == path]
 
 
-lantern_pp_reference = lantern_pp_baseline  # the name earlier pages' code used
-
-
 def frontier_c1(regime: Regime, cool: list[Point], key: str, text: str) -> Claim:
-    """C1 on TV per token and FID (Holm over each metric's comparisons), with the crossings along τ and the
+    """C1 on TV per token and FID (one Holm family over both metrics' comparisons), with the crossings along τ and the
     direct dominance pairs."""
     theirs = lantern_pp_baseline(regime)
     tv = frontier_claim(cool, theirs, "tv", "TV/token")

@@ -31,6 +31,19 @@ class Classifier(nn.Module):
         return self.head(self.features(x))
 
 
+def load_classifier(checkpoint: str) -> tuple[Classifier, Path]:
+    """The shipped Fashion-MNIST classifier in eval mode, and the file it came from (a clear error if absent)."""
+    from safetensors.torch import load_file
+
+    path = Path(checkpoint).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"classifier checkpoint not found: {path} (the embedded model's; "
+                                "python scripts/train_embedded.py --stages classifier trains it)")
+    model = Classifier()
+    model.load_state_dict(load_file(str(path)))
+    return model.eval(), path
+
+
 class ClassAccuracy(MeanScore):
     """Accuracy of a Fashion-MNIST classifier on generated images against their prompt class.
 
@@ -41,15 +54,7 @@ class ClassAccuracy(MeanScore):
     key = "class_accuracy"
 
     def __init__(self, checkpoint: str, class_names: Sequence[str]) -> None:
-        from safetensors.torch import load_file
-
-        path = Path(checkpoint).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"classifier checkpoint not found: {path} "
-                                    "(python scripts/train_embedded.py --stages classifier trains it)")
-        self.model = Classifier()
-        self.model.load_state_dict(load_file(str(path)))
-        self.model.eval()
+        self.model, _ = load_classifier(checkpoint)
         self.class_names = list(class_names)
 
     @classmethod

@@ -19,7 +19,7 @@ from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.required_files import RequiredFile
 from eval import stats
 from eval.metrics.base import COCO_VAL_URL, PROTOCOLS, ImageMetric, file_sha256
-from eval.metrics.classifier import Classifier
+from eval.metrics.classifier import load_classifier
 from eval.metrics.images import LanternResize, image_batches, list_images
 
 # ------------------------------------------------------------------------------------ feature extractors
@@ -133,15 +133,7 @@ class ClassifierFeatures(nn.Module):
 
     def __init__(self, checkpoint: str) -> None:
         super().__init__()
-        from safetensors.torch import load_file
-
-        path = Path(checkpoint).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"classifier checkpoint not found: {path} (the embedded model's; "
-                                    "python scripts/train_embedded.py --stages classifier trains it)")
-        self.model = Classifier()
-        self.model.load_state_dict(load_file(str(path)))
-        self.model.eval()
+        self.model, path = load_classifier(checkpoint)
         self.identity = f"classifier:{file_sha256(path)[:16]}"
 
     @torch.inference_mode()

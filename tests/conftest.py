@@ -6,6 +6,7 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses too: the config default `threads` follows it
 os.environ.setdefault("COOLSD_CACHE", tempfile.mkdtemp(prefix="coolsd-test-cache-"))
 
 import pytest  # noqa: E402
@@ -14,8 +15,11 @@ import torch  # noqa: E402
 from tests.helpers import tiny_llamagen  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True)
 def _cpu_threads():
+    """One torch thread in every test: the workers share the cores, and a test that runs the runner in-process
+    sets ``eval.threads`` for the rest of its worker's tests (two busy-waiting OpenMP threads per worker on 2
+    cores made the whole suite several times slower)."""
     torch.set_num_threads(1)
     yield
 

@@ -196,6 +196,7 @@ def test_mu_fit_recovers_the_mu_that_made_the_ratios():
     assert fit["difference"]["one_mu_fits_both"] is True
 
 
+@pytest.mark.slow  # CI runs it in its -m slow pass (.ci/run)
 def test_quick_claims_experiment_runs_end_to_end(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1",
            "MPLBACKEND": "Agg", "COOLSD_CACHE": str(tmp_path / "cache")}

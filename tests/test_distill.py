@@ -188,6 +188,7 @@ def test_paper_scale_presets_compose(preset):
     assert dd.check_eval_overlap(["never a caption of val2017"], data) == {}
 
 
+@pytest.mark.slow  # CI runs it in its -m slow pass (.ci/run)
 def test_torchrun_data_stage_on_two_ranks_equals_one_process(tmp_path):
     """``torchrun --nproc_per_node=2 scripts/train_drafter.py stage=data``: each rank makes its shards (gloo on the
     CPU), and the folder holds the very shards one process makes. (7.7 s on the 2-core test machine.)"""

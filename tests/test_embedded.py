@@ -102,6 +102,7 @@ def test_idx_reader_round_trip(tmp_path):
         load_fashion_mnist("train", tmp_path / "missing")
 
 
+@pytest.mark.slow  # CI runs it in its -m slow pass (.ci/run)
 def test_training_pipeline_runs_a_few_steps_on_fake_data(tmp_path):
     data, out, work = tmp_path / "data", tmp_path / "assets", tmp_path / "work"
     fake_fashion_mnist(data)

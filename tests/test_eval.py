@@ -114,6 +114,7 @@ def read_records(folder: Path, name: str) -> dict[int, dict]:
     return load_records(folder / "records", name)
 
 
+@pytest.mark.slow  # CI runs it in its -m slow pass (.ci/run)
 def test_torchrun_shards_reproduce_a_single_process(tmp_path):
     single, sharded = tmp_path / "single", tmp_path / "sharded"
     common = [*LOOKUP, "eval.num_prompts=6", "eval.warmup=0"]

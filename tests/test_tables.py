@@ -479,6 +479,7 @@ def test_every_static_tree_row_of_a_table_shares_its_tree_and_lantern_pp_runs_it
     assert set(trees.values()) == {tree}, trees
 
 
+@pytest.mark.slow  # CI runs it in its -m slow pass (.ci/run)
 def test_tiny_table_multirun_becomes_a_table_and_plots(tmp_path):
     runs, results = tmp_path / "runs", tmp_path / "results"
     proc = subprocess.run([sys.executable, "run.py", "-m", "experiment=tiny_table", "eval.warmup=0",

@@ -239,6 +239,24 @@ def test_the_runner_makes_the_same_images_batched_timed_and_resumed(tmp_path):
     assert record["num_timed"] == 2 and record["throughput_images"] == 4 and record["throughput_batch_size"] == 3
 
 
+def test_a_decoder_added_to_a_finished_run_is_timed_beside_ar_in_the_same_invocation(tmp_path):
+    """A resumed run that adds a decoder times every decoder again on the timed prompts, AR included, so the
+    added decoder's speedup divides latencies of one invocation; the batched images are not made again."""
+    common = [*LOOKUP, "eval.threads=1", "eval.warmup=0", "decoder=sd", "eval.num_prompts=3", "eval.speed_prompts=2",
+              f"hydra.run.dir={tmp_path}"]
+    run_py(*common, "compare=none")
+    run_py(*common, "compare=[sjd]")
+
+    def lines(name):
+        return [json.loads(x) for x in (tmp_path / "records" / f"{name}.jsonl").read_text().splitlines()]
+
+    for name in ("ar", "sd"):
+        recs = lines(name)
+        assert sorted(r["index"] for r in recs if r["timed"]) == [0, 0, 1, 1], name  # timed in both invocations
+        assert sorted(r["index"] for r in recs if not r["timed"]) == [2], name  # the batched image kept
+    assert sorted(r["index"] for r in lines("sjd") if r["timed"]) == [0, 1]
+
+
 def test_a_rerun_with_other_settings_refuses_before_any_work_and_overwrite_replaces(tmp_path):
     """Records carry a fingerprint of everything that makes their images: a rerun into the same folder with
     another draft length, seed or temperature is refused before any image is made, naming what differs and

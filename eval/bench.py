@@ -864,13 +864,15 @@ def compile_modules(model: ImageARModel, names: list[str], mode: str) -> int:
     return count
 
 
-#: ``layouts``: the linear layers' arithmetic a layout comparison builds the model with
+#: ``layouts``: the model variants a layout comparison builds: the linear layers' arithmetic
 #: (``coolsd.models.base.batch_invariant_linears``): ``column_major`` (the default, ``model.batch_invariant=true``),
 #: ``row_block`` (also ``model.row_block=4``: products of whole 4-row blocks), ``row_major`` (PyTorch's layout,
-#: ``model.batch_invariant=false``)
+#: ``model.batch_invariant=false``); and ``compiled``: the default with ``model.compile=true`` (the piecewise
+#: compiled decode layers, ``coolsd.models.llamagen.compiled_region``)
 LAYOUTS = {"column_major": {"batch_invariant": True, "row_block": 1},
            "row_block": {"batch_invariant": True, "row_block": 4},
-           "row_major": {"batch_invariant": False, "row_block": 1}}
+           "row_major": {"batch_invariant": False, "row_block": 1},
+           "compiled": {"batch_invariant": True, "row_block": 1, "compile": True}}
 
 
 def layout_model(cfg: DictConfig, layout: str) -> ImageARModel:
@@ -883,10 +885,13 @@ def layout_model(cfg: DictConfig, layout: str) -> ImageARModel:
 
 
 def run_layouts(cfg: DictConfig, model_name: str) -> dict[str, Any]:
-    """The cost of batch-invariant arithmetic at batch 1: every decoder of ``cfg.decoders`` on the model built
-    with each of ``cfg.layouts``, interleaved per image (image i with every layout and decoder, then i + 1;
-    seeds ``seed + i``) after ``warmup`` untimed images; median latency per (layout, decoder) and its ratio to
-    the first layout. Writes ``<out_dir>/<name>_layouts.{md,json}``."""
+    """The cost of a model variant (``LAYOUTS``: batch-invariant arithmetic, the compiled path) at batch 1 and
+    batched: every decoder of ``cfg.decoders`` on the model built with each of ``cfg.layouts``, interleaved per
+    image (image i with every layout and decoder, then i + 1; seeds ``seed + i``) after ``warmup`` untimed images;
+    median latency per (layout, decoder), its ratio to the first layout and the images whose tokens equal the
+    first layout's; then, with ``throughput.batch_sizes``, img/s at the largest batch size (``measure_throughput``,
+    every (layout, decoder) interleaved batch by batch after one untimed batch each). Writes
+    ``<out_dir>/<name>_layouts.{md,json}``."""
     started = dt.datetime.now(dt.timezone.utc)
     layouts = list(cfg.layouts)
     models = {layout: build_decoders(cfg, layout_model(cfg, layout)) for layout in layouts}  # heads follow
@@ -907,26 +912,41 @@ def run_layouts(cfg: DictConfig, model_name: str) -> dict[str, Any]:
                     lat[layout][name].append(gen.stats.latency_s)
                     tokens = gen.tokens if tokens is None else tokens
                     same[layout][name] += int(torch.equal(gen.tokens, tokens))
+        thr: dict[str, dict[str, Any]] = {}
+        batch = max(cfg.throughput.batch_sizes or [0])
+        if batch:
+            pairs = {f"{lay}/{n}": models[lay][n] for lay in layouts for n in cfg.decoders}
+            for dec in pairs.values():  # untimed: a compiled region's first batched shapes compile here
+                dec.generate_batch([prompts[k % len(prompts)] for k in range(batch)], list(range(batch)))
+            thr = measure_throughput(pairs, prompts, OmegaConf.merge(cfg, {"throughput": {"batch_sizes": [batch]}}),
+                                     Timer(first[next(iter(first))].model.device))
     base = layouts[0]
     rows = {lay: {n: {"median_latency_s": statistics.median(v), "same_tokens_as_first": same[lay][n]}
                   for n, v in per.items()} for lay, per in lat.items()}
     for lay in layouts:
         for n in cfg.decoders:
             rows[lay][n]["ratio_to_first"] = rows[lay][n]["median_latency_s"] / rows[base][n]["median_latency_s"]
+            if thr:
+                rows[lay][n]["img_s"] = thr[f"{lay}/{n}"]["img_s"][batch]
     name = (cfg.name or f"{model_name}_cpu") + "_layouts"
     record = {"setup": {"name": name, "model": model_name, "layouts": layouts, "images": cfg.images,
-                        "threads": torch.get_num_threads(), "warmup": cfg.warmup},
+                        "threads": torch.get_num_threads(), "warmup": cfg.warmup, "throughput_batch": batch or None,
+                        "throughput_images": int(cfg.throughput.images) if batch else None},
               "layouts": rows, "git": git_commit(), "environment": environment(),
               "started": started.isoformat(timespec="seconds")}
     lines = [f"# Batch-1 latency per linear layout: {model_name}, {cfg.images} images per cell, interleaved",
              "", f"Median latency (ms per image) and its ratio to `{base}`; `same` = images whose tokens equal "
              f"`{base}`'s. {torch.get_num_threads()} threads; {environment().get('processor')}.", "",
-             "| decoder | " + " | ".join(f"{lay} ms | ratio | same" for lay in layouts) + " |",
-             "|---|" + "---|---|---|" * len(layouts)]
+             "| decoder | " + " | ".join(f"{lay} ms | ratio | same" + (" | img/s" if thr else "") for lay in layouts)
+             + " |", "|---|" + ("---|---|---|" + ("---|" if thr else "")) * len(layouts)]
     for n in cfg.decoders:
         cells = [f"{1000 * rows[lay][n]['median_latency_s']:.1f} | {rows[lay][n]['ratio_to_first']:.3f} | "
-                 f"{rows[lay][n]['same_tokens_as_first']}/{cfg.images}" for lay in layouts]
+                 f"{rows[lay][n]['same_tokens_as_first']}/{cfg.images}"
+                 + (f" | {rows[lay][n]['img_s']:.1f}" if thr else "") for lay in layouts]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    if thr:
+        lines += ["", f"img/s: {cfg.throughput.images} images or more per cell in batches of {batch}, every (layout, "
+                      "decoder) interleaved batch by batch after one untimed batch."]
     out_dir = Path(cfg.out_dir)
     atomic_write_bytes(out_dir / f"{name}.json", (json.dumps(record, indent=2, default=str) + "\n").encode())
     atomic_write_bytes(out_dir / f"{name}.md", ("\n".join(lines) + "\n").encode())

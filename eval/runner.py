@@ -342,6 +342,9 @@ UNFINGERPRINTED = ("track_tv", "sync_phases", "neighbour_cache")
 #: ``$COOLSD_CACHE`` keeps a folder's records and the AR cache. The drafter's ``checkpoint`` is left out in the
 #: same way when the fingerprint carries ``drafter_weights_sha1`` (trained EAGLE heads).
 WEIGHT_LOCATIONS = ("gpt_checkpoint", "vq_checkpoint", "weights_dir")
+#: model keys added after records were made, left out of the fingerprint at these (their default) values, so
+#: older records still match; another value is fingerprinted (``model.compile=true`` makes other bits)
+MODEL_DEFAULTS = {"compile": False}
 
 
 def decoder_fingerprint(cfg: DictConfig, name: str, decoder_cfg: DictConfig) -> dict[str, Any]:
@@ -353,8 +356,9 @@ def decoder_fingerprint(cfg: DictConfig, name: str, decoder_cfg: DictConfig) -> 
 
 
 def normalised(fp: dict[str, Any]) -> dict[str, Any]:
-    """A fingerprint without the keys no image depends on: ``UNFINGERPRINTED`` decoder keys, and the weights'
-    locations (``WEIGHT_LOCATIONS``, the drafter's ``checkpoint``) once the digest of those weights is in it.
+    """A fingerprint without the keys no image depends on: ``UNFINGERPRINTED`` decoder keys, the weights'
+    locations (``WEIGHT_LOCATIONS``, the drafter's ``checkpoint``) once the digest of those weights is in it, and
+    ``MODEL_DEFAULTS`` keys at their default.
     Also applied to a stored fingerprint of an older version, which kept them."""
     fp = dict(fp)
     dec = fp.get("decoder")
@@ -363,8 +367,10 @@ def normalised(fp: dict[str, Any]) -> dict[str, Any]:
         if "drafter_weights_sha1" in fp and isinstance(dec.get("drafter"), dict):
             dec["drafter"] = {k: v for k, v in dec["drafter"].items() if k != "checkpoint"}
         fp["decoder"] = dec
-    if "weights_sha1" in fp and isinstance(fp.get("model"), dict):
-        fp["model"] = {k: v for k, v in fp["model"].items() if k not in WEIGHT_LOCATIONS}
+    if isinstance(fp.get("model"), dict):
+        located = "weights_sha1" in fp
+        fp["model"] = {k: v for k, v in fp["model"].items()
+                       if not (located and k in WEIGHT_LOCATIONS) and not (k in MODEL_DEFAULTS and v == MODEL_DEFAULTS[k])}
     return fp
 
 

@@ -1,13 +1,16 @@
 """Decide the COOL-SD paper's claims on the runs of ``experiment=embedded_claims`` (logic: the ``eval/claims/`` package).
 
-    python run.py -m experiment=embedded_claims            # about an hour or more on 2 CPU cores
-    python scripts/claims.py results/runs/embedded_claims --out results
+    python run.py -m experiment=embedded_claims            # about two hours on 2 CPU cores
+    python scripts/claims.py results/runs/embedded_claims --out results --export results/claims_data
+    python scripts/claims.py results/claims_data --out results   # the committed page again, from the data alone
     python run.py -m experiment=embedded_claims_quick      # under 10 minutes
     python scripts/claims.py results/runs/embedded_claims_quick
 
 Writes ``<out>/embedded_claims.md`` (verdicts, figures, the μ fit, every point and comparison with its 95 %
 interval), ``<out>/embedded_claims.json`` and ``<out>/figures/embedded_claims_*.{png,pdf}``. ``--out`` defaults
-to the input folder.
+to the input folder. ``--export`` writes each regime's compact per-image data (``<regime>.claims.npz``: accepted
+lengths, TV sums, timed latencies, float16 classifier features) and decides from it; a folder of such files is
+itself a valid input, with no run folders or images.
 """
 from __future__ import annotations
 
@@ -20,14 +23,18 @@ from eval.claims import run
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", type=Path, help="the multirun folder (one sub-folder per regime) or one run")
+    parser.add_argument("folder", type=Path, help="the multirun folder (one sub-folder per regime), one run, or a "
+                                                  "folder of compact data (*.claims.npz)")
     parser.add_argument("--out", type=Path, default=None, help="where the page goes (default: the input folder)")
     parser.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples (seed 0); Holm-corrected p needs ≥ 10,000")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--export", type=Path, default=None,
+                        help="write the compact per-image data here (and decide from it)")
     args = parser.parse_args()
     out = args.out or args.folder
     command = "python scripts/claims.py " + " ".join(sys.argv[1:])
-    record = run(args.folder, out, resamples=args.resamples, command=command, device=args.device)
+    record = run(args.folder, out, resamples=args.resamples, command=command, device=args.device,
+                 export=args.export)
     for regime, claims in record["claims"].items():
         print(regime + ": " + "; ".join(f"{c['key']} {c['verdict']}" for c in claims))
     print(f"-> {out / 'embedded_claims.md'}")

@@ -121,3 +121,22 @@ def test_ideal_overhead_and_efficiency_follow_the_cost_model(tiny_model):
     paper = bench.summarize("sd", [stats(21, 0.5 + 21 * 4.0, 84)], sd, costs, ref, 2.5)
     assert paper.tau == 2.5 and paper.accepted_length == pytest.approx(tau)
     assert paper.efficiency == pytest.approx(paper.projected_speedup / paper.ideal_speedup)
+
+
+@pytest.mark.parametrize("layouts", [pytest.param(["column_major", "row_major"], id="layouts"),
+                                     pytest.param(["column_major", "compiled"], id="compiled",
+                                                  marks=pytest.mark.slow)])
+def test_layout_comparison_times_each_model_variant_at_batch_1_and_batched(tmp_path, layouts):
+    """``layouts=[...]``: every decoder on each model variant, interleaved; the first layout's ratio is 1, the
+    tokens of a variant with the same arithmetic in float64 are the same, img/s at the largest batch size."""
+    cfg = compose_bench(["images=2", "warmup=1", "decoders=[ar,sd]", f"layouts=[{','.join(layouts)}]",
+                         "throughput.batch_sizes=[1,3]", "throughput.images=3", "model.dtype=float64",
+                         f"out_dir={tmp_path}", "name=t"])
+    record = bench.run_bench(cfg, "tiny")
+    rows = record["layouts"]
+    assert list(rows) == layouts and record["setup"]["throughput_batch"] == 3
+    for n in ("ar", "sd"):
+        assert rows[layouts[0]][n]["ratio_to_first"] == 1.0 and rows[layouts[0]][n]["same_tokens_as_first"] == 2
+        assert all(rows[lay][n]["img_s"] > 0 and rows[lay][n]["median_latency_s"] > 0 for lay in layouts)
+    assert rows[layouts[1]]["ar"]["same_tokens_as_first"] == 2  # float64: the variants' rounding never flips a token
+    assert "img/s" in (tmp_path / "t_layouts.md").read_text()

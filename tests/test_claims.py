@@ -297,3 +297,44 @@ def test_a_fitted_run_on_other_prompts_is_refused():
     with pytest.raises(ValueError, match="weak_tree's prompts"):
         claims.merge_fitted(weak, other)
     assert claims.merge_fitted(weak, extra)
+
+
+def test_compact_data_gives_back_the_regime_and_its_estimates(tmp_path):
+    """``save_compact`` / ``load_compact``: the per-image values, timed latencies and labels come back; paths into
+    another checkout's assets are rebased onto this one's, so a clone rebuilds the FID; the estimates of the
+    reloaded regime equal those of the original with its features rounded to float16."""
+    from coolsd import ASSET_DIR
+
+    rng = np.random.default_rng(0)
+    n = 40
+    spec = {"_target_": "eval.metrics.FIDKID", "protocol": "torch_fidelity", "extractor": "classifier",
+            "reference_features": "/elsewhere/coolsd/assets/embedded/fid_reference_classifier_test2000.npy",
+            "weights_path": "/elsewhere/coolsd/assets/embedded/classifier.safetensors", "image_size": 28}
+    config = {"decoder": {"name": "sd"}, "suite": {"ar": {"name": "ar"}, "coolsd": {"name": "coolsd", "delta": 1.1}},
+              "eval": {"metrics": [spec]}, "drafter": {"checkpoint": "x"}, "experiment_name": "embedded_claims"}
+    points = {}
+    for name in ("ar", "sd", "coolsd"):
+        p = claims.Point(name, name.upper(), claims.point_config(config, name), list(range(n)),
+                         rng.integers(10, 48, n).astype(float), rng.integers(12, 49, n).astype(float),
+                         rng.random(n), {i: float(rng.random()) for i in range(5)},
+                         features=rng.gamma(2.0, 1.0, (n, 128)))
+        points[name] = p
+    record = {"config": config, "labels": {k: p.label for k, p in points.items()}, "wall_s": 12.5}
+    original = claims.Regime("strong_chain", tmp_path, record, points)
+    back = claims.load_compact(claims.save_compact(original, tmp_path / "data"))
+    assert back.name == "strong_chain" and list(back.points) == ["ar", "sd", "coolsd"]
+    assert back.record["wall_s"] == 12.5
+    assert back.record["config"]["eval"]["metrics"][0]["reference_features"] == str(
+        ASSET_DIR / "embedded" / "fid_reference_classifier_test2000.npy")
+    for name, p in points.items():
+        q = back.points[name]
+        assert (q.label, q.config, q.indices, q.latency) == (p.label, p.config, p.indices, p.latency)
+        assert np.array_equal(q.committed, p.committed) and np.array_equal(q.tv_sum, p.tv_sum)
+        assert np.array_equal(q.features, p.features.astype(np.float16).astype(np.float64))
+        p.features = q.features.copy()
+    original.record = back.record  # the rebased metric paths
+    claims.compute(original, resamples=50)
+    claims.compute(back, resamples=50)
+    for name, p in points.items():
+        for key in ("tau", "tv", "fid", "speedup"):
+            assert back.points[name].est[key] == pytest.approx(p.est[key], rel=1e-12), (name, key)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import contextvars
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -128,6 +128,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         scores = scores + mask
     out = torch.matmul(scores.softmax(-1), v)
     return out[..., :1, :] if single else out
+
+
+def eager_only(compile: Any, model: str) -> None:
+    """``model.compile`` of an adapter without compiled layers: a boolean, refused when true (before any weight
+    is read)."""
+    from coolsd import validate
+
+    if validate.boolean("model.compile", compile):
+        raise ValueError(f"model.compile=true is implemented for the LlamaGen adapters (model=embedded, tiny, "
+                         f"llamagen_t2i_*); {model} decodes eagerly: set model.compile=false")
 
 
 def check_reference_options(attention_kernel: str, pixel_rounding: str) -> None:

@@ -57,6 +57,7 @@ from coolsd.models.base import (
     attention_context,
     batch_invariant_linears,
     check_row_block,
+    eager_only,
     check_reference_options,
     per_stream,
     pixels_to_uint8,
@@ -402,8 +403,10 @@ class JanusPro(ImageARModel):
         batch_invariant: bool = True,
         row_block: int = 1,
         requires_cuda: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
+        eager_only(compile, "Janus-Pro")
         target_device = resolve_device(device, requires_cuda=requires_cuda and pretrained and model is None)
         check_reference_options(attention_kernel, pixel_rounding)
         self.batch_invariant = validate.boolean("model.batch_invariant", batch_invariant)

@@ -182,6 +182,11 @@ class Float32Rope(nn.Module):
             self.__dict__["_complex_table"] = cached
         return cached[1][rows].unsqueeze(-2)
 
+    def cos_sin(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The table's cos and sin of rows (T,) or (B, T), each (T, 1, D/2) or (B, T, 1, D/2) (``_rotate``)."""
+        table = self.freqs_cis[rows].unsqueeze(-3)  # (…, T, 1, D/2, 2)
+        return table[..., 0], table[..., 1]
+
     def _apply(self, fn, recurse=True):
         table = self.freqs_cis
         super()._apply(fn, recurse)
@@ -260,6 +265,68 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h, fp32))
 
 
+# -- model.compile: piecewise torch.compile of the decode forwards ------------------------------------------
+#: the compiled regions of a layer, one compiled function per (region, device type), shared by every layer of
+#: every model (parameters are graph inputs, so the target's layers and the EAGLE layer reuse one graph per
+#: shape); see ``compiled_region``
+_COMPILED: dict[tuple[str, str], Any] = {}
+
+
+def compiled_region(fn: Any, device: torch.device) -> Any:
+    """``fn`` through ``torch.compile`` (``model.compile``): on CUDA mode ``reduce-overhead`` (CUDA graphs, one
+    per shape), elsewhere inductor's default. ``dynamic=None``: a second shape of a region (another block size
+    or batch) compiles it once more with dynamic sizes instead of once per shape.
+
+    Piecewise, as vLLM's compiled decoders: the cache write and attention, whose key count grows with every
+    token and whose masks depend on the batch, stay eager between the two compiled regions of a layer
+    (``_project``: input norm, fused qkv projection, RoPE; ``_finish``: output projection, residual, norm,
+    SwiGLU, residual), so the compiled graphs see only (rows, block, width) shapes."""
+    key = (fn.__name__, device.type)
+    if key not in _COMPILED:
+        cuda = device.type == "cuda"
+        # emulate_precision_casts: a float32 cast inside a region rounds as it does eagerly (the reference's
+        # x.float() of RMSNorm and RoPE), instead of being dropped by the fused kernels
+        _COMPILED[key] = torch.compile(fn, mode="reduce-overhead" if cuda else None, dynamic=None,
+                                       options=None if cuda else {"emulate_precision_casts": True})
+    return _COMPILED[key]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rope`` in real arithmetic (``x0 cos − x1 sin``, ``x0 sin + x1 cos``; compilers fuse it): x (B, T, H,
+    D), cos/sin (1|B, T, 1, D/2) float32."""
+    x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2).type_as(x)
+
+
+def _project(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm: bool):
+    """A layer's first compiled region: q (B, H, T, D), rotated k and v (B, T, Hkv, D) of its input x (B, T, dim)
+    (``norm``: through the layer's input norm; an EAGLE draft layer has none)."""
+    a = block.attention
+    if norm:
+        x = block.attention_norm(x)
+    q, k, v = a.wqkv(x).unflatten(-1, (-1, a.head_dim)).split([a.n_head, a.n_kv_head, a.n_kv_head], dim=2)
+    return _rotate(q, cos, sin).transpose(1, 2), _rotate(k, cos, sin), v
+
+
+def _finish(block: nn.Module, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """A layer's second compiled region: the attention output (B, H, T, D) -> the layer's output (B, T, dim)."""
+    h = x + block.attention.wo(attn.transpose(1, 2).flatten(2))
+    return h + block.feed_forward(block.ffn_norm(h))
+
+
+def compiled_layer(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   cache: StaticKVCache, layer: int, mask: torch.Tensor | None, norm: bool) -> torch.Tensor:
+    """One decode layer (a ``TransformerBlock`` or the ``DraftBlock``) with ``model.compile``: the two compiled
+    regions around the eager cache write and attention (``compiled_region``)."""
+    a = block.attention
+    q, k, v = compiled_region(_project, x.device)(block, x, cos, sin, norm)
+    k, v = cache.write_tokens(layer, k, v)  # (B, Hkv, end, D)
+    if a.n_kv_head != a.n_head:
+        k = k.repeat_interleave(a.n_head // a.n_kv_head, dim=1)
+        v = v.repeat_interleave(a.n_head // a.n_kv_head, dim=1)
+    return compiled_region(_finish, x.device)(block, x, attend(q, k, v, mask, False))
+
+
 class DraftBlock(Float32Rope):
     """The EAGLE draft layer of a LlamaGen target: one LlamaGen block without its input norm.
 
@@ -294,6 +361,8 @@ class DraftBlock(Float32Rope):
         table = torch.cat([table, torch.zeros(1, self.head_dim // 2, 2)])  # one zero row: past the grid
         self.register_buffer("freqs_cis", table, persistent=False)
         self.num_cells = grid * grid
+        #: ``model.compile`` of the target that made this layer (``LlamaGenAdapter.make_draft_layer``)
+        self.compiled = False
 
     def forward(
         self,
@@ -303,7 +372,10 @@ class DraftBlock(Float32Rope):
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         # cell t + 1 of pair position t; past the grid and prefix pairs (t <= -2, clamped to row −1): the zero row
-        rope = self.rotations((positions + 1).clamp(-1, self.num_cells))  # (T|B·T, 1, D/2)
+        cells = (positions + 1).clamp(-1, self.num_cells)
+        if self.compiled and cache is not None:
+            return compiled_layer(self, h, *self.cos_sin(cells), cache, 0, mask, norm=False)
+        rope = self.rotations(cells)  # (T|B·T, 1, D/2)
         fp32 = h.dtype == torch.float32
         h = h + self.attention(h, rope, cache, 0, mask, fp32)
         return h + self.feed_forward(self.ffn_norm(h, fp32))
@@ -390,6 +462,7 @@ class Transformer(Float32Rope):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         table = rope_2d_table(math.isqrt(cfg.block_size), cfg.dim // cfg.n_head, cfg.rope_base, cfg.cls_token_num)
         self.register_buffer("freqs_cis", table, persistent=False)
+        self.compiled = False  # model.compile (LlamaGenAdapter._place): the piecewise compiled decode layers
 
     def init_weights(self, std: float, zero_output: bool) -> None:
         """Reference initialisation: N(0, std) for linear and embedding weights, zero output head."""
@@ -418,6 +491,11 @@ class Transformer(Float32Rope):
         """
         if self.training:
             h = self.tok_dropout(h)  # the identity in eval mode
+        if self.compiled and cache is not None:  # model.compile: decode forwards only
+            cos, sin = self.cos_sin(seq_positions)
+            for i, layer in enumerate(itertools.islice(self.layers, num_layers)):
+                h = compiled_layer(layer, h, cos, sin, cache, i, mask, norm=True)
+            return self.norm(h)
         rope = self.rotations(seq_positions)  # rope_rotation(self.freqs_cis[seq_positions])
         fp32 = h.dtype == torch.float32  # checked once: every layer's input has the embeddings' dtype
         for i, layer in enumerate(itertools.islice(self.layers, num_layers)):  # slicing would build a ModuleList
@@ -497,10 +575,13 @@ class LlamaGenAdapter(ImageARModel):
         self.active_layers = self.cfg.n_layer
 
     def _place(self, device: str, dtype: str, attention_kernel: str = "math", tf32: bool = True,
-               pixel_rounding: str = "half_up", batch_invariant: bool = True, row_block: int = 1) -> None:
+               pixel_rounding: str = "half_up", batch_invariant: bool = True, row_block: int = 1,
+               compile: bool = False) -> None:
         """Eval mode on ``device`` in ``dtype`` (``auto``: bf16 on CUDA, float32 otherwise); the VQ in fp32;
-        the reference options (``attention_kernel``, ``tf32``, ``pixel_rounding``: ``coolsd.models.base``)."""
+        the reference options (``attention_kernel``, ``tf32``, ``pixel_rounding``: ``coolsd.models.base``);
+        ``compile``: the piecewise compiled decode layers of target and EAGLE drafter (``compiled_region``)."""
         check_reference_options(attention_kernel, pixel_rounding)
+        self.compile = self.gpt.compiled = validate.boolean("model.compile", compile)
         target = resolve_device(device)
         self.eval()
         self.to(device=target, dtype=resolve_dtype(dtype, target))
@@ -588,6 +669,7 @@ class LlamaGenAdapter(ImageARModel):
         no_dropout = {"token_dropout_p": 0.0, "resid_dropout_p": 0.0, "ffn_dropout_p": 0.0}
         cfg = GPTConfig(**{**asdict(self.cfg), **no_dropout})
         layer = DraftBlock(cfg, self.cfg.norm_eps if norm_eps is None else norm_eps)
+        layer.compiled = getattr(self, "compile", False)  # model.compile covers the drafter step too
         return layer.to(device=self.device, dtype=self.gpt.tok_embeddings.weight.dtype)
 
 
@@ -627,10 +709,12 @@ class LlamaGen(LlamaGenAdapter):
         pixel_rounding: str = "half_up",
         batch_invariant: bool = True,
         row_block: int = 1,
+        compile: bool = False,
     ) -> None:
         """Reference options (defaults = FoundationVision/LlamaGen's sampling scripts; ``coolsd.models.base``):
         ``attention_kernel`` ``math`` for decode forwards, ``tf32`` on CUDA, ``pixel_rounding`` ``half_up``.
-        ``batch_invariant`` and ``row_block``: batch-independent float32 arithmetic on a CPU (``ImageARModel``)."""
+        ``batch_invariant`` and ``row_block``: batch-independent float32 arithmetic on a CPU (``ImageARModel``).
+        ``compile``: ``torch.compile`` the decode layers (``compiled_region``)."""
         super().__init__()
         self._build(gpt, vq, sampling, gpt_size, init_seed, init_std, zero_init_output)
         self.class_names = list(class_names)
@@ -643,7 +727,7 @@ class LlamaGen(LlamaGenAdapter):
             from coolsd.models.vq import load_vq_checkpoint
 
             load_vq_checkpoint(self.vq, vq_checkpoint)
-        self._place(device, dtype, attention_kernel, tf32, pixel_rounding, batch_invariant, row_block)
+        self._place(device, dtype, attention_kernel, tf32, pixel_rounding, batch_invariant, row_block, compile)
 
     def class_index(self, prompt: str) -> int:
         if prompt in self.class_names:

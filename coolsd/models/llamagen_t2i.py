@@ -377,6 +377,7 @@ class LlamaGenT2I(LlamaGenAdapter):
         batch_invariant: bool = True,
         row_block: int = 1,
         requires_cuda: bool = False,
+        compile: bool = False,
     ) -> None:
         """``text_encoder``: a hub id or local folder of a T5 encoder (with ``tokenizer=None`` its tokenizer
         comes from the same place), ``tiny_random`` (tests), or a built ``T5EncoderModel``-like module or a
@@ -388,7 +389,8 @@ class LlamaGenT2I(LlamaGenAdapter):
         Reference options (defaults = ``sample_t2i.py``; ``coolsd.models.base``): ``attention_kernel=math``
         for the decode forwards, ``tf32=true`` on CUDA, ``pixel_rounding=half_up``; CFG only above 1 is
         ``sampling.cfg_rule=above_one`` (the model configs set it). ``requires_cuda``: with ``pretrained``,
-        ``device=auto`` without CUDA stops before any file is read (``coolsd.device``)."""
+        ``device=auto`` without CUDA stops before any file is read (``coolsd.device``). ``compile``: the piecewise
+        compiled decode layers (``coolsd.models.llamagen.compiled_region``)."""
         super().__init__()
         resolve_device(device, requires_cuda=requires_cuda and pretrained)  # before any file is looked up
         self.hub_repo, self.weights_dir = hub_repo, weights_dir
@@ -397,7 +399,7 @@ class LlamaGenT2I(LlamaGenAdapter):
         if pretrained:
             load_gpt_checkpoint(self.gpt, files[gpt_file], strict=True)
             self._load_vq(files[vq_file])
-        self._place(device, dtype, attention_kernel, tf32, pixel_rounding, batch_invariant, row_block)
+        self._place(device, dtype, attention_kernel, tf32, pixel_rounding, batch_invariant, row_block, compile)
         self.text = self._caption_encoder(text_encoder, tokenizer, text_encoder_revision, caption_cleaning)
         if self.text.hidden_size != self.cfg.caption_dim:
             raise ValueError(f"the text encoder's width ({self.text.hidden_size}) differs from "

@@ -86,6 +86,7 @@ from coolsd.models.base import (
     attention_context,
     batch_invariant_linears,
     check_row_block,
+    eager_only,
     check_reference_options,
     per_stream,
     set_tf32,
@@ -594,6 +595,7 @@ class LuminaMGPT(ImageARModel):
         batch_invariant: bool = True,
         row_block: int = 1,
         requires_cuda: bool = False,
+        compile: bool = False,
     ) -> None:
         """Reference options (defaults = Lumina-mGPT's ``inference_solver.py``): ``header`` ``sampled`` (the
         image header is sampled as the reference does, ``forced``: written by the adapter), ``header_mismatch``
@@ -602,6 +604,7 @@ class LuminaMGPT(ImageARModel):
         ``attention_kernel``, ``tf32``, ``pixel_rounding`` as in ``coolsd.models.base``; ``requires_cuda``: with
         ``pretrained``, ``device=auto`` without CUDA stops before any file is read (``coolsd.device``)."""
         super().__init__()
+        eager_only(compile, "Lumina-mGPT")
         target_device = resolve_device(device, requires_cuda=requires_cuda and pretrained)
         if header not in HEADER_MODES:
             raise ValueError(f"model.header must be one of {HEADER_MODES}, got {header!r}")

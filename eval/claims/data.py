@@ -2,6 +2,7 @@
 their bootstrap replicates (paired over prompts: one set of resampled prompt sets for every point of a regime)."""
 from __future__ import annotations
 
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from coolsd.io import atomic_write_bytes
 from eval import stats
 from eval.records import load_records
 
@@ -77,6 +79,13 @@ def _per_image(records: dict[int, dict], key: str, default: float = 0.0) -> np.n
     return np.array([float(records[i]["stats"].get(key, default)) for i in sorted(records)], dtype=np.float64)
 
 
+def point_config(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """The decoder config of point ``name`` in a run's config: the chosen decoder's, else its suite entry."""
+    if name == config["decoder"]["name"]:
+        return config["decoder"]
+    return config["suite"].get(name) or config["decoder"]
+
+
 def load_regime(folder: Path, features: bool = True, device: str = "cpu") -> Regime:
     """A regime's run: its ``run.json``, every point's per-image records and (``features``) the classifier
     features of its images, taken with the run's own FID metric config."""
@@ -86,12 +95,9 @@ def load_regime(folder: Path, features: bool = True, device: str = "cpu") -> Reg
     points: dict[str, Point] = {}
     for name in record["per_decoder"]:
         recs = load_records(folder / "records", name)
-        decoder_cfg = config["suite"].get(name) or config["decoder"]
-        if name == config["decoder"]["name"]:
-            decoder_cfg = config["decoder"]
         idx = sorted(recs)
         points[name] = Point(
-            name=name, label=labels.get(name, name), config=decoder_cfg, indices=idx,
+            name=name, label=labels.get(name, name), config=point_config(config, name), indices=idx,
             committed=_per_image(recs, "num_tokens") - 1, iterations=_per_image(recs, "iterations"),
             tv_sum=_per_image(recs, "tv_sum"),
             latency={i: recs[i]["stats"]["latency_s"] for i in idx if recs[i].get("timed")})
@@ -101,6 +107,65 @@ def load_regime(folder: Path, features: bool = True, device: str = "cpu") -> Reg
     if len(indices) != 1:
         raise ValueError(f"{folder}: the method points did not generate the same prompts; rerun the regime")
     return Regime(folder.name, folder, record, points)
+
+
+#: a regime's compact per-image data (``save_compact``, ``load_compact``): what the page needs, no images
+COMPACT_SUFFIX = ".claims.npz"
+#: the run record's keys the page reads (``per_decoder`` only for its point names)
+RECORD_KEYS = ("config", "labels", "wall_s")
+
+
+def _rebase_assets(value: Any) -> Any:
+    """Paths into another checkout's ``coolsd/assets/`` (a run's resolved ``${asset:...}``) -> this checkout's."""
+    from coolsd import ASSET_DIR
+
+    if isinstance(value, dict):
+        return {k: _rebase_assets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rebase_assets(v) for v in value]
+    if isinstance(value, str) and "/coolsd/assets/" in value:
+        return str(ASSET_DIR / value.split("/coolsd/assets/", 1)[1])
+    return value
+
+
+def save_compact(regime: Regime, folder: Path) -> Path:
+    """Write ``<folder>/<regime>.claims.npz``: the trimmed run record (JSON) and, per point, the image indices,
+    committed tokens and verify forwards (int16), summed TV (float64), the timed latencies and the classifier
+    features in float16 (compressed). ``load_compact`` gives the regime back; the page is made from it."""
+    record = {k: regime.record[k] for k in RECORD_KEYS if k in regime.record}
+    record["points"] = list(regime.points)
+    arrays: dict[str, np.ndarray] = {"record": np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)}
+    for name, p in regime.points.items():
+        timed = sorted(p.latency)
+        arrays.update({
+            f"{name}/indices": np.asarray(p.indices, dtype=np.int32),
+            f"{name}/committed": p.committed.astype(np.int16), f"{name}/iterations": p.iterations.astype(np.int16),
+            f"{name}/tv_sum": p.tv_sum, f"{name}/timed": np.asarray(timed, dtype=np.int32),
+            f"{name}/latency": np.asarray([p.latency[i] for i in timed], dtype=np.float64)})
+        if p.features is not None:
+            arrays[f"{name}/features"] = p.features.astype(np.float16)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{regime.name}{COMPACT_SUFFIX}"
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def load_compact(path: Path) -> Regime:
+    """A regime from its compact data (``save_compact``); features come back as float64 (their float16 values)."""
+    with np.load(path) as data:
+        record = json.loads(data["record"].tobytes().decode())
+        record["config"] = _rebase_assets(record["config"])
+        points: dict[str, Point] = {}
+        for name in record.pop("points"):
+            points[name] = Point(
+                name=name, label=record.get("labels", {}).get(name, name), config=point_config(record["config"], name),
+                indices=data[f"{name}/indices"].tolist(), committed=data[f"{name}/committed"].astype(np.float64),
+                iterations=data[f"{name}/iterations"].astype(np.float64), tv_sum=data[f"{name}/tv_sum"],
+                latency=dict(zip(data[f"{name}/timed"].tolist(), data[f"{name}/latency"].tolist())),
+                features=data[f"{name}/features"].astype(np.float64) if f"{name}/features" in data else None)
+    return Regime(path.name[: -len(COMPACT_SUFFIX)], path, record, points)
 
 
 _METRICS: dict[str, Any] = {}

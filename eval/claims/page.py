@@ -7,7 +7,17 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from coolsd.io import atomic_write_bytes
-from eval.claims.data import MARGINS, Regime, _ci_text, compute, interval, load_regime
+from eval.claims.data import (
+    COMPACT_SUFFIX,
+    MARGINS,
+    Regime,
+    _ci_text,
+    compute,
+    interval,
+    load_compact,
+    load_regime,
+    save_compact,
+)
 from eval.claims.figures import frontier_figure, gstar_figure, mu_figure
 from eval.claims.statistics import (
     FITTED_REGIME,
@@ -133,20 +143,32 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
     return "\n".join(lines) + "\n"
 
 
-def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = None,
-        device: str = "cpu") -> dict[str, Any]:
-    """Load every regime below ``folder``, decide the claims, write ``<out>/embedded_claims.md``, its figures
-    (``<out>/figures/embedded_claims_*``) and ``<out>/embedded_claims.json``; returns the JSON record."""
-    folders = sorted(p.parent for p in Path(folder).glob("*/run.json"))
-    if (Path(folder) / "run.json").is_file():
-        folders = [Path(folder)]
+def load_regimes(folder: Path, device: str = "cpu") -> list[Regime]:
+    """The regimes below ``folder``: its compact data (``*.claims.npz``, ``save_compact``) if it holds any, else
+    the run folders (``*/run.json``, or ``folder`` itself), loaded with their images' classifier features."""
+    folder = Path(folder)
+    compact = sorted(folder.glob(f"*{COMPACT_SUFFIX}"))
+    if compact:
+        return [load_compact(p) for p in compact]
+    folders = [folder] if (folder / "run.json").is_file() else sorted(p.parent for p in folder.glob("*/run.json"))
     if not folders:
-        raise FileNotFoundError(f"no run.json below {folder}: run `python run.py -m experiment=embedded_claims` first")
+        raise FileNotFoundError(f"no run.json or *{COMPACT_SUFFIX} below {folder}: run `python run.py -m "
+                                "experiment=embedded_claims` first")
+    return [load_regime(f, device=device) for f in folders]
+
+
+def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = None,
+        device: str = "cpu", export: Path | None = None) -> dict[str, Any]:
+    """Load every regime below ``folder`` (runs or their compact data), decide the claims, write
+    ``<out>/embedded_claims.md``, its figures (``<out>/figures/embedded_claims_*``) and
+    ``<out>/embedded_claims.json``; returns the JSON record. ``export``: also write each regime's compact data
+    there and decide from it (float16 features), so the page is exactly what the exported data rebuild."""
     regimes, extra = [], None
-    for f in folders:
-        regime = load_regime(f, device=device)
+    for regime in load_regimes(folder, device):
+        if export is not None:
+            regime = load_compact(save_compact(regime, Path(export)))
         compute(regime, resamples=resamples, device=device)
-        if f.name == FITTED_REGIME:
+        if regime.name == FITTED_REGIME:
             extra = regime
         else:
             regimes.append(regime)

@@ -187,7 +187,7 @@ class JacobiDrafter(Drafter):
         self.streams = None
         self.q: torch.Tensor | None = None  # (B, C, V) stored q of the carried slots
         self.x: torch.Tensor | None = None  # (B, C) coupled carried tokens (maximal), −1 = draw at propose
-        self.carried: list[int] = []  # per image: how many of the C slots are carried
+        self.carried: torch.Tensor | None = None  # (B,) per image: how many of the C slots are carried
         self._templates: dict[int, TreeTemplate] = {}
         self._draft_len = 0
         self._t: torch.Tensor | None = None
@@ -215,12 +215,11 @@ class JacobiDrafter(Drafter):
         device = first_tokens.device
         self.q = torch.zeros(b, 0, self.vocab, device=device)
         self.x = torch.zeros(b, 0, dtype=torch.long, device=device)
-        self.carried = [0] * b
+        self.carried = torch.zeros(b, dtype=torch.long, device=device)
 
     def select(self, images) -> None:
         index = torch.tensor(list(images), device=self.q.device)
-        self.q, self.x = self.q[index], self.x[index]
-        self.carried = [self.carried[i] for i in images]
+        self.q, self.x, self.carried = self.q[index], self.x[index], self.carried[index]
 
     def propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
         if tree is not None:
@@ -242,7 +241,7 @@ class JacobiDrafter(Drafter):
         b = last_tokens.shape[0]
         device = last_tokens.device
         k = self.q.shape[1]
-        carried = torch.minimum(torch.tensor(self.carried, device=device), limit)  # (B,)
+        carried = torch.minimum(self.carried, limit)  # (B,)
         index = torch.arange(depth, device=device)
         is_carried = index[None, :] < carried[:, None]  # (B, L)
         q_carried = torch.zeros(b, depth, self.vocab, device=device, dtype=self.q.dtype)
@@ -337,7 +336,7 @@ class JacobiDrafter(Drafter):
         n = verdict.num_accepted
         if m == 0:  # an empty draft (the image's last token): nothing is carried
             self.q, self.x = p.new_zeros(b, 0, p.shape[-1]), torch.zeros(b, 0, dtype=torch.long, device=device)
-            self.carried = [0] * b
+            self.carried = torch.zeros(b, dtype=torch.long, device=device)
             return
         if draft.is_chain:  # below node n − 1 (the root for n = 0): nodes n, n + 1, ... of the drafted prefix
             path = n[:, None] + torch.arange(m, device=device)  # (B, m)
@@ -351,7 +350,8 @@ class JacobiDrafter(Drafter):
             path = torch.where(path.lt(0).long().cummax(1).values.bool(), -1, path)  # stop at the first gap
             parents = tmpl.parents.to(device)
         carried = (path >= 0).sum(-1)  # (B,): the path's 2nd..last nodes + one slot after its last node
-        width = max(int(carried.max()), 1)
+        width = path.shape[1]  # a bound on every image's carried count, known without a host sync; slots past
+        # an image's count are garbage that ``window`` never reads (slot k's draws do not depend on the width)
         k = torch.arange(width, device=device)
         pad = torch.full((b, width + 1), -1, dtype=torch.long, device=device)
         pad[:, : min(path.shape[1], width + 1)] = path[:, : width + 1]
@@ -372,5 +372,4 @@ class JacobiDrafter(Drafter):
             x_new = torch.where(has_old, torch.where(keep, x_old, resampled), -1)
             if self.carried_q == "reference_code":  # SCD's code: a kept draft keeps its old q
                 q_new = torch.where((has_old & keep)[..., None], q_old, q_new)
-        self.q, self.x = q_new, x_new
-        self.carried = carried.tolist()
+        self.q, self.x, self.carried = q_new, x_new, carried

@@ -91,11 +91,19 @@ class Streams:
         return torch.tensor([(kind << 56) + j for kind, count in kinds_counts for j in range(count)], device=device)
 
     def uniform_at(self, position: torch.Tensor, kind: int, index: torch.Tensor) -> torch.Tensor:
-        """Uniforms (B, *index.shape) for the draws ``index`` (any shape, int64) of ``kind`` at ``position``."""
-        counter = (position.to(self.keys.device, torch.long) << 40) + (self.keys + (kind << 56))  # (B,)
-        flat = index.to(counter.device, torch.long).reshape(-1)
-        z = mix((counter[:, None] + flat[None, :]) * _GAMMA)
-        return to_unit(z).view(counter.shape[0], *index.shape)
+        """Uniforms (B, *index.shape) for the draws ``index`` (any shape, int64) of ``kind`` at ``position``.
+
+        Conversions and reshapes that would be no-ops are skipped on the host (each is a torch call: the loop
+        draws its uniforms here every iteration)."""
+        device = self.keys.device
+        if position.dtype != torch.long or position.device != device:
+            position = position.to(device, torch.long)
+        counter = (position << 40) + (self.keys + (kind << 56))  # (B,)
+        flat = index if index.dtype == torch.long and index.device == device else index.to(device, torch.long)
+        if flat.dim() != 1:
+            flat = flat.reshape(-1)
+        z = to_unit(mix((counter.unsqueeze(1) + flat) * _GAMMA))  # (B, n): broadcast, no index views
+        return z if index.dim() == 1 else z.view(counter.shape[0], *index.shape)
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -104,7 +112,7 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     The first code whose cumulative mass exceeds ``u·total``; zero-mass codes are never drawn, and rows need
     not be normalised. Greedy (one-hot) rows return their arg-max.
     """
-    cdf = probs.float().cumsum(-1)  # (..., V)
+    cdf = (probs if probs.dtype == torch.float32 else probs.float()).cumsum(-1)  # (..., V)
     total = cdf[..., -1:]
     x = torch.minimum(u.unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)

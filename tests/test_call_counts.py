@@ -41,7 +41,7 @@ CEILINGS = {
                    "syncs_per_iteration": 1.2},
     "coolsd": {"target_per_forward": 312, "drafter_per_forward": 67, "loop_per_iteration": 328,
                "syncs_per_iteration": 1.2},
-    "sjd": {"target_per_forward": 312, "drafter_per_forward": 0, "loop_per_iteration": 307, "syncs_per_iteration": 3.1},
+    "sjd": {"target_per_forward": 312, "drafter_per_forward": 0, "loop_per_iteration": 303, "syncs_per_iteration": 1.1},
 }
 PROBE_CEILINGS = {"target forward, T=1": 299, "EagleDrafter step": 58}  # before: 517 and 79
 

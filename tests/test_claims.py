@@ -194,6 +194,12 @@ def test_mu_fit_recovers_the_mu_that_made_the_ratios():
         lo, hi = fit["fits"][delta]["ci"]
         assert lo <= fit["fits"][delta]["mu"] <= hi
     assert fit["difference"]["one_mu_fits_both"] is True
+    # R built with the paper's response: it rises by the paper's 0.252 over the factor 2/1.1 in ω₁
+    response = fit["response"]
+    assert response["rise"] == pytest.approx(response["paper_rise"], abs=0.01)
+    assert response["times_weaker"] == pytest.approx(1.0, abs=0.05)
+    lo, hi = response["times_weaker_ci"]
+    assert lo <= response["times_weaker"] <= hi
 
 
 @pytest.mark.slow  # CI runs it in its -m slow pass (.ci/run)
@@ -338,3 +344,36 @@ def test_compact_data_gives_back_the_regime_and_its_estimates(tmp_path):
     for name, p in points.items():
         for key in ("tau", "tv", "fid", "speedup"):
             assert back.points[name].est[key] == pytest.approx(p.est[key], rel=1e-12), (name, key)
+
+
+def test_robustness_rows_repeat_the_decisive_verdicts_per_drafter():
+    """A seed regime whose LANTERN++ point sits above COOL-SD's FID curve (as weak_tree's) repeats C1's verdict;
+    one whose point sits below turns it: the row says so. Claims the seeds do not decide are left out."""
+    from eval.claims.page import robustness_rows
+
+    def regime(name, lpp_fid):
+        lpp = make_point("lpp", "lantern_pp", 3.3, lpp_fid, 0.03, seed=9, k=10, lam=5.0, resample="reference")
+        r = regime_of(cool_curve() + [lpp])
+        r.name = name
+        with_reps(r, 0.1)
+        return r
+
+    weak, same, turned = regime("weak_tree", 12.5), regime("weak_tree_seed1", 12.5), regime("weak_tree_seed2", 9.5)
+    decided = {r.name: claims.decide(r) for r in (weak, same, turned)}
+    rows = {row["claim"]: row for row in robustness_rows(weak, [same, turned], decided)}
+    assert rows["C1"]["verdicts"]["weak_tree"] == rows["C1"]["verdicts"]["weak_tree_seed1"]
+    assert rows["C1"]["verdicts"]["weak_tree_seed2"] == claims.NOT_HELD and rows["C1"]["same"] is False
+    assert "C3a" not in rows and "C1 (fitted μ)" not in rows  # not a decisive claim / not decided here
+
+
+def test_the_drafter_seed_regime_composes_with_weak_trees_prompts_and_the_seeds_drafter():
+    seed = cfg_for("experiment=embedded_claims", "regime=weak_tree_seed", "claims.drafter_seed=2",
+                   "claims.fitted_mu.d1_1=0.25", "claims.fitted_mu.d2=-0.125")
+    weak = cfg_for("experiment=embedded_claims", "regime=weak_tree")
+    assert seed.claims.regime == "weak_tree_seed2" and seed.claims.regime.startswith(claims.SEED_REGIME)
+    assert seed.eval.num_prompts == weak.eval.num_prompts and seed.eval.seed == weak.eval.seed
+    assert set(seed.compare) <= set(weak.compare) | {"coolsd_fit_d1_1", "coolsd_fit_d2"}
+    for name in seed.compare:
+        entry = seed.suite[name]
+        assert entry.tree == "mc_sim_7b_63" and entry.drafter.checkpoint == "outputs/weak_drafters/seed2/drafter_weak"
+    assert seed.suite.coolsd_fit_d1_1.mu == 0.25

@@ -275,7 +275,9 @@ def train_drafter(args, name: str = "drafter", samples: int | None = None, steps
                  "train.lr=1e-3", f"train.warmup_steps={min(50, steps // 4)}", f"train.p_w={args.drafter_p_w}",
                  f"train.noise_std={args.drafter_noise}",
                  "train.uncond_prob=0.3", "train.checkpoint_every=100000", "train.grad_clip=0.5",
-                 "val.num_images=10", "wandb.mode=disabled"]
+                 "val.num_images=10", "wandb.mode=disabled",
+                 # --seed also seeds the head's initialisation and the batch order (0: the shipped drafters)
+                 f"seed={args.seed}", f"train.init_seed={args.seed}"]
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("train_drafter", overrides=overrides)
     start = time.perf_counter()

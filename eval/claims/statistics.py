@@ -441,6 +441,26 @@ def fit_mu(regime: Regime) -> dict[str, Any]:
             "paper_ratio": target, "mu": est if math.isfinite(est) else None,
             "ci": stats.shifted_interval(est, finite, LEVEL) if math.isfinite(est) and len(finite) else None,
             "replicates_in_range": int(len(finite)), "resamples": int(len(reps))}
+    # how strongly acceptance responds to relaxation: the rise of R over the factor 2/1.1 in ω₁ that separates
+    # the paper's two δ at one μ, from the ω₁ where R matches the paper's δ = 1.1 ratio (paper: 1.380 − 1.128)
+    step = math.log(2.0 / 1.1)
+
+    def rise(ratios: np.ndarray) -> float:
+        start = solve(ratios, PAPER_RATIOS[1.1])
+        if not math.isfinite(start) or start + step > x[-1]:
+            return math.nan
+        return float(np.interp(start + step, x, ratios)) - PAPER_RATIOS[1.1]
+
+    paper_rise = PAPER_RATIOS[2.0] - PAPER_RATIOS[1.1]
+    est_rise = rise(est_r)
+    rep_rise = np.array([rise(rb) for rb in rep_r])
+    ok = rep_rise[np.isfinite(rep_rise) & (rep_rise > 0)]
+    out["response"] = {"paper_rise": paper_rise, "rise": est_rise if math.isfinite(est_rise) else None,
+                       "rise_ci": stats.percentile_interval(rep_rise[np.isfinite(rep_rise)], LEVEL)
+                       if math.isfinite(est_rise) and np.isfinite(rep_rise).sum() >= 2 else None,
+                       "times_weaker": paper_rise / est_rise if math.isfinite(est_rise) and est_rise > 0 else None,
+                       "times_weaker_ci": stats.percentile_interval(paper_rise / ok, LEVEL)
+                       if math.isfinite(est_rise) and est_rise > 0 and len(ok) >= 2 else None}
     (e1, r1), (e2, r2) = mus[1.1], mus[2.0]
     if math.isfinite(e1) and math.isfinite(e2):
         c = compare("μ(δ=2) − μ(δ=1.1)", e2 - e1, r2 - r1)

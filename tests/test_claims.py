@@ -371,7 +371,7 @@ def test_the_drafter_seed_regime_composes_with_weak_trees_prompts_and_the_seeds_
                    "claims.fitted_mu.d1_1=0.25", "claims.fitted_mu.d2=-0.125")
     weak = cfg_for("experiment=embedded_claims", "regime=weak_tree")
     assert seed.claims.regime == "weak_tree_seed2" and seed.claims.regime.startswith(claims.SEED_REGIME)
-    assert seed.eval.num_prompts == weak.eval.num_prompts and seed.eval.seed == weak.eval.seed
+    assert seed.eval.num_prompts == 1000 and seed.eval.seed == weak.eval.seed  # weak_tree's first 1,000 images
     assert set(seed.compare) <= set(weak.compare) | {"coolsd_fit_d1_1", "coolsd_fit_d2"}
     for name in seed.compare:
         entry = seed.suite[name]

@@ -91,6 +91,7 @@ def dataclass_replace(obj, **changes):
     return dataclasses.replace(obj, **changes)
 
 
+@pytest.mark.slow  # CI's -m slow pass (the default suite stays under 10 min on 2 cores)
 def test_two_concurrent_ranks_fill_one_manifest(tmp_path):
     """Two processes writing shards into one folder at once: every shard is listed (the manifest lock)."""
     ctx = mp.get_context("spawn")

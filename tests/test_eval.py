@@ -136,6 +136,7 @@ def test_torchrun_shards_reproduce_a_single_process(tmp_path):
     assert record["world_size"] == 2 and record["per_decoder"]["sd"]["num_images"] == 6
 
 
+@pytest.mark.slow  # CI's -m slow pass (the default suite stays under 10 min on 2 cores)
 def test_killed_run_resumes_without_recomputing(tmp_path):
     args = [sys.executable, "run.py", "model=tiny", "logger=none", "compare=none", "decoder=sd",
             "eval.num_prompts=10", "eval.warmup=0", f"hydra.run.dir={tmp_path}"]

@@ -102,6 +102,7 @@ def markov_lookup(vocab: int = 2, length: int = 8, seed: int = 0, alpha: float =
                        prompts=PROMPTS)
 
 
+@pytest.mark.slow  # CI's -m slow pass (the default suite stays under 10 min on 2 cores)
 def test_the_reference_code_variant_of_scd_mc_is_not_exact():
     """SCD's published code keeps a kept draft's old q, but the coupled draft's marginal is p_t, so its next test
     is made against the wrong q. On a 2-code Markov chain of 8 tokens (256 sequences), window 8, ``N_POWER``

@@ -171,6 +171,7 @@ def test_a_checkpoint_that_differs_only_at_its_end_does_not_reuse_records(tmp_pa
 
 
 # -- records without images -------------------------------------------------------------------------------------
+@pytest.mark.slow  # CI's -m slow pass (the default suite stays under 10 min on 2 cores)
 def test_records_without_images_get_their_images_from_their_tokens_before_scoring(tmp_path):
     """The issue's probe: 4 images with eval.save_images=false eval.metrics=[], then 8 with the default metrics in
     the same folder. The first four records get their images decoded from their recorded tokens before any

@@ -62,11 +62,12 @@ print("RESULT " + json.dumps(result))
                 "looked in",
             ],
         ),
-        (
+        pytest.param(
             ["model=janus_pro_7b"],
             ["deepseek-community/Janus-Pro-7B", "hf download deepseek-community/Janus-Pro-7B", "looked in"],
+            marks=pytest.mark.slow,  # one adapter in the default suite, the others in CI's -m slow pass
         ),
-        (
+        pytest.param(
             ["model=lumina_mgpt_768", "model.tokenizer_dir=__EMPTY__"],
             [
                 "text_tokenizer.json",
@@ -75,6 +76,7 @@ print("RESULT " + json.dumps(result))
                 "hf download Alpha-VLLM/Lumina-mGPT-7B-768",
                 "looked in",
             ],
+            marks=pytest.mark.slow,
         ),
     ],
     ids=["llamagen_t2i_512", "janus_pro_7b", "lumina_mgpt_768"],

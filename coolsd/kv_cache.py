@@ -84,6 +84,9 @@ class StaticKVCache:
         self._end = 0  # keys the block attends to
         self._start = 0  # the block's first slot when every row's block starts there
         self._views: tuple | None = None  # per-layer views of the latest block (``_block_views``), built lazily
+        self._slot_cache: tuple | None = None  # its slots, token-major (``block_slots``)
+        self._pairs: tuple | None = None  # its slots in a rotary projection's layout (``rotary_slots``)
+        self._token_views: dict[bool, tuple] = {}  # token-major views of the whole cache (``_token_major``)
         self._causal: torch.Tensor | None = None  # (max_len, max_len) additive causal mask, built lazily
 
     @property
@@ -115,7 +118,7 @@ class StaticKVCache:
         end = min(max(last, MIN_ATTENTION_WIDTH), self.max_len) if padding_invariant() else last
         self.block_starts, self.block_len, self.lengths = list(starts), t, [s + t for s in starts]
         self._end, self._start = end, last - t
-        self._views = None
+        self._views = self._slot_cache = self._pairs = None
         uniform = min(starts) == last - t  # every row's block at the same slots
         self._slots = None
         if not uniform:
@@ -180,29 +183,57 @@ class StaticKVCache:
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
     def _block_views(self) -> tuple:
-        """Per-layer views of the latest block, built once per block: K and V up to the attended end
-        (B·S, H, end, D), and, when every row's block starts at the same slot, its slots token-major
-        (B·S, T, H, D) to write into (else None)."""
+        """Per-layer views of the latest block's K and V up to the attended end (B·S, H, end, D), built once per
+        block."""
         if self._views is None:
-            end, s, t = self._end, self._start, self.block_len
+            end = self._end
             if self.num_layers == 1:  # an EAGLE drafter's cache: index the one layer (no unbind)
-                views = [(self.k[0, :, :, :end],), (self.v[0, :, :, :end],)]
-                if self._slots is None:
-                    views += [(self.k[0, :, :, s:s + t].transpose(1, 2),), (self.v[0, :, :, s:s + t].transpose(1, 2),)]
+                self._views = ((self.k[0, :, :, :end],), (self.v[0, :, :, :end],))
             else:
-                views = [self.k[:, :, :, :end].unbind(0), self.v[:, :, :, :end].unbind(0)]
-                if self._slots is None:
-                    views += [self.k[:, :, :, s:s + t].transpose(2, 3).unbind(0),
-                              self.v[:, :, :, s:s + t].transpose(2, 3).unbind(0)]
-            self._views = tuple(views) if len(views) == 4 else (*views, None, None)
+                self._views = (self.k[:, :, :, :end].unbind(0), self.v[:, :, :, :end].unbind(0))
         return self._views
+
+    def _slot_views(self, pairs: bool) -> tuple:
+        """Per-layer views of the latest block's slots, token-major (B·S, T, H, D), when every row's block starts
+        at the same slot; ``pairs``: K as complex (B·S, T, H, D/2) and V as pairs (B·S, T, H, D/2, 2). Sliced
+        from token-major views of the whole cache, built once per cache tensor (``_token_major``)."""
+        s, t = self._start, self.block_len
+        k, v = self._token_major(pairs)
+        if self.num_layers == 1:
+            return (k[:, s:s + t],), (v[:, s:s + t],)
+        return k[:, :, s:s + t].unbind(0), v[:, :, s:s + t].unbind(0)
+
+    def _token_major(self, pairs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V token-major ((L,) B·S, max_len, H, D), or in ``pairs`` layout; rebuilt when ``select``
+        has replaced the cache tensors."""
+        cached = self._token_views.get(pairs)
+        if cached is None or cached[0] is not self.k or cached[1] is not self.v:
+            k, v = (self.k[0], self.v[0]) if self.num_layers == 1 else (self.k, self.v)
+            k, v = k.transpose(-3, -2), v.transpose(-3, -2)
+            if pairs:
+                k, v = torch.view_as_complex(k.unflatten(-1, (-1, 2))), v.unflatten(-1, (-1, 2))
+            cached = self._token_views[pairs] = (self.k, self.v, k, v)
+        return cached[2], cached[3]
 
     def block_slots(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The latest block's K/V slots of ``layer`` as writable token-major views (B·S, T, H, D), or None when
         the rows' blocks start at different slots (then ``write_tokens``). After writing them, ``attended``
         gives what the block attends to."""
-        views = self._block_views()
-        return None if views[2] is None else (views[2][layer], views[3][layer])
+        if self._slots is not None:
+            return None
+        if self._slot_cache is None:
+            self._slot_cache = self._slot_views(pairs=False)
+        return self._slot_cache[0][layer], self._slot_cache[1][layer]
+
+    def rotary_slots(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``block_slots`` of a float32 or float64 cache in the pair layout a rotary projection writes: K as
+        complex (B·S, T, H, D/2) (a rotation's ``out=``), V as pairs (B·S, T, H, D/2, 2); built for every layer
+        at once, once per block. None when the rows' blocks start at different slots."""
+        if self._slots is not None:
+            return None
+        if self._pairs is None:
+            self._pairs = self._slot_views(pairs=True)
+        return self._pairs[0][layer], self._pairs[1][layer]
 
     def write_tokens(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``write`` for token-major K/V (B·S, T, H, D), as projections produce them (no transposes)."""

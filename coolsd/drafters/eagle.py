@@ -124,6 +124,11 @@ class EagleHead(nn.Module):
             self.embedding = torch.zeros(target.codebook_size, h, dtype=probe.dtype, device=probe.device)
         self.to(device=probe.device, dtype=probe.dtype)
 
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self.dtype = self.fc.weight.dtype  # read on every step without a torch call; refreshed by .to() etc.
+        return out
+
     @property
     def target(self) -> ImageARModel:
         return self._target[0]
@@ -146,10 +151,12 @@ class EagleHead(nn.Module):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Frozen token embeddings (..., H) of image codes (...)."""
-        with torch.no_grad():
-            if self.embedding is not None:
-                return F.embedding(tokens, self.embedding)
-            return self.target.embed(tokens)
+        if torch.is_grad_enabled():  # training; decoding runs in inference mode
+            with torch.no_grad():
+                return self.embed(tokens)
+        if self.embedding is not None:
+            return F.embedding(tokens, self.embedding)
+        return self.target.embed(tokens)
 
     def forward(
         self,
@@ -167,9 +174,9 @@ class EagleHead(nn.Module):
         ``ImageARModel.make_draft_layer`` (``None``: teacher-forced causal pass).
         """
         rows = features.shape[0]
-        dtype = self.fc.weight.dtype
+        dtype = self.dtype
         e = self.embed(tokens)  # (T, H) or (B, T, H)
-        if e.dtype != dtype:
+        if (dtype if self.embedding is not None else self.target_dtype) != dtype:  # the own table has ours
             e = e.to(dtype)
         images = tokens.shape[0] if tokens.dim() == 2 else 0
         if not images:
@@ -185,7 +192,7 @@ class EagleHead(nn.Module):
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's frozen output head on predicted features (..., H) -> float logits (..., V)."""
-        return self.target.head(features.to(self.target_dtype))
+        return self.target.head(features if self.dtype == self.target_dtype else features.to(self.target_dtype))
 
 
 # -- checkpoints ------------------------------------------------------------------------------------------

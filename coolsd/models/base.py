@@ -114,12 +114,13 @@ def _matmul_attention():
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           causal: bool) -> torch.Tensor:
+           causal: bool, shape: tuple[int, int] | None = None) -> torch.Tensor:
     """Scaled dot-product attention (B, H, T, D) with an additive ``mask`` (or causal, or none): PyTorch's
-    kernels, or written out inside ``attention_context("matmul")`` (see ``padding_invariant_attention``)."""
+    kernels, or written out inside ``attention_context("matmul")`` (see ``padding_invariant_attention``).
+    ``shape``: q's (T, D) where the caller knows them (saves reading ``q.shape``)."""
     if not _MATMUL_ATTENTION.get() or causal:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    queries, head_dim = q.shape[-2:]
+    queries, head_dim = shape if shape is not None else q.shape[-2:]
     single = queries == 1 and padding_invariant()
     if single:
         q = torch.cat([q, q], dim=-2)  # materialised: a stride-0 expand takes matmul's slow path (7x)

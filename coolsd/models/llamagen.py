@@ -109,8 +109,8 @@ class RMSNorm(nn.Module):
         """``fp32``: the caller knows ``x`` is float32, so the casts (no-ops then) are skipped: the same values
         with two torch calls fewer."""
         # the reference's x.float() * rsqrt(mean(x²) + eps), then type_as(x) * weight, in one fused kernel
-        if fp32:
-            return F.rms_norm(x, self.normalized_shape, eps=self.eps) * self.weight
+        if fp32:  # the weight inside the kernel: the bits of rms_norm(x) * weight in float32 and float64
+            return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
         out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return out.type_as(x) * self.weight
 
@@ -178,9 +178,9 @@ class Float32Rope(nn.Module):
         table = self.freqs_cis
         cached = self.__dict__.get("_complex_table")
         if cached is None or cached[0] is not table:
-            cached = (table, torch.view_as_complex(table))
+            cached = (table, torch.view_as_complex(table).unsqueeze(-2))  # (N, 1, D/2): rows index it
             self.__dict__["_complex_table"] = cached
-        return cached[1][rows].unsqueeze(-2)
+        return cached[1][rows]
 
     def cos_sin(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The table's cos and sin of rows (T,) or (B, T), each (T, 1, D/2) or (B, T, 1, D/2) (``_rotate``)."""
@@ -192,7 +192,15 @@ class Float32Rope(nn.Module):
         super()._apply(fn, recurse)
         if self.freqs_cis.dtype in (torch.bfloat16, torch.float16):
             self.freqs_cis = table.to(device=self.freqs_cis.device, dtype=torch.float32)
+        self._weight_facts()
         return self
+
+    def _weight_facts(self) -> None:
+        """The weights' device and whether they are float32 (``weights_device``, ``float32``), kept as plain
+        attributes that a forward reads without a torch call; refreshed by every ``.to()``, ``.half()``, ...
+        (``_apply``)."""
+        weight = self.attention.wqkv.weight
+        self.weights_device, self.float32 = weight.device, weight.dtype == torch.float32
 
 
 class Attention(nn.Module):
@@ -231,7 +239,8 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         causal = cache is None and mask is None
-        out = self.wo(attend(q, k, v, mask, causal).transpose(1, 2).flatten(2))  # (B, T, dim)
+        shape = (cache.block_len, self.head_dim) if cache is not None else None  # q's (T, D), known here
+        out = self.wo(attend(q, k, v, mask, causal, shape).transpose(1, 2).flatten(2))  # (B, T, dim)
         return self.resid_dropout(out) if self.training else out  # dropout is the identity in eval mode
 
     def _project_fp32(self, x: torch.Tensor, rope: torch.Tensor, cache: StaticKVCache,
@@ -243,12 +252,12 @@ class Attention(nn.Module):
         q, k, v = self.wqkv(x).unflatten(-1, (-1, self.head_dim // 2, 2)).split(
             [self.n_head, self.n_kv_head, self.n_kv_head], dim=2)  # (B, T, H, D/2, 2) views
         q = torch.view_as_real(torch.view_as_complex(q) * rope).flatten(3).transpose(1, 2)  # (B, H, T, D)
-        slots = cache.block_slots(layer)  # (B, T, Hkv, D) views of the block's cache slots
+        slots = cache.rotary_slots(layer)  # the block's cache slots, K complex (B, T, Hkv, D/2), V paired
         if slots is None:
             k = torch.view_as_real(torch.view_as_complex(k) * rope).flatten(3)
             return (q, *cache.write_tokens(layer, k, v.flatten(3)))
-        torch.mul(torch.view_as_complex(k), rope, out=torch.view_as_complex(slots[0].unflatten(-1, (-1, 2))))
-        slots[1].unflatten(-1, (-1, 2)).copy_(v)
+        torch.mul(torch.view_as_complex(k), rope, out=slots[0])
+        slots[1].copy_(v)
         return (q, *cache.attended(layer))
 
 
@@ -363,6 +372,7 @@ class DraftBlock(Float32Rope):
         self.num_cells = grid * grid
         #: ``model.compile`` of the target that made this layer (``LlamaGenAdapter.make_draft_layer``)
         self.compiled = False
+        self._weight_facts()
 
     def forward(
         self,
@@ -376,7 +386,7 @@ class DraftBlock(Float32Rope):
         if self.compiled and cache is not None:
             return compiled_layer(self, h, *self.cos_sin(cells), cache, 0, mask, norm=False)
         rope = self.rotations(cells)  # (T|B·T, 1, D/2)
-        fp32 = h.dtype == torch.float32
+        fp32 = self.float32  # h = fc(...) has the layer's dtype
         h = h + self.attention(h, rope, cache, 0, mask, fp32)
         return h + self.feed_forward(self.ffn_norm(h, fp32))
 
@@ -463,6 +473,11 @@ class Transformer(Float32Rope):
         table = rope_2d_table(math.isqrt(cfg.block_size), cfg.dim // cfg.n_head, cfg.rope_base, cfg.cls_token_num)
         self.register_buffer("freqs_cis", table, persistent=False)
         self.compiled = False  # model.compile (LlamaGenAdapter._place): the piecewise compiled decode layers
+        self._weight_facts()
+
+    def _weight_facts(self) -> None:
+        weight = self.tok_embeddings.weight
+        self.weights_device, self.float32 = weight.device, weight.dtype == torch.float32
 
     def init_weights(self, std: float, zero_output: bool) -> None:
         """Reference initialisation: N(0, std) for linear and embedding weights, zero output head."""
@@ -497,7 +512,7 @@ class Transformer(Float32Rope):
                 h = compiled_layer(layer, h, cos, sin, cache, i, mask, norm=True)
             return self.norm(h)
         rope = self.rotations(seq_positions)  # rope_rotation(self.freqs_cis[seq_positions])
-        fp32 = h.dtype == torch.float32  # checked once: every layer's input has the embeddings' dtype
+        fp32 = self.float32  # every layer's input has the dtype of the model's embeddings and weights
         for i, layer in enumerate(itertools.islice(self.layers, num_layers)):  # slicing would build a ModuleList
             h = layer(h, rope, cache, i, mask, fp32)
         return self.norm(h, fp32)
@@ -610,7 +625,7 @@ class LlamaGenAdapter(ImageARModel):
     @property
     def device(self) -> torch.device:
         """The GPT's device, read from one weight (the generic property walks the parameter iterator)."""
-        return self.gpt.tok_embeddings.weight.device
+        return self.gpt.weights_device
 
     def _output(self, hidden: torch.Tensor) -> TargetOutput:
         """Hidden states of the cache rows (B·S, T, H) -> per-stream output (S, B, T, ·)."""
@@ -650,7 +665,8 @@ class LlamaGenAdapter(ImageARModel):
         return self.gpt.tok_embeddings(tokens)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.gpt.output(hidden).float()
+        logits = self.gpt.output(hidden)
+        return logits if self.gpt.float32 else logits.float()
 
     def codebook(self) -> torch.Tensor:
         return self.vq.codebook()

@@ -67,9 +67,19 @@ import torch
 
 from coolsd import validate
 from coolsd.acceptance import ratio_acceptance, vanilla_residual
-from coolsd.drafters.base import Drafter, empty_draft
+from coolsd.drafters.base import Drafter, chain_valid, empty_draft
 from coolsd.models.base import ImageARModel
 from coolsd.rng import COUPLE, GUMBEL, INIT, JACOBI, TREE, sample
+
+_COLUMN_CACHE: dict[tuple[int, torch.device, int], torch.Tensor] = {}
+
+
+def _columns(length: int, device: torch.device, start: int = 0) -> torch.Tensor:
+    """(1, length) int64 ``start .. start + length − 1`` on ``device`` (cached; never modified)."""
+    key = (length, device, start)
+    if key not in _COLUMN_CACHE:
+        _COLUMN_CACHE[key] = torch.arange(start, start + length, device=device)[None, :]
+    return _COLUMN_CACHE[key]
 from coolsd.types import Draft, TargetOutput, Verdict
 
 INITS = ("auto", "random", "random_uniform_q", "repeat_horizon")
@@ -187,6 +197,7 @@ class JacobiDrafter(Drafter):
         self.streams = None
         self.q: torch.Tensor | None = None  # (B, C, V) stored q of the carried slots
         self.x: torch.Tensor | None = None  # (B, C) coupled carried tokens (maximal), −1 = draw at propose
+        self.batch, self.device = 0, torch.device("cpu")  # set by begin
         self.carried: torch.Tensor | None = None  # (B,) per image: how many of the C slots are carried
         self._templates: dict[int, TreeTemplate] = {}
         self._draft_len = 0
@@ -208,55 +219,60 @@ class JacobiDrafter(Drafter):
             return draft_len, draft_len
         return self.template(draft_len).depth, draft_len
 
+    def iteration_draws(self, depth, tree):
+        if not depth or self.is_tree:
+            return ()
+        draws = ((JACOBI, depth),) if self.carry != "gumbel" else ()
+        draws += ((INIT, depth),)
+        return draws + ((COUPLE, 2 * depth),) if self.carry == "maximal" else draws
+
     # -- the loop's calls ---------------------------------------------------------------------------------
     def begin(self, prompts, prefill: TargetOutput, first_tokens: torch.Tensor, streams) -> None:
         b = first_tokens.shape[0]
         self.streams = streams
         device = first_tokens.device
+        self.batch, self.device = b, device  # host facts, read without torch calls
         self.q = torch.zeros(b, 0, self.vocab, device=device)
         self.x = torch.zeros(b, 0, dtype=torch.long, device=device)
         self.carried = torch.zeros(b, dtype=torch.long, device=device)
 
     def select(self, images) -> None:
         index = torch.tensor(list(images), device=self.q.device)
-        self.q, self.x, self.carried = self.q[index], self.x[index], self.carried[index]
+        self.q, self.carried = self.q[index], self.carried[index]
+        self.x = None if self.x is None else self.x[index]
+        self.batch = len(index)
 
     def propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
         if tree is not None:
             raise ValueError("a Jacobi decoder drafts its own window (a chain or SJD-PAC's tree); remove "
                              "decoder.tree")
-        b = last_tokens.shape[0]
-        device = last_tokens.device
+        b = self.batch
         if depth == 0:
-            return empty_draft(b, self.vocab, device)
+            return empty_draft(b, self.vocab, self.device)
         self._t = t
         tokens, q = self.window(last_tokens, t, limit, depth)  # (B, L), (B, L, V)
-        index = torch.arange(depth, device=device)
         if not self.is_tree:
-            return Draft(tokens=tokens, q=q, valid=index[None, :] < limit[:, None], forwards=[0] * b)
+            return Draft(tokens=tokens, q=q, valid=chain_valid(limit, depth), forwards=[0] * b)
         return self.tree_draft(tokens, q, t, limit)
 
     def window(self, last_tokens: torch.Tensor, t: torch.Tensor, limit: torch.Tensor, depth: int):
         """The window slots 0..depth−1 of every image: carried drafts, then fresh initial tokens."""
-        b = last_tokens.shape[0]
-        device = last_tokens.device
-        k = self.q.shape[1]
-        carried = torch.minimum(self.carried, limit)  # (B,)
-        index = torch.arange(depth, device=device)
-        is_carried = index[None, :] < carried[:, None]  # (B, L)
-        q_carried = torch.zeros(b, depth, self.vocab, device=device, dtype=self.q.dtype)
-        x_fixed = torch.full((b, depth), -1, dtype=torch.long, device=device)
-        if k:
-            q_carried[:, : min(k, depth)] = self.q[:, :depth]
-            x_fixed[:, : min(k, depth)] = self.x[:, :depth]
+        b, k, _ = shape = self.q.shape
+        carried = torch.minimum(self.carried, limit)[:, None]  # (B, 1)
+        is_carried = _columns(depth, self.device) < carried  # (B, L)
+        # the stored q of slots 0..k−1, zero rows after them (slots never carried there): a view, or padded
+        q_carried = self.q[:, :depth] if k >= depth else torch.nn.functional.pad(self.q, (0, 0, 0, depth - k))
         x_carried = self.jacobi_update(q_carried, t)  # (B, L)
-        x_carried = torch.where(x_fixed >= 0, x_fixed, x_carried)
-        fresh = self.initial_tokens(x_carried, carried, last_tokens, t, depth)  # (B, L)
+        if self.carry == "maximal":  # the coupled tokens observe fixed (−1: drawn here)
+            x_fixed = torch.full((b, depth), -1, dtype=torch.long, device=self.device)
+            x_fixed[:, : min(k, depth)] = self.x[:, :depth]
+            x_carried = torch.where(x_fixed >= 0, x_fixed, x_carried)
+        fresh = self.initial_tokens(x_carried, carried, last_tokens, t, depth, is_carried)  # (B, L)
         tokens = torch.where(is_carried, x_carried, fresh)
         if self.init == "random_uniform_q":
             q_fresh = torch.full_like(q_carried, 1.0 / self.vocab)
         else:
-            q_fresh = torch.nn.functional.one_hot(fresh, self.vocab).to(q_carried.dtype)  # (B, L, V)
+            q_fresh = torch.nn.functional.one_hot(fresh, self.vocab).to(self.q.dtype)  # (B, L, V)
         return tokens, torch.where(is_carried[..., None], q_carried, q_fresh)
 
     def jacobi_update(self, q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -264,10 +280,10 @@ class JacobiDrafter(Drafter):
         ``maximal`` by inverse CDF of the JACOBI uniforms (used by ``maximal`` only for the slot after the last
         old draft), ``gumbel`` as ``argmax(log q + g)`` with each absolute position's noise. Rows holding no
         carried distribution (all zero) give garbage that the caller discards."""
+        depth = q.shape[1]
         if self.carry != "gumbel":
-            u = self.streams.uniform(t, JACOBI, q.shape[1])  # (B, L)
-            return sample(q, u)
-        positions = t[:, None] + torch.arange(q.shape[1], device=t.device)  # (B, L) absolute image positions
+            return sample(q, self.streams.uniform(t, JACOBI, depth))  # (B, L)
+        positions = t[:, None] + torch.arange(depth, device=t.device)  # (B, L) absolute image positions
         g = self.gumbel(positions)  # (B, L, V)
         return torch.where(q > 0, q.clamp_min(torch.finfo(q.dtype).tiny).log() + g, -torch.inf).argmax(-1)
 
@@ -277,22 +293,21 @@ class JacobiDrafter(Drafter):
         return -torch.log(-torch.log(u.clamp_min(2.0**-25)))  # u = 0 (one code in 2^24) as the smallest one
 
     def initial_tokens(self, carried_tokens: torch.Tensor, carried: torch.Tensor, last_tokens: torch.Tensor,
-                       t: torch.Tensor, depth: int) -> torch.Tensor:
-        """Fresh tokens (B, L) for the window slots from each image's ``carried`` count on (earlier slots
-        are ignored): uniform codes, or ``repeat_horizon`` copies of the left neighbour."""
-        device = last_tokens.device
+                       t: torch.Tensor, depth: int, is_carried: torch.Tensor) -> torch.Tensor:
+        """Fresh tokens (B, L) for the window slots from each image's ``carried`` count (B, 1) on (earlier
+        slots, ``is_carried`` (B, L), are ignored): uniform codes, or ``repeat_horizon`` copies of the left
+        neighbour."""
         u = self.streams.uniform(t, INIT, depth)  # (B, L)
         uniform = (u * self.vocab).long().clamp_(max=self.vocab - 1)
         if self.init != "repeat_horizon":
             return uniform
-        index = torch.arange(depth, device=device)
-        fresh = index[None, :] >= carried[:, None]
-        column0 = fresh & ((t[:, None] + index[None, :]) % self.width == 0)  # a fresh token at column 0 is random
-        source = torch.where(column0, index[None, :], -1).cummax(1).values  # the last column-0 slot so far
-        # the left anchor of the fresh run: the last carried token, or the last committed one
-        anchor = torch.where(carried > 0, carried_tokens.gather(1, (carried - 1).clamp_min(0)[:, None])[:, 0],
-                             last_tokens)
-        return torch.where(source >= 0, uniform.gather(1, source.clamp_min(0)), anchor[:, None])
+        index = _columns(depth, self.device)  # (1, L)
+        # a fresh slot (bool >: true and not carried) at column 0 starts a random run
+        column0 = (((t[:, None] + index) % self.width) == 0) > is_carried
+        source = torch.where(column0, index, -1).cummax(1).values  # the last column-0 slot so far (−1: none)
+        # the left anchor of the fresh run: the last carried token (slot carried − 1), or the last committed one
+        anchor = torch.cat([last_tokens[:, None], carried_tokens], 1).gather(1, carried)  # (B, 1)
+        return torch.cat([anchor, uniform], 1).gather(1, source + 1)  # source −1 picks the anchor
 
     def tree_draft(self, tokens: torch.Tensor, q: torch.Tensor, t: torch.Tensor, limit: torch.Tensor) -> Draft:
         """SJD-PAC's tree over the window slots ``tokens``/``q`` (B, S) / (B, S, V) (module doc, (D))."""
@@ -338,6 +353,9 @@ class JacobiDrafter(Drafter):
             self.q, self.x = p.new_zeros(b, 0, p.shape[-1]), torch.zeros(b, 0, dtype=torch.long, device=device)
             self.carried = torch.zeros(b, dtype=torch.long, device=device)
             return
+        if draft.is_chain and self.carry != "maximal":  # the path's nodes are n, n + 1, ... (below)
+            self._observe_chain(p, draft, n, m)
+            return
         if draft.is_chain:  # below node n − 1 (the root for n = 0): nodes n, n + 1, ... of the drafted prefix
             path = n[:, None] + torch.arange(m, device=device)  # (B, m)
             path = torch.where(path < draft.valid.sum(-1, keepdim=True), path, -1)
@@ -373,3 +391,13 @@ class JacobiDrafter(Drafter):
             if self.carried_q == "reference_code":  # SCD's code: a kept draft keeps its old q
                 q_new = torch.where((has_old & keep)[..., None], q_old, q_new)
         self.q, self.x, self.carried = q_new, x_new, carried
+
+    def _observe_chain(self, p: torch.Tensor, draft: Draft, n: torch.Tensor, m: int) -> None:
+        """``observe`` of a chain without coupled tokens, in closed form: the carry path is nodes n .. d − 1 (d
+        = the image's drafted count), so slot k (k < d − n) is carried with the target's output at row
+        n + k + 1 (its old node's parent's output, or after the last node the output at that node); the
+        general construction's values, fewer calls. Slots past an image's count hold row 0 (never read)."""
+        carried = draft.valid.sum(-1) - n  # (B,)
+        rows = torch.where(_columns(m, self.device) < carried[:, None], n[:, None] + _columns(m, self.device, 1), 0)
+        self.q = p.gather(1, rows[..., None].expand(-1, -1, self.vocab))  # (B, m, V)
+        self.x, self.carried = None, carried  # x: only the maximal carry couples tokens

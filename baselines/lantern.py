@@ -72,6 +72,7 @@ class LanternRule(AcceptanceRule):
         if neighbours.shape[1] < k + 1:
             raise ValueError(f"the neighbour table has {neighbours.shape[1]} columns; k = {k} needs k + 1")
         self.neighbours = neighbours.long()
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self.k, self.mode, self.budget, self.resample = k, mode, budget, resample
         self.lossless = budget == (0.0 if mode == "additive" else 1.0) and resample == "optimal"
 
@@ -87,14 +88,15 @@ class LanternRule(AcceptanceRule):
             mass = p.index_select(-1, nb.flatten()).view(*p.shape, self.k)  # (N, V, k)
             px = p
         else:
-            nb = self.table(p.device)[x, : self.k]  # (N, k)
-            mass, px = p.gather(-1, nb), p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
-        prefix = mass.cumsum(-1)  # S_1..S_k, non-decreasing
+            both = p.gather(-1, self._tables(p.device)[1][x])  # (N, k + 1): p(x), then its k neighbours
+            mass, px = both[:, 1:], both[:, 0]
+        # S_0 = 0, S_1..S_k: the prefix sums, non-decreasing, with a zero in front (a copy of the values)
+        prefix = torch.nn.functional.pad(mass.cumsum(-1), (1, 0))
         tau = torch.full_like(px, self.budget) if self.mode == "additive" else (self.budget - 1.0) * px
-        # feasible prefixes form a prefix (S is non-decreasing): m* counts the S_m <= tau (no bool (.., k) sum)
-        m_star = torch.searchsorted(prefix, tau.unsqueeze(-1).contiguous(), right=True).squeeze(-1)
-        moved = prefix.gather(-1, (m_star - 1).clamp_min(0).unsqueeze(-1)).squeeze(-1) * (m_star > 0)
-        return px + moved, m_star
+        # feasible prefixes form a prefix (S is non-decreasing): m* counts the S_m <= tau for m >= 1 (tau >= 0,
+        # so S_0 always counts: the search gives m* + 1), and S_{m*} is what moves onto x
+        m_star = torch.searchsorted(prefix, tau.unsqueeze(-1), right=True) - 1
+        return px + prefix.gather(-1, m_star).squeeze(-1), m_star.squeeze(-1)
 
     def membership(self, device: torch.device) -> torch.Tensor | None:
         """(V, V) float64 with row x marking the zeroing set Z(x) (the k + 1 nearest neighbours), cached, or
@@ -109,9 +111,17 @@ class LanternRule(AcceptanceRule):
 
     def table(self, device: torch.device) -> torch.Tensor:
         """The neighbour table on ``device`` (moved once)."""
-        if self.neighbours.device != device:
-            self.neighbours = self.neighbours.to(device)
-        return self.neighbours
+        return self._tables(device)[0]
+
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the neighbour table, each code followed by its k nearest neighbours (V, k + 1)) on ``device``,
+        built once per device."""
+        tables = self._on.get(device)
+        if tables is None:
+            table = self.neighbours.to(device)
+            codes = torch.arange(table.shape[0], device=device)[:, None]
+            tables = self._on[device] = (table, torch.cat([codes, table[:, : self.k]], 1))
+        return tables
 
     def acceptance(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         p_tilde, _ = self.relaxed(p, None)  # (N, V)

@@ -108,25 +108,38 @@ def verify_chain(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: 
     ``u_accept`` (B, L) and ``u_sample`` (B,) are the images' uniforms.
     """
     b, L = draft.tokens.shape
-    device = p.device
-    rows = torch.arange(b, device=device)
+    rows, depth, flat_depth, columns, path = _chain_indices(b, L, p.device)
     drafted = draft.valid.sum(-1)  # (B,)
     if L:
-        depth = torch.arange(1, L + 1, device=device).expand(b, L)
-        f = rule.accept_prob(p[:, :L].reshape(b * L, -1), draft.q.reshape(b * L, -1), draft.tokens.reshape(-1),
-                             depth.reshape(-1)).view(b, L)
+        p_drafts = p[:, :L]
+        f = rule.accept_prob(p_drafts.reshape(b * L, -1), draft.q.reshape(b * L, -1), draft.tokens.reshape(-1),
+                             flat_depth).view(b, L)
         ok = (u_accept < f) & draft.valid
         n = ok.long().cumprod(-1).sum(-1)  # (B,) accepted prefix
         at = n.clamp(max=L - 1)
         res = rule.residual(p[rows, at], draft.q[rows, at], draft.tokens[rows, at], n + 1)
         dist = torch.where((n < drafted)[:, None], res, p[rows, n])
-        tested = torch.arange(L, device=device)[None, :] < torch.minimum(n + 1, drafted)[:, None]  # (B, L)
-        tests = ((p[:, :L], draft.q, depth, tested),)
+        tested = columns < torch.minimum(n + 1, drafted)[:, None]  # (B, L)
+        tests = ((p_drafts, draft.q, depth, tested),)
     else:
-        n = torch.zeros(b, dtype=torch.long, device=device)
+        n = torch.zeros(b, dtype=torch.long, device=p.device)
         dist, tests = p[:, 0], ()
-    path = torch.arange(L, device=device).expand(b, L)
     return Verdict(num_accepted=n, next_token=sample(dist, u_sample), path=path, tests=tests)
+
+
+_CHAIN_INDICES: dict[tuple[int, int, torch.device], tuple[torch.Tensor, ...]] = {}
+
+
+def _chain_indices(b: int, length: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``verify_chain``'s index tensors for ``b`` chains of ``length`` (cached; never modified): rows (B,),
+    depths 1..L (B, L) and flattened (B·L,), columns (1, L) and the path 0..L−1 (B, L)."""
+    key = (b, length, device)
+    if key not in _CHAIN_INDICES:
+        depth = torch.arange(1, length + 1, device=device).expand(b, length)
+        columns = torch.arange(length, device=device)[None, :]
+        _CHAIN_INDICES[key] = (torch.arange(b, device=device), depth, depth.reshape(-1), columns,
+                               columns.expand(b, length))
+    return _CHAIN_INDICES[key]
 
 
 def children_table(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -256,7 +256,12 @@ class Decoder:
         tree = self.tree
         if isinstance(tree, TreeShape) and depth < self.max_depth:
             tree = tree.truncated(depth)
-        draft = self.drafter.propose(last, t_dev, limit, depth, tree=tree if depth else None)
+        # every uniform of the iteration in one call: the drafter's draws, ACCEPT 0..M−1 and SAMPLE 0 (the
+        # drafter's are served from it by ``streams.uniform`` at ``t_dev``; values as if drawn one by one)
+        tree = tree if depth else None
+        drafter_draws = self.drafter.iteration_draws(depth, tree)
+        u_all = streams.prefetch(t_dev, *drafter_draws, (ACCEPT, self.max_nodes), (SAMPLE, 1))
+        draft = self.drafter.propose(last, t_dev, limit, depth, tree=tree)
         t1 = self._clock()
         # 2. verify: the last committed token and the drafts; a tree uses per-node positions and its
         #    ancestor mask (node at depth d sits at image position t - 1 + d)
@@ -275,12 +280,17 @@ class Decoder:
         p = model.probs(out)  # (B, M+1, V)
         t2 = self._clock()
         # 3. accept / resample, with each image's own uniforms (ACCEPT draws 0..m−1 and SAMPLE draw 0, one call)
-        u = streams.uniform_at(t_dev, 0, self.draw_index(m, device))  # (B, m + 1)
+        a0 = sum(count for _, count in drafter_draws)
+        if m <= self.max_nodes:
+            u_accept, u_sample = u_all[:, a0: a0 + m], u_all[:, a0 + self.max_nodes]
+        else:  # a drafter that drafted more nodes than its block shape said
+            u = streams.uniform_at(t_dev, 0, self.draw_index(m, device))  # (B, m + 1)
+            u_accept, u_sample = u[:, :m], u[:, m]
         verify = verify_chain if draft.is_chain else verify_tree
-        verdict = verify(rule, p, draft, u[:, :m], u[:, m])
-        flags = [verdict.num_accepted, finite_images(out.logits).long()]
+        verdict = verify(rule, p, draft, u_accept, u_sample)
+        flags = [verdict.num_accepted, finite_images(out.logits)]  # stack promotes the bools to int64
         if draft.finite is not None:
-            flags.append(draft.finite.long())
+            flags.append(draft.finite)
         forwards = draft.forwards
         if isinstance(forwards, torch.Tensor):
             flags.append(forwards)

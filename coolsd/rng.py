@@ -36,6 +36,7 @@ TREE = 10  # SJD-PAC's proactive tree: the extra siblings of each level
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # the constants as signed int64 (torch has no uint64 arithmetic)
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _M2 = 0x94D049BB133111EB - (1 << 64)
+_GAMMA_40 = ((0x9E3779B97F4A7C15 << 40) + (1 << 63)) % (1 << 64) - (1 << 63)  # (γ << 40) mod 2^64, signed
 
 
 def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -56,12 +57,33 @@ def to_unit(z: torch.Tensor) -> torch.Tensor:
     return _shr(z, 40).to(torch.float32) * (1.0 / (1 << 24))
 
 
+def unit_of_gamma_multiple(z: torch.Tensor) -> torch.Tensor:
+    """``to_unit(mix(x))`` given ``z = x + γ`` (mix's first step): bitwise the same uniforms in 7 fewer torch
+    calls. SplitMix64's last step ``z ^ (z >>> 31)`` leaves the top 24 bits unchanged (the shifted word has
+    no bit above 32), so it is skipped."""
+    z = (z ^ _shr(z, 30)) * _M1
+    z = (z ^ _shr(z, 27)) * _M2
+    return _shr(z, 40).to(torch.float32) * (1.0 / (1 << 24))
+
+
 class Streams:
-    """The random streams of a batch of images, one per row, keyed by each image's seed."""
+    """The random streams of a batch of images, one per row, keyed by each image's seed.
+
+    ``prefetch`` draws an iteration's uniforms of several kinds in one call; a later ``uniform`` with the same
+    position tensor (the same object) and a kind and count inside it returns a view of them. Each uniform is a
+    pure function of its key, so the values are bitwise those ``uniform`` computes on its own; the memo only
+    saves torch calls (about 25 per draw). Position tensors must not be modified in place after ``prefetch``.
+    """
+
+    _draws: dict[tuple, torch.Tensor] = {}  # draw-index tensors of ``draws``, per (kinds and counts, device)
 
     def __init__(self, seeds: Sequence[int] | torch.Tensor, device: torch.device | str) -> None:
         seeds = torch.as_tensor(seeds, dtype=torch.long, device=device).reshape(-1)
+        self.device = seeds.device
         self.keys = mix(seeds)  # (B,)
+        self._memo: tuple[torch.Tensor, dict[int, tuple[int, int]], torch.Tensor] | None = None
+        self._keys_gamma: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, keys·γ)
+        self._index_gamma: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (index, (index + 1)·γ)
 
     @property
     def batch(self) -> int:
@@ -70,49 +92,96 @@ class Streams:
     def select(self, rows: torch.Tensor) -> None:
         """Keep the streams of ``rows`` (finished images leave the batch)."""
         self.keys = self.keys[rows]
+        self._memo = None
 
     def uniform(self, position: torch.Tensor, kind: int, count: int) -> torch.Tensor:
         """Uniforms (B, count) in [0, 1) for draws ``0 .. count − 1`` of ``kind`` at image ``position`` (B,)."""
-        return self.uniform_at(position, kind, torch.arange(count, device=self.keys.device))
+        memo = self._memo
+        if memo is not None and position is memo[0]:
+            span = memo[1].get(kind)
+            if span is not None and count <= span[1]:
+                return memo[2][:, span[0]: span[0] + count]
+        if position.dtype != torch.long:
+            position = position.long()
+        return self._draws_at(position, self.draws((kind, count), device=self.device))
+
+    def prefetch(self, position: torch.Tensor, *kinds_counts: tuple[int, int]) -> torch.Tensor:
+        """Draws ``0 .. count − 1`` of each ``(kind, count)`` at ``position`` (B,), in one call -> (B, Σ count),
+        the kinds side by side in order; kept for ``uniform`` calls at this position tensor (class doc). A kind
+        may appear once."""
+        if position.dtype != torch.long:
+            position = position.long()
+        u = self._draws_at(position, self.draws(*kinds_counts, device=self.device))
+        spans, start = {}, 0
+        for kind, count in kinds_counts:
+            spans[kind] = (start, count)
+            start += count
+        self._memo = (position, spans, u)
+        return u
 
     def uniform_grid(self, positions: torch.Tensor, kind: int, count: int) -> torch.Tensor:
         """Uniforms (B, L, count) for draws ``0 .. count − 1`` of ``kind`` at each of the positions (B, L):
         ``uniform(positions[:, l], kind, count)`` for every l at once."""
-        counter = (positions.to(self.keys.device, torch.long) << 40) + (self.keys[:, None] + (kind << 56))  # (B, L)
+        counter = (positions.to(self.device, torch.long) << 40) + (self.keys[:, None] + (kind << 56))  # (B, L)
         flat = torch.arange(count, device=counter.device)
         return to_unit(mix((counter[..., None] + flat) * _GAMMA))
 
-    @staticmethod
-    def draws(*kinds_counts: tuple[int, int], device: torch.device | str = "cpu") -> torch.Tensor:
+    @classmethod
+    def draws(cls, *kinds_counts: tuple[int, int], device: torch.device | str = "cpu") -> torch.Tensor:
         """Draw indices for ``uniform_at(position, 0, ...)`` covering draws ``0 .. count − 1`` of each ``kind`` in
         order, e.g. ``draws((ACCEPT, m), (SAMPLE, 1))``: one call whose values are bitwise those of one
         ``uniform`` call per kind (the counter adds ``kind << 56`` and the index; int64 addition wraps alike
-        in any order)."""
-        return torch.tensor([(kind << 56) + j for kind, count in kinds_counts for j in range(count)], device=device)
+        in any order). Cached per kinds, counts and device (do not modify the tensor)."""
+        key = (kinds_counts, str(device))
+        index = cls._draws.get(key)
+        if index is None:
+            index = torch.tensor([(kind << 56) + j for kind, count in kinds_counts for j in range(count)],
+                                 dtype=torch.long, device=device)
+            cls._draws[key] = index
+        return index
 
     def uniform_at(self, position: torch.Tensor, kind: int, index: torch.Tensor) -> torch.Tensor:
         """Uniforms (B, *index.shape) for the draws ``index`` (any shape, int64) of ``kind`` at ``position``.
 
         Conversions and reshapes that would be no-ops are skipped on the host (each is a torch call: the loop
         draws its uniforms here every iteration)."""
-        device = self.keys.device
+        device = self.device
         if position.dtype != torch.long or position.device != device:
             position = position.to(device, torch.long)
-        counter = (position << 40) + (self.keys + (kind << 56))  # (B,)
         flat = index if index.dtype == torch.long and index.device == device else index.to(device, torch.long)
-        if flat.dim() != 1:
+        shape = index.shape
+        if len(shape) != 1:
             flat = flat.reshape(-1)
-        z = to_unit(mix((counter.unsqueeze(1) + flat) * _GAMMA))  # (B, n): broadcast, no index views
-        return z if index.dim() == 1 else z.view(counter.shape[0], *index.shape)
+        keys = self.keys + (kind << 56) if kind else self.keys
+        z = to_unit(mix((((position << 40) + keys).unsqueeze(1) + flat) * _GAMMA))  # (B, n): broadcast
+        return z if len(shape) == 1 else z.view(keys.shape[0], *shape)
+
+    def _draws_at(self, position: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """``uniform_at(position, 0, index)`` for a ``draws`` index and an int64 ``position`` (B,) on the device:
+        the counter times γ split as ``position·(γ << 40) + key·γ`` and ``(index + 1)·γ`` folds mix's first
+        addition of γ (int64 arithmetic wraps, so the sum is bitwise the same), with the last two factors
+        cached: 4 calls to the first mixing step instead of 7."""
+        if self._keys_gamma is None or self._keys_gamma[0] is not self.keys:
+            self._keys_gamma = (self.keys, self.keys * _GAMMA)
+        step = self._index_gamma.get(id(index))
+        if step is None or step[0] is not index:
+            step = self._index_gamma[id(index)] = (index, (index + 1) * _GAMMA)
+        return unit_of_gamma_multiple((position * _GAMMA_40 + self._keys_gamma[1]).unsqueeze(1) + step[1])
+
+
+#: the other operand of ``sample``'s ``nextafter`` (a 0-dim CPU tensor is a scalar to an op on any device)
+_BELOW = torch.tensor(-1.0)
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """One token per row of ``probs`` (..., V) by inverse CDF with uniforms ``u`` (...) -> int64 (...).
+    """One token per row of ``probs`` (..., V) by inverse CDF with uniforms ``u`` (...) in [0, 1) -> int64 (...).
 
     The first code whose cumulative mass exceeds ``u·total``; zero-mass codes are never drawn, and rows need
-    not be normalised. Greedy (one-hot) rows return their arg-max.
+    not be normalised. Greedy (one-hot) rows return their arg-max. ``u·total`` is capped just below ``total``
+    (rounding reaches it when the total is subnormal), so the index is a code with mass; an all-zero row gives
+    code 0, and the clamp keeps a NaN row's index in range (the loop then reports its non-finite logits).
     """
-    cdf = (probs if probs.dtype == torch.float32 else probs.float()).cumsum(-1)  # (..., V)
+    cdf = probs.cumsum(-1, dtype=torch.float32)  # (..., V); float32 input is not copied
     total = cdf[..., -1:]
-    x = torch.minimum(u.unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    x = torch.minimum(u.unsqueeze(-1) * total, torch.nextafter(total, _BELOW))
     return torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)

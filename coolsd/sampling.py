@@ -60,9 +60,10 @@ def guide(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
     """
     if logits.dtype != torch.float32:
         logits = logits.float()
-    if logits.shape[0] == 1:
-        return logits[0]
-    cond, uncond = logits.unbind(0)
+    streams = logits.unbind(0)
+    if len(streams) == 1:
+        return streams[0]
+    cond, uncond = streams
     return uncond + cfg_scale * (cond - uncond)
 
 
@@ -102,8 +103,8 @@ def stream_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 
 
 def finite_images(logits: torch.Tensor) -> torch.Tensor:
-    """(B,) bool: whether every logit of each image is finite; ``logits`` (S, B, T, V)."""
-    return torch.isfinite(logits).all(dim=(0, *range(2, logits.dim())))
+    """(B,) bool: whether every logit of each image is finite; ``logits`` (S, B, T, V), always four axes."""
+    return torch.isfinite(logits).all(dim=(0, 2, 3))
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -406,11 +406,12 @@ def drafter_probes(drafter: Any, model: ImageARModel, prompt: str, context: int,
                      cache.begin_block(pairs))
         base = cache.lengths[0]
         position = torch.tensor([pairs - 1], device=model.device)
+        last_features, last_token = features[:, -1:], tokens[-1:]  # the step's inputs, as a decode has them
 
         def step():
             cache.rollback(base)
             mask = cache.begin_block(1)
-            f_hat = drafter.head(features[:, -1:], tokens[-1:], position, cache, mask)  # (S, 1, H)
+            f_hat = drafter.head(last_features, last_token, position, cache, mask)  # (S, 1, H)
             return drafter.head.logits(f_hat)
 
         logits = step()

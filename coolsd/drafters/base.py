@@ -27,6 +27,18 @@ def empty_draft(batch: int, vocab: int, device: torch.device) -> Draft:
                  valid=torch.zeros(batch, 0, dtype=torch.bool, device=device), forwards=[0] * batch)
 
 
+_COLUMNS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def chain_valid(limit: torch.Tensor, depth: int) -> torch.Tensor:
+    """(B, depth) bool: chain slot i of image b is a draft (``i < limit[b]``); the column indices are cached."""
+    key = (depth, limit.device)
+    columns = _COLUMNS.get(key)
+    if columns is None:
+        columns = _COLUMNS[key] = torch.arange(depth, device=limit.device)[None, :]
+    return columns < limit.unsqueeze(1)
+
+
 class Drafter(abc.ABC):
     """Proposes draft chains or trees for a batch of images (``begin`` starts a new batch)."""
 
@@ -39,6 +51,13 @@ class Drafter(abc.ABC):
         no ``decoder.tree``: a chain of ``draft_len`` by default; a drafter that builds its own tree (SJD-PAC)
         says how deep and wide. Called once when the decoder is built."""
         return draft_len, draft_len
+
+    def iteration_draws(self, depth: int, tree: TreeShape | DynamicTree | None) -> tuple[tuple[int, int], ...]:
+        """The ``(kind, count)`` draws ``propose`` and ``observe`` take with ``streams.uniform`` at the loop's
+        ``t`` in an iteration of this ``depth`` and ``tree``: the loop prefetches them with its own in one
+        call (``Streams.prefetch``). Only a saving of torch calls: a draw not named here is computed when
+        asked, with the same value."""
+        return ()
 
     @abc.abstractmethod
     def begin(self, prompts: Sequence[str], prefill: TargetOutput, first_tokens: torch.Tensor,

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coolsd import validate
-from coolsd.drafters.base import Drafter, empty_draft
+from coolsd.drafters.base import Drafter, chain_valid, empty_draft
 from coolsd.io import atomic_write_bytes
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import (
@@ -386,6 +386,8 @@ class EagleDrafter(Drafter):
         self.streams = None
         self.pending_features: torch.Tensor | None = None  # (S, B, K, H), valid up to pending_count
         self.pending_tokens: torch.Tensor | None = None  # (B, K)
+        self.pending_shape: tuple[int, int] = (0, 0)  # pending_tokens.shape, kept on the host
+        self.device: torch.device | None = None  # the images' device (set by begin)
         self.pending_count: list[int] = []
         self.pending_start: list[int] = []  # pair position of each image's first pending pair
         self.fed: list[int] | None = None  # pending pairs consumed by the latest propose (None: no forward)
@@ -419,6 +421,8 @@ class EagleDrafter(Drafter):
         self.pending_features = features
         # prefix slots j < C-1 pair with token id 0 (LANTERN's zero ids), the last slot (f_{-1}) with x_0
         self.pending_tokens = torch.cat([first_tokens.new_zeros(b, c - 1), first_tokens.reshape(b, 1)], dim=1)
+        self.pending_shape = (b, c)
+        self.device = first_tokens.device
         self.pending_count = [c] * b
         self.pending_start = [-c] * b  # prefix slot j sits at pair position j - C
         self.fed = None
@@ -428,6 +432,7 @@ class EagleDrafter(Drafter):
         index = torch.tensor(list(images), device=self.pending_tokens.device)
         self.pending_features = self.pending_features[:, index]
         self.pending_tokens = self.pending_tokens[index]
+        self.pending_shape = (len(images), self.pending_shape[1])
         self.pending_count = [self.pending_count[i] for i in images]
         self.pending_start = [self.pending_start[i] for i in images]
         self.cache.select(images)
@@ -442,6 +447,7 @@ class EagleDrafter(Drafter):
         tree_mask: torch.Tensor | None = None,
         rows: torch.Tensor | None = None,
         feature_rows: torch.Tensor | None = None,
+        shape: tuple[int, int] | None = None,
     ) -> DraftStep:
         """One head forward over pairs appended to the cache as a new block (reusable by tree drafting).
 
@@ -451,9 +457,10 @@ class EagleDrafter(Drafter):
         draft distribution of one row per image only (q is (B, 1, V)); feeding the pending pairs needs no
         more, and the head over the vocabulary is the costly part on large codebooks. ``feature_rows``: the
         same features as cache rows (B·S, T, H) (a previous step's ``DraftStep.rows``), used instead.
+        ``shape``: ``tokens.shape`` when the caller knows it (one torch call less).
         """
         s = self.target.num_streams
-        b, t = tokens.shape
+        b, t = tokens.shape if shape is None else shape
         mask = self.cache.begin_block(t, tree_mask)
         with attention_context(getattr(self.target, "attention_kernel", "auto")):  # the target's decode kernel
             out_rows = self.head(to_rows(features) if feature_rows is None else feature_rows, tokens, positions,
@@ -471,12 +478,12 @@ class EagleDrafter(Drafter):
     def _feed_pending(self) -> DraftStep:
         """Run every image's pending pairs (the last one holds its last committed token) as one block and keep
         each image's own count; returns the last pair's predicted feature and draft distribution per image."""
-        device = self.pending_tokens.device
+        device = self.device
         counts = self.pending_count
-        width = self.pending_tokens.shape[1]  # the pending block, padded to the longest image's (or wider)
+        b, width = shape = self.pending_shape  # the pending block, padded to the longest image's (or wider)
         positions = torch.tensor([[s0 + j for j in range(width)] for s0 in self.pending_start], device=device)
         last = torch.tensor([c - 1 for c in counts], device=device)
-        out = self.step(self.pending_features, self.pending_tokens, positions, rows=last)
+        out = self.step(self.pending_features, self.pending_tokens, positions, rows=last, shape=shape)
         self.cache.keep(counts)
         self.fed, self.after_feed = list(counts), list(self.cache.lengths)
         if min(counts) == width:  # every image's last pair is the block's last: a view (the next step copies it)
@@ -485,6 +492,9 @@ class EagleDrafter(Drafter):
         s, b, _, h = out.features.shape
         root = out.features.gather(2, last.view(1, b, 1, 1).expand(s, b, 1, h))  # (S, B, 1, H)
         return DraftStep(features=root, q=out.q, finite=out.finite)
+
+    def iteration_draws(self, depth, tree):
+        return ((DRAFT, depth),) if tree is None and depth else ()
 
     @torch.inference_mode()
     def propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
@@ -496,28 +506,28 @@ class EagleDrafter(Drafter):
                                    f"image indices {expected}")
             self.in_step = True
         self.fed = None
-        b = last_tokens.shape[0]
+        b = len(ends)
         if depth == 0:
-            return empty_draft(b, self.target.codebook_size, last_tokens.device)
+            return empty_draft(b, self.target.codebook_size, self.device)
         if tree is not None:
             if isinstance(tree, TreeShape):
                 return draft_static_tree(tree, t - 1, limit, self._expand, self.streams, t)
             return draft_dynamic_tree(tree, t - 1, limit, self._expand)
         out = self._feed_pending()
-        finite = out.finite
+        finite = [out.finite]
         drafted, qs = [], []
-        u = self.streams.uniform(t, DRAFT, depth)  # (B, L)
+        u = self.streams.uniform(t, DRAFT, depth).split(1, dim=1)  # L × (B, 1)
+        if depth > 1:  # x_{t+i-1} pairs at t+i-2: (B, 1) each
+            positions = torch.tensor([[e + i for i in range(depth - 1)] for e in ends], device=self.device).split(1, 1)
         for i in range(depth):
-            if i:  # x_{t+i-1} pairs at t+i-2
-                position = torch.tensor([[e + i - 1] for e in ends], device=t.device)  # (B, 1)
-                out = self.step(out.features, drafted[-1][:, None], position, feature_rows=out.rows)
-                finite = finite & out.finite
-            q = out.q[:, -1]  # (B, V)
-            drafted.append(sample(q, u[:, i]))
-            qs.append(q)
-        valid = torch.arange(depth, device=t.device)[None, :] < limit[:, None]
-        return Draft(tokens=torch.stack(drafted, 1), q=torch.stack(qs, 1), valid=valid,
-                     forwards=limit.clamp(max=depth), finite=finite)  # forwards: read in the loop's host sync
+            if i:
+                out = self.step(out.features, drafted[-1], positions[i - 1], feature_rows=out.rows, shape=(b, 1))
+                finite.append(out.finite)
+            drafted.append(sample(out.q, u[i]))  # q (B, 1, V) -> (B, 1)
+            qs.append(out.q)
+        return Draft(tokens=torch.cat(drafted, 1), q=torch.cat(qs, 1), valid=chain_valid(limit, depth),
+                     forwards=limit.clamp(max=depth),  # read in the loop's host sync
+                     finite=finite[0] if depth == 1 else torch.stack(finite).all(0))
 
     def _expand(self, request: Expansion) -> DraftRows:
         """Tree drafting (``coolsd.trees``): draft distributions (B, F, V) of the requested nodes' children.
@@ -541,7 +551,7 @@ class EagleDrafter(Drafter):
         n = verdict.num_accepted  # (B,)
         accepted = verdict.accepted if verdict.accepted is not None else tuple(n.tolist())  # host counts
         b = len(accepted)
-        device = self.pending_tokens.device
+        device = self.device
         counts = [a + 1 for a in accepted]
         width = max(counts) if b else 1
         if draft.is_chain:  # the committed rows are the block's first ones (the verify input's order)
@@ -564,6 +574,7 @@ class EagleDrafter(Drafter):
         self.cache.rollback(self.after_feed)  # drop the drafter's speculative entries
         self.pending_start = [s0 + k for s0, k in zip(self.pending_start, self.fed)]
         self.pending_features, self.pending_tokens, self.pending_count = features, tokens, counts
+        self.pending_shape = (b, width)
         self.fed = None
 
     def _append_pending(self, features: torch.Tensor, tokens: torch.Tensor, counts: list[int]) -> None:
@@ -576,4 +587,5 @@ class EagleDrafter(Drafter):
             feat[:, i, :a], feat[:, i, a: a + c] = self.pending_features[:, i, :a], features[:, i, :c]
             tok[i, :a], tok[i, a: a + c] = self.pending_tokens[i, :a], tokens[i, :c]
         self.pending_features, self.pending_tokens = feat, tok
+        self.pending_shape = (b, width)
         self.pending_count = [a + c for a, c in zip(old, counts)]

@@ -72,6 +72,9 @@ class ModelDrafter(Drafter):
         self.fed, self.after_feed = counts, list(self.cache.lengths)
         return DraftRows(q=stream_probs(logits, self.target.sampling), finite=finite_images(logits))
 
+    def iteration_draws(self, depth, tree):
+        return ((DRAFT, depth),) if tree is None and depth else ()
+
     def propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
         b = last_tokens.shape[0]
         device = last_tokens.device

@@ -129,7 +129,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.ffn_dropout(out) if self.training else out  # dropout is the identity in eval mode
+        return self.ffn_dropout(out) if self.training and self.ffn_dropout.p else out  # else the identity
 
 
 def rope_2d_table(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
@@ -241,7 +241,7 @@ class Attention(nn.Module):
         causal = cache is None and mask is None
         shape = (cache.block_len, self.head_dim) if cache is not None else None  # q's (T, D), known here
         out = self.wo(attend(q, k, v, mask, causal, shape).transpose(1, 2).flatten(2))  # (B, T, dim)
-        return self.resid_dropout(out) if self.training else out  # dropout is the identity in eval mode
+        return self.resid_dropout(out) if self.training and self.resid_dropout.p else out  # else the identity
 
     def _project_fp32(self, x: torch.Tensor, rope: torch.Tensor, cache: StaticKVCache,
                       layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

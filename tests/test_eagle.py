@@ -425,6 +425,7 @@ def train_tiny(tmp_path: Path, init_std: float) -> td.TrainResult:
     return result
 
 
+@pytest.mark.slow  # trains a head (CI's -m slow pass; the CLI smoke test trains in the default suite)
 def test_training_raises_the_accepted_length(tmp_path):
     """A few hundred CPU steps lift the real SD accepted length (draft_len 4, 32 held-out prompt/seed pairs)
     above the untrained head with the same init seed. Measured on the random-weight tiny model:

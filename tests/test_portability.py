@@ -78,6 +78,7 @@ def test_the_self_check_passes_on_the_shipped_model_and_fails_where_rows_change_
     assert check_batch_invariance(LookupModel(prompts=("a", "b"))).batch_invariant
 
 
+@pytest.mark.slow  # two end-to-end runs (CI's -m slow pass)
 def test_run_json_and_records_carry_the_self_check_and_another_machines_records_are_refused(tmp_path):
     """``run.json`` has the self-check (``numerics``: result, signature, per-rank machines, the signatures its
     records were made under) and every fingerprint its result; records made where the arithmetic differs are
@@ -149,6 +150,7 @@ def test_the_weights_digest_sees_every_byte_of_every_tensor():
     assert weights_digest(half) != first
 
 
+@pytest.mark.slow  # an end-to-end run (CI's -m slow pass)
 def test_a_checkpoint_that_differs_only_at_its_end_does_not_reuse_records(tmp_path):
     """The issue's probe: a target checkpoint that differs from the first only after 4,096 values of a tensor
     is refused in the same folder (the old prefix digest reused the records and reported their accepted

@@ -250,6 +250,7 @@ def test_one_step_output_matches_the_loop(name):
     assert chi_square_pvalue(counts, expected.flatten()) > ALPHA
 
 
+@pytest.mark.slow  # CI's -m slow pass
 def test_accepted_length_rises_with_relaxation():
     """On the tiny model (same prompts and seeds), τ grows with COOL-SD's δ and LANTERN++'s λ."""
     model = tiny_llamagen(dtype="float32")

@@ -191,6 +191,7 @@ def test_a_corrupt_record_line_is_reported_and_counts_as_unfinished(tmp_path):
         assert sorted(JsonlLog(path, key="index").done) == [0, 1, 4]
 
 
+@pytest.mark.slow  # an end-to-end run (CI's -m slow pass)
 def test_a_run_regenerates_the_image_of_a_corrupt_record_line(tmp_path):
     args = [sys.executable, "run.py", *LOOKUP, "compare=none", "decoder=sd", "eval.num_prompts=3",
             "eval.warmup=0", f"hydra.run.dir={tmp_path}"]

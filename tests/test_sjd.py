@@ -193,7 +193,8 @@ def test_repeat_horizon_copies_the_left_neighbour():
     assert torch.equal(draft.q, torch.nn.functional.one_hot(draft.tokens, 7).float())
 
 
-@pytest.mark.parametrize("extra", [["logger=none"], LOOKUP], ids=["tiny", "lookup"])
+@pytest.mark.parametrize("extra", [pytest.param(["logger=none"], marks=pytest.mark.slow), LOOKUP],
+                         ids=["tiny", "lookup"])  # tiny: also in the every-decoder runs; CI's -m slow pass
 def test_run_py_sjd_end_to_end(tmp_path, extra):
     run_py("decoder=sjd", "compare=[sd]", "eval.num_prompts=2", "eval.threads=1", *extra,
            f"hydra.run.dir={tmp_path}")

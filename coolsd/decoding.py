@@ -27,7 +27,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -68,6 +68,7 @@ class Decoder:
         dynamic_tree: dict | None = None,
         track_tv: bool = True,
         sync_phases: bool = False,
+        order: Callable[..., Any] | Any | None = None,
     ) -> None:
         validate.decoder_options(name=name, draft_len=draft_len, tree=tree, dynamic_tree=dynamic_tree,
                                  track_tv=track_tv, sync_phases=sync_phases)
@@ -99,6 +100,20 @@ class Decoder:
         else:
             self.max_depth, self.max_nodes = self.drafter.block_shape(draft_len)
         self.plain_ar = self.max_depth == 0 and isinstance(self.drafter, NullDrafter)
+        self.max_commit = self.max_depth + 1  # the most tokens one forward commits per image
+        self.order = None  # a generation order other than raster (coolsd.orders), run by ``_order_steps``
+        if order is not None:
+            if not self.plain_ar:
+                raise ValueError(f"decoder {name!r} has decoder.order, which decodes without drafts: set "
+                                 "decoder.draft_len=0 and decoder.drafter=null")
+            if not getattr(model, "spatial_orders", False):
+                raise ValueError(f"decoder {name!r} (decoder.order) does not run on {type(model).__name__} yet: "
+                                 "spatial orders are wired for the LlamaGen adapters and Janus-Pro (Lumina-mGPT's "
+                                 "end-of-row tokens are not); pick another model or decoder")
+            self.order = order(grid=model.grid) if callable(order) else order
+            self.max_nodes = self.order.max_feeds  # cache room for one forward's inputs
+            self.max_commit = self.order.rows
+        self._order_plans: dict[torch.device, list[tuple]] = {}
         self.track_tv = track_tv
         self.sync_phases = sync_phases and model.device.type == "cuda"
         self._draw_index: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -138,7 +153,7 @@ class Decoder:
         n_tokens = model.num_image_tokens
         device = model.device
         streams = Streams(seeds, device)
-        recs = [StatsRecorder(max_accept=self.max_depth + 1) for _ in range(b)]
+        recs = [StatsRecorder(max_accept=self.max_commit) for _ in range(b)]
         phases = StatsRecorder(max_accept=0)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -160,7 +175,14 @@ class Decoder:
             phases.prefill_s = now - start
 
             while rows:
-                if self.plain_ar:
+                if self.order is not None:
+                    now, committed = self._order_steps(cache, tokens, streams, phases, now, labels, prompts,
+                                                       seeds, rows)
+                    for r in rows:
+                        for k in committed:
+                            recs[r].iteration(k)
+                    t = [n_tokens] * len(rows)
+                elif self.plain_ar:
                     now = self._ar_steps(cache, tokens, t[0], streams, phases, now, labels, prompts, seeds, rows)
                     for r in rows:
                         recs[r].hist[0] += n_tokens - t[0]
@@ -236,6 +258,59 @@ class Decoder:
         self._check([f == n_tokens for f in first], "target", [labels[r] for r in rows], [prompts[r] for r in rows],
                     [seeds[r] for r in rows], first)
         return now
+
+    def _order_plan(self, device: torch.device) -> list[tuple]:
+        """The order's schedule as device tensors, built once per device: per forward (the input cells (1, T),
+        the source cells, the (T, K) visibility or None, the sampled feeds' indices, the block indices kept in
+        the cache or None for all, the offset of its output cells in the image's sampled cells)."""
+        if device not in self._order_plans:
+            plan, offset = [], 0
+            for step in self.order.schedule():
+                feeds, outs = step.feeds, step.outputs
+                kept = [i for i, f in enumerate(feeds) if f.keep]
+                plan.append((torch.tensor([[f.cell for f in feeds]], device=device), [f.source for f in feeds],
+                             None if step.visible is None else step.visible.to(device), outs,
+                             None if len(kept) == len(feeds) else (len(kept), torch.tensor([kept], device=device)),
+                             offset))
+                offset += len(outs)
+            self._order_plans[device] = plan
+        return self._order_plans[device]
+
+    def _order_steps(self, cache, tokens: torch.Tensor, streams: Streams, phases: StatsRecorder, now: float,
+                     labels, prompts, seeds, rows) -> tuple[float, list[int]]:
+        """A whole image in the generation order of ``self.order`` (``coolsd.orders``), every image in step:
+        each forward feeds its inputs at their grid cells with the order's attention mask and samples the cells
+        it names, each from its own SAMPLE draw keyed by the cell (the draw plain AR takes there); the tokens stay
+        on the device and finiteness is checked at the end, as in ``_ar_steps``. Returns the clock and the
+        tokens each forward committed."""
+        model = self.model
+        b = tokens.shape[0]
+        device = tokens.device
+        plan = self._order_plan(device)
+        out_cells = [self.order.schedule()[i].feeds[j].out for i in range(len(plan)) for j in plan[i][3]]
+        u = streams.uniform_grid(torch.tensor(out_cells, device=device).expand(b, -1), SAMPLE, 1)[..., 0]
+        finite, committed = [], []
+        for (cells, sources, visible, outs, kept, offset), step in zip(plan, self.order.schedule()):
+            out = model.forward_block(cache, tokens[:, sources], cells.expand(b, -1), visible)
+            finite.append(finite_images(out.logits))
+            p = model.probs(out)[:, outs]  # (B, A, V)
+            t2 = self._clock()
+            cols = [step.feeds[i].out for i in outs]
+            tokens[:, cols] = sample(p, u[:, offset: offset + len(outs)])
+            if kept is None:
+                cache.keep(len(sources))
+            else:
+                cache.keep(kept[0], kept[1].expand(b, -1))
+            t3 = self._clock()
+            phases.verify_s += t2 - now
+            phases.accept_s += t3 - t2
+            now = t3
+            committed.append(len(outs))
+        ok = torch.stack(finite, 1)  # (B, forwards)
+        first = torch.where(ok.all(1), -1, (~ok).long().argmax(1)).tolist()  # the first non-finite forward
+        self._check([f < 0 for f in first], "target", [labels[r] for r in rows], [prompts[r] for r in rows],
+                    [seeds[r] for r in rows], [0 if f < 0 else plan[f][0][0, 0].item() for f in first])
+        return now, committed
 
     def _iteration(self, cache, tokens: torch.Tensor, t: list[int], streams: Streams, recs: list[StatsRecorder],
                    phases: StatsRecorder, now: float, labels, prompts, seeds, rows: list[int]) -> float:

@@ -265,6 +265,9 @@ class ImageARModel(nn.Module, abc.ABC):
     #: codes) or ``"repeat_horizon"`` (copy the token one column to the left). Adapters declare the
     #: reference setting of their model family; the default is ``"random"``.
     sjd_init: str = "random"
+    #: whether ``forward_block`` takes any grid cells as positions with any tree mask over its cache, so the
+    #: spatial generation orders of ``coolsd.orders`` (ZipAR) can run on it
+    spatial_orders: bool = False
 
     @property
     def num_image_tokens(self) -> int:

@@ -371,6 +371,7 @@ class JanusPro(ImageARModel):
     """
 
     sjd_init = "random"  # no SJD reference setting for Janus; uniform initialisation (the Lumina default)
+    spatial_orders = True  # 1-D positions by raster cell, a static KV cache with per-query masks
 
     @classmethod
     def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:

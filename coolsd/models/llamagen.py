@@ -547,6 +547,7 @@ class LlamaGenAdapter(ImageARModel):
     """
 
     sjd_init = "repeat_horizon"  # the SJD reference's LlamaGen demo setting (test_llamagen.py)
+    spatial_orders = True  # 2-D RoPE by grid cell, a static KV cache with per-query masks
     model_type = "c2i"  # the GPTConfig.model_type a subclass serves
 
     def _build(

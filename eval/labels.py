@@ -16,15 +16,16 @@ from typing import Any, Sequence
 
 DECODER_LABELS = {  # the order is the tables' method order
     "ar": "AR", "sjd": "SJD", "scd_mc": "SCD-MC", "scd_gs": "SCD-GS", "sjd_pac": "SJD-PAC", "gsd": "GSD",
-    "sd": "vanilla SD", "lantern": "LANTERN", "lantern_pp": "LANTERN++", "coolsd": "COOL-SD"}
+    "sd": "vanilla SD", "lantern": "LANTERN", "lantern_pp": "LANTERN++", "coolsd": "COOL-SD", "zipar": "ZipAR"}
 HEADLINE = {"coolsd": ("delta",), "lantern": ("delta", "k"), "lantern_pp": ("k", "lam"),
-            "gsd": ("group_size",)}  # always labelled
+            "gsd": ("group_size",), "zipar": ("window",)}  # always labelled
 ALWAYS_NOTED = {"sd": ("tree",)}  # always in the label's parenthesis
-STRENGTH = {"coolsd": "delta", "lantern": "delta", "lantern_pp": "lam", "gsd": "group_size"}  # relaxation strength
-SWEEP_KEYS = ("delta", "lam", "k", "draft_len")  # the options a sweep varies, by priority: one curve per rest
-SYMBOLS = {"delta": "δ", "lam": "λ", "nu": "ν", "mu": "μ", "draft_len": "L", "group_size": "G"}
+STRENGTH = {"coolsd": "delta", "lantern": "delta", "lantern_pp": "lam", "gsd": "group_size",
+            "zipar": "window"}  # relaxation strength (ZipAR: its window, smaller is faster and coarser)
+SWEEP_KEYS = ("delta", "lam", "k", "draft_len", "window")  # the options a sweep varies, by priority
+SYMBOLS = {"delta": "δ", "lam": "λ", "nu": "ν", "mu": "μ", "draft_len": "L", "group_size": "G", "window": "s"}
 SWEEP_NAMES = {"delta": "relaxation strength δ", "lam": "relaxation strength λ", "k": "neighbourhood size k",
-               "draft_len": "draft length L"}
+               "draft_len": "draft length L", "window": "ZipAR window s"}
 TREES = {None: "chain", "mc_sim_7b_63": "EAGLE-1 tree", "dynamic": "EAGLE-2 tree"}
 RESAMPLING = {"reference": "reference resampling", "reference_q": "q-side resampling",
               "optimal": "G* resampling"}
@@ -39,6 +40,9 @@ def canonical(value: Any) -> str:
 def decoder_options(decoder_cfg: dict[str, Any]) -> dict[str, Any]:
     """What identifies a decoder configuration: its options minus bookkeeping keys."""
     options = {k: v for k, v in decoder_cfg.items() if k not in BOOKKEEPING}
+    order = options.pop("order", None)  # a generation order's options are the method's (ZipAR's window)
+    if isinstance(order, dict):
+        options.update({k: v for k, v in order.items() if k not in ("_target_", "_partial_")})
     if options.get("tree") != "dynamic":
         options.pop("dynamic_tree", None)  # only read by the dynamic tree
     return options

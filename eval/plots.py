@@ -115,6 +115,8 @@ def make_plots(frame: pd.DataFrame, figures: Path, name: str) -> list[Path]:
     models = list(dict.fromkeys(frame["model_label"]))
     colors = {c: f"C{i % 10}" for i, c in enumerate(dict.fromkeys(frame["curve"]))}  # same in all panels
     for metric, ylabel, lower, stem in (("fid", "FID (lower is better)", True, "fid"),
+                                        ("fid_classifier", "FID, classifier features (lower is better)", True,
+                                         "fid_classifier"),
                                         ("clip_score", "CLIP score (cosine, higher is better)", False, "clip"),
                                         ("image_reward", "ImageReward (higher is better)", False, "image_reward")):
         curves = sweep_curves(frame, "speedup", metric)

@@ -240,6 +240,7 @@ def test_the_runner_makes_the_same_images_batched_timed_and_resumed(tmp_path):
     assert record["num_timed"] == 2 and record["throughput_images"] == 4 and record["throughput_batch_size"] == 3
 
 
+@pytest.mark.slow  # an end-to-end run (CI's -m slow pass)
 def test_a_decoder_added_to_a_finished_run_is_timed_beside_ar_in_the_same_invocation(tmp_path):
     """A resumed run that adds a decoder times every decoder again on the timed prompts, AR included, so the
     added decoder's speedup divides latencies of one invocation; the batched images are not made again."""

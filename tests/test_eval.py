@@ -163,6 +163,7 @@ def test_killed_run_resumes_without_recomputing(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+@pytest.mark.slow  # an end-to-end run (CI's -m slow pass)
 def test_offline_wandb_run_is_self_contained_and_run_json_has_intervals(tmp_path):
     """One small run (lookup model, 6 prompts, a random-conv 'FID'): run.json carries intervals and paired
     comparisons, table.md shows them, and the W&B run folder, copied elsewhere, holds run.json (a copy, not a

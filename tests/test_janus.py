@@ -297,6 +297,7 @@ def test_drafter_training_runs_on_janus(tmp_path):
 
 
 # -- end to end ------------------------------------------------------------------------------------------
+@pytest.mark.slow  # an end-to-end run (CI's -m slow pass)
 def test_every_decoder_runs_end_to_end_on_the_tiny_janus(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     args = ["model=janus_tiny", "data=fixed", "logger=none", "compare=all", "eval.num_prompts=1",

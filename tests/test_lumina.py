@@ -630,6 +630,7 @@ def test_pretrained_path_reads_the_lumina_layout_offline(tmp_path, monkeypatch):
 
 
 # -- run.py --------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # an end-to-end run (CI's -m slow pass)
 def test_every_decoder_runs_through_run_py(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     args = ["model=lumina_tiny", "logger=none", "compare=all", "eval.num_prompts=1", "eval.warmup=0",

@@ -116,14 +116,6 @@ class Decoder:
         self._order_plans: dict[torch.device, list[tuple]] = {}
         self.track_tv = track_tv
         self.sync_phases = sync_phases and model.device.type == "cuda"
-        self._draw_index: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-    def draw_index(self, m: int, device: torch.device) -> torch.Tensor:
-        """An iteration's ACCEPT draws 0..m−1 and SAMPLE draw 0 as one ``Streams.uniform_at`` index (cached)."""
-        key = (m, device)
-        if key not in self._draw_index:
-            self._draw_index[key] = Streams.draws((ACCEPT, m), (SAMPLE, 1), device=device)
-        return self._draw_index[key]
 
     def _clock(self) -> float:
         if self.sync_phases:
@@ -355,12 +347,11 @@ class Decoder:
         p = model.probs(out)  # (B, M+1, V)
         t2 = self._clock()
         # 3. accept / resample, with each image's own uniforms (ACCEPT draws 0..m−1 and SAMPLE draw 0, one call)
+        if m > self.max_nodes:
+            raise RuntimeError(f"{type(self.drafter).__name__} drafted {m} nodes, more than its block shape's "
+                               f"{self.max_nodes}")
         a0 = sum(count for _, count in drafter_draws)
-        if m <= self.max_nodes:
-            u_accept, u_sample = u_all[:, a0: a0 + m], u_all[:, a0 + self.max_nodes]
-        else:  # a drafter that drafted more nodes than its block shape said
-            u = streams.uniform_at(t_dev, 0, self.draw_index(m, device))  # (B, m + 1)
-            u_accept, u_sample = u[:, :m], u[:, m]
+        u_accept, u_sample = u_all[:, a0: a0 + m], u_all[:, a0 + self.max_nodes]
         verify = verify_chain if draft.is_chain else verify_tree
         verdict = verify(rule, p, draft, u_accept, u_sample)
         flags = [verdict.num_accepted, finite_images(out.logits)]  # stack promotes the bools to int64

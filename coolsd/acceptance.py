@@ -105,7 +105,8 @@ def verify_chain(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: 
     ``draft.valid`` (B, L) marks each chain's drafted prefix (shorter at the end of an image). For
     ``i = 1..L``: accept ``x_i`` iff ``U_i < f_i(x_i)``; at the first rejection sample from the rule's
     residual and stop; if every drafted token passes, sample the bonus token from the next position's ``p``.
-    ``u_accept`` (B, L) and ``u_sample`` (B,) are the images' uniforms.
+    ``u_accept`` (B, L) and ``u_sample`` (B,) are the images' uniforms; ``u_sample`` may also be a function of
+    the accepted counts (B,) that returns them (a draw keyed by the cell the next token lands on).
     """
     b, L = draft.tokens.shape
     rows, depth, flat_depth, columns, path = _chain_indices(b, L, p.device)
@@ -124,6 +125,8 @@ def verify_chain(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: 
     else:
         n = torch.zeros(b, dtype=torch.long, device=p.device)
         dist, tests = p[:, 0], ()
+    if callable(u_sample):
+        u_sample = u_sample(n)
     return Verdict(num_accepted=n, next_token=sample(dist, u_sample), path=path, tests=tests)
 
 

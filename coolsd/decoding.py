@@ -112,7 +112,9 @@ class Decoder:
                                  "end-of-row tokens are not); pick another model or decoder")
             self.order = order(grid=model.grid) if callable(order) else order
             self.max_nodes = self.order.max_feeds  # cache room for one forward's inputs
-            self.max_commit = self.order.rows
+            self.max_commit = getattr(self.order, "max_commit", self.order.rows)
+        #: an order whose forwards depend on each image's acceptances (``order.iteration``), else a static schedule
+        self.dynamic_order = bool(getattr(self.order, "dynamic", False))
         self._order_plans: dict[torch.device, list[tuple]] = {}
         self.track_tv = track_tv
         self.sync_phases = sync_phases and model.device.type == "cuda"
@@ -158,8 +160,9 @@ class Decoder:
         tokens[:, 0] = sample(model.probs(out)[:, -1], streams.uniform(zero, SAMPLE, 1)[:, 0])
         for rec in recs:
             rec.target_forwards += 1
-        with padding_invariant_attention(model.batch_invariant and not self.plain_ar):  # bits batch-independent
-            self.drafter.begin(list(prompts), out, tokens[:, 0], streams)
+        with padding_invariant_attention(model.batch_invariant and (self.dynamic_order or not self.plain_ar)):
+            self.drafter.begin(list(prompts), out, tokens[:, 0], streams)  # (bits batch-independent)
+            state = self.order.begin(b, model.codebook_size, device) if self.dynamic_order else None
             t = [1] * b  # committed image tokens per image in the batch
             rows = list(range(b))  # original index of each image in the batch
             done: dict[int, Generation] = {}
@@ -167,7 +170,10 @@ class Decoder:
             phases.prefill_s = now - start
 
             while rows:
-                if self.order is not None:
+                if self.dynamic_order:
+                    now = self._order_iteration(cache, tokens, t, state, streams, recs, phases, now, labels,
+                                                prompts, seeds, rows)
+                elif self.order is not None:
                     now, committed = self._order_steps(cache, tokens, streams, phases, now, labels, prompts,
                                                        seeds, rows)
                     for r in rows:
@@ -202,6 +208,8 @@ class Decoder:
                     self.drafter.select(keep)
                     streams.select(index)
                     tokens = tokens[index]
+                    if state is not None:
+                        state.select(keep, index)
                 t = [t[i] for i in keep]
                 rows = [rows[i] for i in keep]
             return [done[r] for r in range(b)]
@@ -303,6 +311,21 @@ class Decoder:
         self._check([f < 0 for f in first], "target", [labels[r] for r in rows], [prompts[r] for r in rows],
                     [seeds[r] for r in rows], [0 if f < 0 else plan[f][0][0, 0].item() for f in first])
         return now, committed
+
+    def _order_iteration(self, cache, tokens: torch.Tensor, t: list[int], state, streams: Streams,
+                         recs: list[StatsRecorder], phases: StatsRecorder, now: float, labels, prompts, seeds,
+                         rows: list[int]) -> float:
+        """One forward of a dynamic order (``order.iteration``: its inputs, verification and commits for every
+        image, one host sync); updates ``t`` (committed tokens per image) in place."""
+        committed, finite = self.order.iteration(self.model, self.rule, cache, tokens, streams, state)
+        self._check(finite, "target", [labels[r] for r in rows], [prompts[r] for r in rows],
+                    [seeds[r] for r in rows], t)
+        for i, r in enumerate(rows):
+            recs[r].iteration(committed[i])
+            t[i] += committed[i]
+        end = self._clock()
+        phases.verify_s += end - now
+        return end
 
     def _iteration(self, cache, tokens: torch.Tensor, t: list[int], streams: Streams, recs: list[StatsRecorder],
                    phases: StatsRecorder, now: float, labels, prompts, seeds, rows: list[int]) -> float:

@@ -16,16 +16,21 @@ from typing import Any, Sequence
 
 DECODER_LABELS = {  # the order is the tables' method order
     "ar": "AR", "sjd": "SJD", "scd_mc": "SCD-MC", "scd_gs": "SCD-GS", "sjd_pac": "SJD-PAC", "gsd": "GSD",
-    "sd": "vanilla SD", "lantern": "LANTERN", "lantern_pp": "LANTERN++", "coolsd": "COOL-SD", "zipar": "ZipAR"}
+    "sd": "vanilla SD", "lantern": "LANTERN", "lantern_pp": "LANTERN++", "coolsd": "COOL-SD", "zipar": "ZipAR",
+    "zipar_adaptive": "ZipAR (adaptive)", "pjd": "PJD"}
 HEADLINE = {"coolsd": ("delta",), "lantern": ("delta", "k"), "lantern_pp": ("k", "lam"),
-            "gsd": ("group_size",), "zipar": ("window",)}  # always labelled
+            "gsd": ("group_size",), "zipar": ("window",), "zipar_adaptive": ("window",),
+            "pjd": ("context", "draft_window")}  # always labelled
 ALWAYS_NOTED = {"sd": ("tree",)}  # always in the label's parenthesis
 STRENGTH = {"coolsd": "delta", "lantern": "delta", "lantern_pp": "lam", "gsd": "group_size",
-            "zipar": "window"}  # relaxation strength (ZipAR: its window, smaller is faster and coarser)
-SWEEP_KEYS = ("delta", "lam", "k", "draft_len", "window")  # the options a sweep varies, by priority
-SYMBOLS = {"delta": "δ", "lam": "λ", "nu": "ν", "mu": "μ", "draft_len": "L", "group_size": "G", "window": "s"}
+            "zipar": "window", "zipar_adaptive": "window", "pjd": "context"}  # relaxation strength (ZipAR:
+#              its window, PJD: its context; smaller is faster and coarser)
+SWEEP_KEYS = ("delta", "lam", "k", "draft_len", "window", "context", "draft_window")  # the options a sweep varies, by priority
+SYMBOLS = {"delta": "δ", "lam": "λ", "nu": "ν", "mu": "μ", "draft_len": "L", "group_size": "G", "window": "s",
+           "context": "c", "draft_window": "W"}
 SWEEP_NAMES = {"delta": "relaxation strength δ", "lam": "relaxation strength λ", "k": "neighbourhood size k",
-               "draft_len": "draft length L", "window": "ZipAR window s"}
+               "draft_len": "draft length L", "window": "ZipAR window s", "context": "PJD context c",
+               "draft_window": "PJD draft window W"}
 TREES = {None: "chain", "mc_sim_7b_63": "EAGLE-1 tree", "dynamic": "EAGLE-2 tree"}
 RESAMPLING = {"reference": "reference resampling", "reference_q": "q-side resampling",
               "optimal": "G* resampling"}

@@ -144,13 +144,14 @@ class LookupModel(ImageARModel):
                 raise RuntimeError(f"cache overflow: need {start + t} slots, cache holds {cache.max_len}")
             window = t if masks is None else int(masks.shape[-1])  # the last `window` slots are masked
             slots = cache.tokens[i] + row
-            visible = slots[: start + t - window]  # committed slots: always visible
+            first = start + t - window  # < 0: the window reaches into the prompt (a batch whose images hold
+            visible = slots[: max(first, 0)]  # different numbers of image slots); older slots are visible
             image = []
             for j in range(t):
                 if masks is None:
                     path = row[: j + 1]
                 else:
-                    path = [slots[start + t - window + c] for c in range(window) if bool(masks[i, j, c])]
+                    path = [slots[first + c] for c in range(max(-first, 0), window) if bool(masks[i, j, c])]
                 image.append(visible + path)
             prefixes.append(image)
             cache.tokens[i] = slots

@@ -107,9 +107,9 @@ class Decoder:
                 raise ValueError(f"decoder {name!r} has decoder.order, which decodes without drafts: set "
                                  "decoder.draft_len=0 and decoder.drafter=null")
             if not getattr(model, "spatial_orders", False):
-                raise ValueError(f"decoder {name!r} (decoder.order) does not run on {type(model).__name__} yet: "
-                                 "spatial orders are wired for the LlamaGen adapters and Janus-Pro (Lumina-mGPT's "
-                                 "end-of-row tokens are not); pick another model or decoder")
+                raise ValueError(f"decoder {name!r} (decoder.order) does not run on {type(model).__name__}: "
+                                 "spatial orders are wired for the LlamaGen adapters, Janus-Pro and Lumina-mGPT; "
+                                 "pick another model or decoder")
             self.order = order(grid=model.grid) if callable(order) else order
             self.max_nodes = self.order.max_feeds  # cache room for one forward's inputs
             self.max_commit = getattr(self.order, "max_commit", self.order.rows)
@@ -264,12 +264,21 @@ class Decoder:
         the source cells, the (T, K) visibility or None, the sampled feeds' indices, the block indices kept in
         the cache or None for all, the offset of its output cells in the image's sampled cells)."""
         if device not in self._order_plans:
-            plan, offset = [], 0
+            plan, offset, slots = [], 0, 0
             for step in self.order.schedule():
                 feeds, outs = step.feeds, step.outputs
                 kept = [i for i, f in enumerate(feeds) if f.keep]
+                visible = step.visible
+                stand_ins = [i for i, f in enumerate(feeds) if not f.keep and f.source != f.cell]
+                if stand_ins and self.model.stand_in_is_end_of_row:  # hide a stand-in from its end of row (the
+                    t = len(feeds)  # adapter's token after it, whose output is the query's)
+                    visible = torch.ones(t, slots + t, dtype=torch.bool).tril(slots) if visible is None \
+                        else visible.clone()
+                    for i in stand_ins:
+                        visible[i, slots + i] = False
+                slots += len(kept)
                 plan.append((torch.tensor([[f.cell for f in feeds]], device=device), [f.source for f in feeds],
-                             None if step.visible is None else step.visible.to(device), outs,
+                             None if visible is None else visible.to(device), outs,
                              None if len(kept) == len(feeds) else (len(kept), torch.tensor([kept], device=device)),
                              offset))
                 offset += len(outs)

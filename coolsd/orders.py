@@ -18,6 +18,16 @@ references' raster-causal attention over generated tokens), never a slot not yet
 LlamaGen port also lets queries see unwritten zero slots, a quirk not reproduced here. With ``window`` ≥ the
 grid width the schedule is plain raster AR, forward for forward.
 
+On Lumina-mGPT (``model.stand_in_is_end_of_row``) a new row's first code is the output of the end-of-row token
+the adapter adds after the row above's last cell: a stand-in there is hidden from that token (its mask row
+excludes itself), which then sees the row above as far as it is generated, as the reference's end-of-row lead
+does. Unlike the reference, the end-of-row token enters the cache only with the row's real last code, so the
+rows below see it from then on (the reference keeps it from the new row's start).
+
+``RowJacobi`` (PJD) and ``AdaptiveRowWindow`` (ZipAR's adaptive window) have schedules that depend on each
+image's acceptances (``dynamic``): every forward is planned per image on the host and padded to one block,
+with a (B, T, K) mask per image.
+
 Example: ``python run.py decoder=zipar decoder.order.window=2`` on the 7×7 embedded model.
 """
 from __future__ import annotations
@@ -321,10 +331,13 @@ class RowJacobi:
         return False
 
     @staticmethod
-    def visibility(slots: list[list[int]], feeds: list[list[RowFeed]], width: int) -> torch.Tensor:
+    def visibility(slots: list[list[int]], feeds: list[list[RowFeed]], width: int,
+                   hide_stand_ins: bool = False) -> torch.Tensor:
         """(B, T, K) bool over each image's last K = (most kept slots) + T cache slots: a query sees itself and
         the keys before its cell in raster order that are committed or of its own row; an image's window
-        columns before its own image slots are prompt slots (seen)."""
+        columns before its own image slots are prompt slots (seen). ``hide_stand_ins``: a stand-in that is not
+        the real token of its cell does not see itself either (Lumina-mGPT: the end-of-row token after it, whose
+        output is the query's, then sees the generated tokens only)."""
         k_slots = max(len(s) for s in slots)
         key_cell, key_commit, key_group, q_cell, q_group = [], [], [], [], []
         for s, f in zip(slots, feeds):
@@ -339,6 +352,10 @@ class RowJacobi:
         visible = (kc[:, None, :] < qc[:, :, None]) & (kcom[:, None, :] | (kg[:, None, :] == qg[:, :, None]))
         idx = torch.arange(width)
         visible[:, idx, k_slots + idx] = True
+        if hide_stand_ins:  # a stand-in that is another cell's token (not the real token of a complete row)
+            alone = torch.tensor([[x.group <= _ALONE and x.source != x.cell for x in f] + [False] * (width - len(f))
+                                  for f in feeds], dtype=torch.bool)
+            visible[:, idx, k_slots + idx] = ~alone
         return visible
 
     def iteration(self, model, rule, cache, tokens: torch.Tensor, streams, state: RowJacobiState) -> tuple:
@@ -370,7 +387,8 @@ class RowJacobi:
         source = torch.cat([tokens[:, :n], state.draft_tok], dim=1)  # (B, 2N + 1); N + N: scratch (zeros)
         src = torch.tensor([[x.source for x in f] + [2 * n] * (width - len(f)) for f, _, _ in plans], device=device)
         pos = torch.tensor([[x.cell for x in f] + [0] * (width - len(f)) for f, _, _ in plans], device=device)
-        visible = self.visibility(state.slots, [f for f, _, _ in plans], width).to(device)
+        visible = self.visibility(state.slots, [f for f, _, _ in plans], width, model.stand_in_is_end_of_row)
+        visible = visible.to(device)
         out = model.forward_block(cache, source.gather(1, src), pos, visible)
         p = model.probs(out)  # (B, T, V)
         # the chains of every image, verified together

@@ -4,7 +4,9 @@ The schedule samples every cell once from inputs already generated; with a windo
 plain AR forward for forward, and the decoder gives AR's tokens bitwise (the same inputs, positions, masks and
 per-cell draws) on every adapter that runs it. The attention masks the model receives never show a query a slot
 that is not a generated token at or before its own cell (or itself), nor hide one that is. An image is the same
-alone and inside a batch. Lumina-mGPT and drafted decoders are refused before any work.
+alone and inside a batch; on Lumina-mGPT a stand-in is hidden from the end-of-row token after it (whose output
+is the new row's first distribution, as the reference's end-of-row lead). Models that cannot take grid cells and
+masks, and drafted decoders, are refused before any work.
 
 PJD (``RowJacobi``): with ``context`` = the grid width it is SJD row by row, exact: Pearson chi-square of
 ``N_EXACT`` images per prompt (seeds 0.., batches of 1, 3 and 8) against the lookup model's exact sequence
@@ -81,7 +83,7 @@ def test_rows_start_at_the_window_and_keep_their_lag():
     assert firsts == [7]  # row 1 waits for a complete row 0 (the LlamaGen port)
 
 
-@pytest.mark.parametrize("model_name", ["embedded", "tiny", "llamagen_t2i_tiny", "janus_tiny"])
+@pytest.mark.parametrize("model_name", ["embedded", "tiny", "llamagen_t2i_tiny", "janus_tiny", "lumina_tiny"])
 def test_a_window_of_the_grid_width_gives_plain_ar_tokens(model_name):
     model, _ = build(model_name)
     _, ar = build(model_name, "ar")
@@ -98,7 +100,7 @@ def test_a_window_of_the_grid_width_gives_plain_ar_tokens(model_name):
         assert z.stats.target_forwards == a.stats.target_forwards == model.num_image_tokens
 
 
-@pytest.mark.parametrize("model_name", ["embedded", "llamagen_t2i_tiny", "janus_tiny"])
+@pytest.mark.parametrize("model_name", ["embedded", "llamagen_t2i_tiny", "janus_tiny", "lumina_tiny"])
 def test_zipar_runs_in_fewer_forwards_and_an_image_is_the_same_alone_and_in_a_batch(model_name):
     model, dec = build(model_name, overrides=["decoder.order.window=2"])
     prompts = prompts_for(model)
@@ -158,15 +160,19 @@ def test_bad_orders_are_refused_before_any_work():
     model, _ = build("embedded")
     with pytest.raises(ValueError, match="decoder.draft_len=0 and decoder.drafter=null"):
         Decoder("zipar", model, ExactRule(), draft_len=2, drafter=JacobiDrafter(model), order=RowWindow(model.grid, 2))
-    with pytest.raises(Exception, match="Lumina"):
-        build("lumina_tiny")
+    from coolsd.models.lookup import LookupModel
+
+    lookup = LookupModel(vocab=2, grid=(2, 2), seed=0)  # reads prefixes in cache order: no spatial orders
+    with pytest.raises(ValueError, match="does not run on LookupModel"):
+        Decoder("zipar", lookup, ExactRule(), order=RowWindow(lookup.grid, 1))
     for decoder, bad in [("pjd", "decoder.order.context=0"), ("pjd", "decoder.order.draft_window=0"),
                          ("zipar_adaptive", "decoder.order.window=0"), ("zipar_adaptive", "decoder.order.adaptive=2")]:
         with pytest.raises(Exception, match=bad.split("=")[0]):
             build("embedded", decoder, overrides=[bad])
     for decoder in ("pjd", "zipar_adaptive"):
-        with pytest.raises(Exception, match="Lumina"):
-            build("lumina_tiny", decoder)
+        with pytest.raises(Exception, match="does not run on LookupModel"):
+            ordered(lookup, "RowJacobi" if decoder == "pjd" else "AdaptiveRowWindow",
+                    **({"context": 2} if decoder == "pjd" else {"window": 1}))
 
 
 # -- PJD ------------------------------------------------------------------------------------------------------------
@@ -205,7 +211,7 @@ def test_pjd_with_a_context_of_the_grid_width_is_exact():
     assert forwards < N_EXACT * model.num_image_tokens  # drafts were accepted
 
 
-@pytest.mark.parametrize("model_name", ["embedded", "llamagen_t2i_tiny", "janus_tiny"])
+@pytest.mark.parametrize("model_name", ["embedded", "llamagen_t2i_tiny", "janus_tiny", "lumina_tiny"])
 def test_pjd_runs_in_fewer_forwards_and_an_image_is_the_same_alone_and_in_a_batch(model_name):
     model, _ = build(model_name)
     dec = pjd(model, context=2, window=3)
@@ -296,7 +302,7 @@ def test_pjd_caches_only_committed_tokens_and_masks_drafts_of_other_rows(monkeyp
 
 
 # -- ZipAR on the dynamic engine: the fixed window as RowWindow, the adaptive window ------------------------------
-@pytest.mark.parametrize("model_name", ["embedded", "llamagen_t2i_tiny", "janus_tiny"])
+@pytest.mark.parametrize("model_name", ["embedded", "llamagen_t2i_tiny", "janus_tiny", "lumina_tiny"])
 def test_the_dynamic_engine_gives_the_fixed_window_s_tokens_and_the_adaptive_window_of_the_grid_width_is_ar(
         model_name):
     """``AdaptiveRowWindow(adaptive=False)`` feeds the same tokens at the same cells with the same visibility as
@@ -342,3 +348,34 @@ def test_the_adaptive_window_verifies_first_tokens_and_an_image_is_the_same_alon
     for i, g in enumerate(batch):
         assert torch.equal(adaptive.generate(prompts[i], i).tokens, g.tokens)
         assert g.stats.target_forwards < model.num_image_tokens
+
+
+@pytest.mark.parametrize("decoder, options", [("RowWindow", {"window": 1}), ("AdaptiveRowWindow", {"window": 1}),
+                                              ("RowJacobi", {"context": 1, "draft_window": 1})])
+def test_on_lumina_a_stand_in_is_hidden_from_its_end_of_row_token(monkeypatch, decoder, options):
+    """Lumina-mGPT predicts a row's first code from the end-of-row token after the row above; a stand-in at the
+    row above's last cell (another cell's token) must not be seen by it, so the stand-in's mask row excludes
+    itself, while the real last token of a complete row sees itself as in AR. (Orders without drafts at row
+    ends, so an input there that is not the image's final token is a stand-in.)"""
+    model, _ = build("lumina_tiny")
+    cols, n = model.grid[1], model.num_image_tokens
+    forward, seen = type(model).forward_block, []
+
+    def recording(self, cache, tokens, positions, tree_mask=None):
+        seen.append((tokens[0].tolist(), positions[0].tolist(), None if tree_mask is None else tree_mask))
+        return forward(self, cache, tokens, positions, tree_mask)
+
+    monkeypatch.setattr(type(model), "forward_block", recording)
+    final = ordered(model, decoder, **options).generate("a red cube", 4).tokens.tolist()
+    stand_ins = 0
+    for tokens, positions, mask in seen:
+        assert mask is not None or len(positions) == 1
+        k = None if mask is None else mask[0] if mask.dim() == 3 else mask
+        for i, (token, cell) in enumerate(zip(tokens, positions)):
+            if k is None or cell % cols != cols - 1 or i >= len(positions):
+                continue
+            sees_itself = bool(k[i, k.shape[1] - k.shape[0] + i])
+            if token != final[cell]:  # a stand-in
+                stand_ins += 1
+                assert not sees_itself, (positions, i)
+    assert stand_ins > 0 and n == len(final)

@@ -268,6 +268,10 @@ class ImageARModel(nn.Module, abc.ABC):
     #: whether ``forward_block`` takes any grid cells as positions with any tree mask over its cache, so the
     #: spatial generation orders of ``coolsd.orders`` (ZipAR) can run on it
     spatial_orders: bool = False
+    #: whether the input that predicts a new row's first token is a structural end-of-row token the adapter adds
+    #: after the row's last cell (Lumina-mGPT): a spatial order's stand-in at that cell is then hidden from it,
+    #: so the end-of-row token sees the row above as far as it is generated, as in the reference ports
+    stand_in_is_end_of_row: bool = False
 
     @property
     def num_image_tokens(self) -> int:

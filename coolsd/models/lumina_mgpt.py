@@ -415,6 +415,10 @@ class LuminaCache:
         slot, newline, length = self.slot[i], self.newline[i], len(self.slot[i])
         t, k = tree_mask.shape
         earlier = k - t  # image slots of earlier speculative blocks the mask covers
+        if earlier > length and bool(tree_mask[:, : earlier - length].all()):  # a batch's window reaching
+            tree_mask = tree_mask[:, earlier - length:]  # into this image's prompt (other images hold more
+            t, k = tree_mask.shape  # image slots): those columns are committed prompt slots, seen anyway
+            earlier = k - t
         if earlier < 0 or earlier > length:
             raise ValueError(f"tree mask of shape {tuple(tree_mask.shape)} does not fit a block of {t} "
                              f"tokens after {length} cached image tokens")
@@ -558,6 +562,8 @@ class LuminaMGPT(ImageARModel):
     """Lumina-mGPT text-to-image adapter (see the module docstring); prompts are free text."""
 
     sjd_init = "random"  # the SJD reference's Lumina-mGPT demo setting
+    spatial_orders = True  # image cells as positions (end-of-row slots added by LuminaCache), per-query masks
+    stand_in_is_end_of_row = True  # a new row's first code is predicted by the row above's end-of-row token
 
     @classmethod
     def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:

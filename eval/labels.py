@@ -17,7 +17,7 @@ from typing import Any, Sequence
 DECODER_LABELS = {  # the order is the tables' method order
     "ar": "AR", "sjd": "SJD", "scd_mc": "SCD-MC", "scd_gs": "SCD-GS", "sjd_pac": "SJD-PAC", "gsd": "GSD",
     "sd": "vanilla SD", "lantern": "LANTERN", "lantern_pp": "LANTERN++", "coolsd": "COOL-SD", "zipar": "ZipAR",
-    "zipar_adaptive": "ZipAR (adaptive)", "pjd": "PJD"}
+    "zipar_adaptive": "adaptive ZipAR", "pjd": "PJD"}
 HEADLINE = {"coolsd": ("delta",), "lantern": ("delta", "k"), "lantern_pp": ("k", "lam"),
             "gsd": ("group_size",), "zipar": ("window",), "zipar_adaptive": ("window",),
             "pjd": ("context", "draft_window")}  # always labelled

@@ -122,7 +122,9 @@ def make_plots(frame: pd.DataFrame, figures: Path, name: str) -> list[Path]:
         curves = sweep_curves(frame, "speedup", metric)
         if not curves:
             continue
-        fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.6), squeeze=False,
+        # a panel grows with its points (up to twice), so their labels stay beside them
+        scale = min(2.0, max(1.0, max(sum(len(g) for m, _, g in curves if m == model) for model in models) / 12))
+        fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models) * scale, 4.6 * scale), squeeze=False,
                                  layout="constrained")
         for ax, model in zip(axes[0], models):
             points = []

@@ -304,6 +304,8 @@ class RowJacobi:
                 continue
             above = cols if top else count[r - 1]
             inputs = min(self.window, above - c) if not top else min(self.window, cols - c)
+            if inputs < 1:  # a row below never reaches the row above (it commits less than the gap)
+                raise AssertionError(f"{type(self).__name__}: row {r} caught up with the row above ({count})")
             tentative = self.tentative(c, count[r - 1] == cols if r else True)
             drafts = min(carried[r], 1) if tentative else inputs - 1
             first = len(feeds)

@@ -113,7 +113,12 @@ def make_plots(frame: pd.DataFrame, figures: Path, name: str) -> list[Path]:
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: never on data
 
     models = list(dict.fromkeys(frame["model_label"]))
-    colors = {c: f"C{i % 10}" for i, c in enumerate(dict.fromkeys(frame["curve"]))}  # same in all panels
+    names = list(dict.fromkeys(frame["curve"]))
+    if len(names) <= 10:  # the default cycle; beyond it 20 distinct colours (tab20), so no two curves share one
+        colors = {c: f"C{i}" for i, c in enumerate(names)}  # same in all panels
+    else:
+        palette = plt.get_cmap("tab20").colors
+        colors = {c: palette[(2 * i) % 20 + (2 * i) // 20 % 2] for i, c in enumerate(names)}
     for metric, ylabel, lower, stem in (("fid", "FID (lower is better)", True, "fid"),
                                         ("fid_classifier", "FID, classifier features (lower is better)", True,
                                          "fid_classifier"),

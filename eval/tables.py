@@ -217,6 +217,25 @@ def record_from_wandb_summary(run: Any, tmp: Path) -> dict[str, Any]:
     }
 
 
+def compare_overrides(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """The overrides a run's ``compare`` set gave suite entry ``name`` (``eval.runner.select_decoders``: e.g.
+    ``compare=jacobi`` runs SJD at the family's window, not the suite's), {} for none."""
+    mode = config.get("compare")
+    sets = config.get("compare_sets") or {}
+    if mode == "auto":
+        mode = "all"
+    chosen = sets.get(mode) if isinstance(mode, str) else None
+    return dict((chosen or {}).get(name) or {}) if isinstance(chosen, dict) else {}
+
+
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` merged in, nested dictionaries key by key (OmegaConf.merge's rule)."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def measurements(records: Iterable[tuple[dict[str, Any], str]]) -> list[Measurement]:
     """One ``Measurement`` per ``per_decoder`` entry of every record."""
     out = []
@@ -229,7 +248,8 @@ def measurements(records: Iterable[tuple[dict[str, Any], str]]) -> list[Measurem
             if name == record["decoder"]:
                 decoder_cfg = config.get("decoder", {})
             else:
-                decoder_cfg = config.get("suite", {}).get(name, {"name": name})
+                decoder_cfg = merged(config.get("suite", {}).get(name, {"name": name}),
+                                     compare_overrides(config, name))
             out.append(Measurement(
                 model=record.get("model") or "unknown",
                 decoder=str(decoder_cfg.get("name") or name),  # the method: suite entries name variants of it

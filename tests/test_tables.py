@@ -504,3 +504,19 @@ def test_tiny_table_multirun_becomes_a_table_and_plots(tmp_path):
     for stem in ("accepted_length_vs_strength", "tv_vs_accepted_length"):
         for ext in ("png", "pdf"):
             assert (results / "figures" / f"tiny_table_{stem}.{ext}").stat().st_size > 5000
+
+
+def test_a_compare_set_s_overrides_are_the_options_of_its_decoders():
+    """``compare=jacobi`` runs suite entries with the set's overrides (SJD at the family's window): the table
+    takes those options, so the run's SJD is not mistaken for the suite's (dropped as a duplicate of it)."""
+    suite = {"ar": {"name": "ar", "draft_len": 0}, "sjd": {"name": "sjd", "draft_len": 7, "drafter": {"init": "auto"}}}
+    sets = {"all": {"sjd": {}}, "jacobi": {"sjd": {"draft_len": 31, "drafter": {"init": "random"}}}}
+
+    def record(compare):
+        return {"decoder": "ar", "model": "embedded", "per_decoder": {"ar": {}, "sjd": {}},
+                "config": {"decoder": suite["ar"], "suite": suite, "compare": compare, "compare_sets": sets}}
+
+    default, jacobi = (next(m for m in mt.measurements([(record(c), c)]) if m.decoder == "sjd")
+                       for c in ("auto", "jacobi"))
+    assert default.options["draft_len"] == 7 and default.options["drafter"] == {"init": "auto"}
+    assert jacobi.options["draft_len"] == 31 and jacobi.options["drafter"] == {"init": "random"}

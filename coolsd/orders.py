@@ -37,6 +37,10 @@ from dataclasses import dataclass
 import torch
 
 from coolsd import validate
+from coolsd.acceptance import verify_chain
+from coolsd.rng import ACCEPT, INIT, JACOBI, SAMPLE, sample
+from coolsd.sampling import finite_images
+from coolsd.types import Draft
 
 STAND_INS = ("row_above", "reference")
 
@@ -362,13 +366,7 @@ class RowJacobi:
 
     def iteration(self, model, rule, cache, tokens: torch.Tensor, streams, state: RowJacobiState) -> tuple:
         """One forward of every image in the batch and its verification; updates ``tokens`` and ``state``.
-        Returns (tokens committed per image, whether each image's logits were finite, the forward's end on the
-        clock is the caller's)."""
-        from coolsd.acceptance import verify_chain
-        from coolsd.rng import ACCEPT, INIT, JACOBI, SAMPLE, sample
-        from coolsd.sampling import finite_images
-        from coolsd.types import Draft
-
+        Returns the tokens committed per image and whether each image's logits were finite."""
         b = tokens.shape[0]
         device = tokens.device
         n = self.rows * self.cols
@@ -380,7 +378,7 @@ class RowJacobi:
         most = max(len(x) for x in fresh)
         if most:
             cells = torch.tensor([x + [n] * (most - len(x)) for x in fresh], device=device)
-            u = keyed_uniform(streams, cells, INIT, torch.tensor(state.forwards, device=device)[:, None])
+            u = streams.uniform_keyed(cells, INIT, torch.tensor(state.forwards, device=device)[:, None])
             code = (u * codebook).long().clamp_(max=codebook - 1)
             rows_b = torch.arange(b, device=device)[:, None].expand_as(cells)
             state.draft_tok[rows_b, cells] = code
@@ -410,16 +408,15 @@ class RowJacobi:
         draft = Draft(tokens=state.draft_tok[img[:, None], dcells], q=state.draft_q[img[:, None], dcells],
                       valid=valid, forwards=[0] * len(chains))
         fw = torch.tensor(state.forwards, device=device)[img]
-        sub = _SubStreams(streams, img)
-        u_accept = keyed_uniform(sub, dcells, ACCEPT, fw[:, None])
-        u_carry = keyed_uniform(sub, ocells, JACOBI, fw[:, None])
+        u_accept = streams.uniform_keyed(dcells, ACCEPT, fw[:, None], img)
+        u_carry = streams.uniform_keyed(ocells, JACOBI, fw[:, None], img)
         # the next token's draw: plain AR's at the cell it commits to (draw 0 of SAMPLE there: committed once);
         # a tentative first token, which may be drawn again at its cell, draws at index 1 + the forward count
         tentative = torch.tensor([ch.tentative for _, ch in chains], dtype=torch.bool, device=device)
         base_t = torch.tensor(base, dtype=torch.long, device=device)
         index = torch.where(tentative, fw + 1, torch.zeros_like(fw))[:, None]
         verdict = verify_chain(rule, p_chain, draft, u_accept,
-                               lambda accepted: keyed_uniform(sub, (base_t + accepted)[:, None], SAMPLE, index)[:, 0])
+                               lambda accepted: streams.uniform_keyed((base_t + accepted)[:, None], SAMPLE, index, img)[:, 0])
         # commit on the device: every draft at its cell (a prefix of them is what the counts commit; the other
         # cells are written again before they count), then the top rows' next token
         ci, cj = valid.nonzero(as_tuple=True)
@@ -464,23 +461,6 @@ class RowJacobi:
                              device=device).reshape(b, most)
         cache.keep([len(x) for x in keep_index], index)
         return committed, finite
-
-
-class _SubStreams:
-    """The streams of some images, repeated (``img`` (C,) image indices): ``keyed_uniform`` per chain."""
-
-    def __init__(self, streams, img: torch.Tensor) -> None:
-        self.keys = streams.keys[img]
-
-
-def keyed_uniform(streams, cells: torch.Tensor, kind: int, index: torch.Tensor) -> torch.Tensor:
-    """Uniforms (B, L) for draw ``index`` (broadcast to (B, L)) of ``kind`` at each cell (B, L) of each image's
-    stream: ``Streams.uniform_grid``'s counter with a per-element draw index."""
-    from coolsd.rng import _GAMMA, mix, to_unit
-
-    counter = (cells.long() << 40) + (streams.keys[:, None] + (kind << 56))
-    return to_unit(mix((counter + index) * _GAMMA))
-
 
 
 class AdaptiveRowWindow(RowJacobi):

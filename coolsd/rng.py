@@ -126,6 +126,15 @@ class Streams:
         flat = torch.arange(count, device=counter.device)
         return to_unit(mix((counter[..., None] + flat) * _GAMMA))
 
+    def uniform_keyed(self, positions: torch.Tensor, kind: int, index: torch.Tensor,
+                      rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Uniforms (R, L) for draw ``index`` (broadcast to (R, L)) of ``kind`` at each position (R, L): the
+        counter of ``uniform_grid`` with a per-element draw index; ``rows`` (R,) picks each row's image (default:
+        every image once, in order)."""
+        keys = self.keys if rows is None else self.keys[rows]
+        counter = (positions.to(self.device, torch.long) << 40) + (keys[:, None] + (kind << 56))
+        return to_unit(mix((counter + index) * _GAMMA))
+
     @classmethod
     def draws(cls, *kinds_counts: tuple[int, int], device: torch.device | str = "cpu") -> torch.Tensor:
         """Draw indices for ``uniform_at(position, 0, ...)`` covering draws ``0 .. count − 1`` of each ``kind`` in

@@ -338,7 +338,7 @@ def test_the_adaptive_window_verifies_first_tokens_and_an_image_is_the_same_alon
         tests.append((int(draft.valid.sum()), int(verdict.num_accepted.sum())))
         return verdict
 
-    monkeypatch.setattr("coolsd.acceptance.verify_chain", counting)
+    monkeypatch.setattr("coolsd.orders.verify_chain", counting)
     batch = adaptive.generate_batch(prompts, [0, 1, 2, 3])
     fixed = ordered(model, "AdaptiveRowWindow", window=1, adaptive=False).generate_batch(prompts, [0, 1, 2, 3])
     tested = sum(t for t, _ in tests)

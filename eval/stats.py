@@ -262,14 +262,23 @@ class ReferenceStats:
         return cls(r.mean(0), _sqrt_psd(cov), torch.trace(cov))
 
 
+#: the batched route of ``fid_replicates`` holds one product per image and covariance entry (N × D(D+1)/2 float64);
+#: above this many bytes (Inception's D = 2048), or when N < D, it takes one resample at a time
+BATCHED_FID_BYTES = 512 * 2**20
+
+
 def fid_replicates(generated: np.ndarray, reference: np.ndarray | ReferenceStats, weights: np.ndarray,
-                   device: torch.device | str = "cpu") -> np.ndarray:
+                   device: torch.device | str = "cpu", chunk: int = 256) -> np.ndarray:
     """FID of each resample (rows of ``weights``: counts per generated image) against the fixed reference
     (its features, or their ``ReferenceStats`` computed once).
 
     FID = |mu_g - mu_r|^2 + tr S_g + tr S_r - 2 tr (S_r^1/2 S_g S_r^1/2)^1/2 (the symmetric form of
-    clean-fid's / torch-fidelity's tr sqrt(S_g S_r)), covariances with ddof 1. S_r^1/2 is taken once; each
-    resample then costs one eigenvalue problem of size min(N, D) (the Gram matrix when N <= D)."""
+    clean-fid's / torch-fidelity's tr sqrt(S_g S_r)), covariances with ddof 1. S_r^1/2 is taken once. For small
+    feature sizes (the classifier's D = 128) every resample's S_r^1/2 S_g S_r^1/2 is one matrix product: the
+    upper triangles of y_i y_i^T (y = S_r^1/2 x, centred) weighted by the counts, ``chunk`` resamples at a time,
+    then one batched eigenvalue problem (about 3x faster than one resample at a time here). Otherwise each
+    resample is one eigenvalue problem of size min(N, D) over its distinct images (the Gram matrix when N <= D).
+    Both routes agree to rounding."""
     dev = torch.device(device)
     ref = reference if isinstance(reference, ReferenceStats) else ReferenceStats.of(reference, dev)
     x = torch.as_tensor(np.asarray(generated), dtype=torch.float64, device=dev)  # (N, D)
@@ -279,6 +288,22 @@ def fid_replicates(generated: np.ndarray, reference: np.ndarray | ReferenceStats
     y = x @ ref.sqrt_cov.to(dev)  # (N, D): S_r^1/2 applied to every generated feature
     sq = (x * x).sum(-1)  # (N,)
     out = np.empty(len(w_all))
+    if n >= d and n * d * (d + 1) // 2 * 8 <= BATCHED_FID_BYTES:
+        y = y - y.mean(0)  # the covariance does not depend on the shift; centring keeps the products small
+        iu = torch.triu_indices(d, d, device=dev)
+        products = y[:, iu[0]] * y[:, iu[1]]  # (N, D(D+1)/2)
+        for part in _chunks(len(w_all), chunk):
+            w = w_all[part]  # (C, N)
+            mu = w @ x / n  # (C, D)
+            tr_g = (w @ sq - n * (mu * mu).sum(-1)) / (n - 1)
+            m = w @ y / n  # (C, D)
+            upper = (w @ products - n * m[:, iu[0]] * m[:, iu[1]]) / (n - 1)  # (C, D(D+1)/2)
+            s = torch.zeros(len(w), d, d, dtype=torch.float64, device=dev)
+            s[:, iu[0], iu[1]] = upper
+            evals = torch.linalg.eigvalsh(s, UPLO="U")  # (C, D)
+            fid = ((mu - mu_r) ** 2).sum(-1) + tr_g + tr_r - 2 * evals.clamp_min(0).sqrt().sum(-1)
+            out[part] = fid.cpu().numpy()
+        return out
     for b, w in enumerate(w_all):  # one resample at a time: only its distinct images, weighted by their counts
         keep = w > 0
         wk, xk, yk = w[keep], x[keep], y[keep]  # (k,), (k, D), (k, D)

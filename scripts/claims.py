@@ -2,12 +2,15 @@
 
     python run.py -m experiment=embedded_claims            # about two hours on 2 CPU cores
     python scripts/claims.py results/runs/embedded_claims --out results --export results/claims_data
-    python scripts/claims.py results/claims_data --out results   # the committed page again, from the data alone
+    python scripts/claims.py results/claims_data --out results --readme README.md   # page, figures and README summary
+                                                                                    # again, from the committed data alone
     python run.py -m experiment=embedded_claims_quick      # under 10 minutes
     python scripts/claims.py results/runs/embedded_claims_quick
 
 Writes ``<out>/embedded_claims.md`` (verdicts, figures, the μ fit, every point and comparison with its 95 %
-interval), ``<out>/embedded_claims.json`` and ``<out>/figures/embedded_claims_*.{png,pdf}``. ``--out`` defaults
+interval), ``<out>/embedded_claims.json``, ``<out>/embedded_claims_summary.md`` (the verdicts in short; with
+``--readme`` also written into that file between its claims-summary markers) and
+``<out>/figures/embedded_claims_*.{png,pdf}``. ``--out`` defaults
 to the input folder. ``--export`` writes each regime's compact per-image data (``<regime>.claims.npz``: accepted
 lengths, TV sums, timed latencies, float16 classifier features) and decides from it; a folder of such files is
 itself a valid input, with no run folders or images.
@@ -28,13 +31,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="where the page goes (default: the input folder)")
     parser.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples (seed 0); Holm-corrected p needs ≥ 10,000")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="also rewrite this file's claims summary (between its claims-summary markers)")
     parser.add_argument("--export", type=Path, default=None,
                         help="write the compact per-image data here (and decide from it)")
     args = parser.parse_args()
     out = args.out or args.folder
     command = "python scripts/claims.py " + " ".join(sys.argv[1:])
     record = run(args.folder, out, resamples=args.resamples, command=command, device=args.device,
-                 export=args.export)
+                 export=args.export, readme=args.readme)
     for regime, claims in record["claims"].items():
         print(regime + ": " + "; ".join(f"{c['key']} {c['verdict']}" for c in claims))
     print(f"-> {out / 'embedded_claims.md'}")

@@ -297,6 +297,37 @@ def test_fitted_mu_points_join_weak_tree_and_decide_c1_and_c4(tmp_path):
     assert claims.fitted_command(weak, mu, tmp_path) is None
 
 
+def test_the_readme_summary_is_the_pages_verdicts_and_replaces_only_its_block(tmp_path):
+    """``summary`` states each claim's verdict per regime with where it holds and the deciding comparison's
+    numbers; ``write_readme_block`` rewrites only the text between the markers and refuses a file without them."""
+    weak, extra = _weak_and_fitted()
+    claims.merge_fitted(weak, extra)
+    decided = claims.decide(weak)
+    figures = {"FID vs accepted length": tmp_path / "figures" / "embedded_claims_fid.png",
+               "TV per token vs accepted length": tmp_path / "figures" / "embedded_claims_tv.png",
+               "G* vs the published resampling by k": tmp_path / "figures" / "embedded_claims_gstar.png"}
+    text = claims.summary([weak], {"weak_tree": decided}, {"note": "x"}, figures, tmp_path, relative_to=tmp_path)
+    for c in decided:
+        row = next(line for line in text.splitlines() if line.startswith(f"| {c.key}: "))
+        assert f"**{c.verdict}**" in row
+    c4f = next(line for line in text.splitlines() if line.startswith("| C4 (fitted μ): "))
+    assert "accepted length: vanilla SD − COOL-SD δ=1.1: -0.3" in c4f and "Holm p = " in c4f  # 2.42 − 2.73
+    assert '<img src="figures/embedded_claims_fid.png"' in text and '"figures/embedded_claims_tv.png"' in text
+    assert "gstar" not in text  # the FID and TV figures only, side by side
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# top\n\n{claims.README_BEGIN}\nold verdicts\n{claims.README_END}\n\n## after\n")
+    claims.write_readme_block(readme, text)
+    new = readme.read_text()
+    assert new.startswith("# top\n\n" + claims.README_BEGIN + "\n" + text + claims.README_END)
+    assert new.endswith("\n\n## after\n") and "old verdicts" not in new
+    claims.write_readme_block(readme, text)
+    assert readme.read_text() == new  # idempotent
+    readme.write_text("# no markers\n")
+    with pytest.raises(ValueError, match="claims summary"):
+        claims.write_readme_block(readme, text)
+    assert readme.read_text() == "# no markers\n"
+
+
 def test_a_fitted_run_on_other_prompts_is_refused():
     weak, extra = _weak_and_fitted(n=50)
     _, other = _weak_and_fitted(n=40)
@@ -377,3 +408,64 @@ def test_the_drafter_seed_regime_composes_with_weak_trees_prompts_and_the_seeds_
         entry = seed.suite[name]
         assert entry.tree == "mc_sim_7b_63" and entry.drafter.checkpoint == "outputs/weak_drafters/seed2/drafter_weak"
     assert seed.suite.coolsd_fit_d1_1.mu == 0.25
+
+
+#: the committed per-image data of the claims page (``scripts/claims.py ... --export results/claims_data``)
+CLAIMS_DATA = ROOT / "results" / "claims_data"
+
+
+def same(mine, theirs, where="") -> None:
+    """Equal structures; numbers to 1e-6 relative (another CPU's BLAS may round the last bits differently), NaN
+    equal to NaN, everything else exactly."""
+    if isinstance(theirs, dict):
+        assert isinstance(mine, dict) and set(mine) == set(theirs), where
+        for k in theirs:
+            same(mine[k], theirs[k], f"{where}/{k}")
+    elif isinstance(theirs, list):
+        assert isinstance(mine, list) and len(mine) == len(theirs), where
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            same(a, b, f"{where}[{i}]")
+    elif isinstance(theirs, float) and not isinstance(mine, bool):
+        assert (math.isnan(theirs) and math.isnan(mine)) or mine == pytest.approx(theirs, rel=1e-6, abs=1e-12), where
+    else:
+        assert mine == theirs, where
+
+
+def _committed_record() -> dict:
+    return json.loads((ROOT / "results" / "embedded_claims.json").read_text())
+
+
+@pytest.mark.slow  # 80 s: every figure and 58 points' FID
+def test_the_committed_claims_data_rebuilds_the_pages_points(tmp_path):
+    """From the committed compact data alone (no runs, no images), ``scripts/claims.py``'s analysis gives back
+    every point estimate of the committed page (accepted length, TV per token, FID, speedup; to 1e-6, the rounding
+    of FID's cancellation under other matrix shapes: none depends on the
+    resamples, so 20 suffice here), within the size budget of 30 MB."""
+    files = sorted(CLAIMS_DATA.glob("*" + claims.COMPACT_SUFFIX))
+    assert {f.name[: -len(claims.COMPACT_SUFFIX)] for f in files} >= {"strong_chain", "weak_tree", "weak_tree_fitted"}
+    assert sum(f.stat().st_size for f in files) <= 30 * 2**20
+    committed = _committed_record()
+    record = claims.run(CLAIMS_DATA, tmp_path, resamples=20)
+    assert set(record["regimes"]) == set(committed["regimes"])
+    for regime, entry in committed["regimes"].items():
+        mine = record["regimes"][regime]
+        assert mine["num_images"] == entry["num_images"]
+        assert set(mine["points"]) == set(entry["points"])
+        for name, point in entry["points"].items():
+            for key in ("tau", "tv", "fid", "speedup"):
+                if key in point:
+                    assert mine["points"][name][key] == pytest.approx(point[key], rel=1e-6, abs=1e-9), (regime, name, key)
+
+
+@pytest.mark.slow  # the full page: 10,000 resamples per point and regime
+def test_the_committed_claims_page_and_readme_summary_come_from_the_committed_data(tmp_path):
+    """The committed page's verdicts and every comparison, and the README's claims summary, are what
+    ``python scripts/claims.py results/claims_data --out results --readme README.md`` makes from the data."""
+    committed = _committed_record()
+    record = claims.run(CLAIMS_DATA, tmp_path, resamples=10000)
+    same(json.loads(json.dumps(record["claims"], default=float)), committed["claims"])
+    same(json.loads(json.dumps(record["robustness"], default=float)), committed["robustness"])
+    summary = (tmp_path / "embedded_claims_summary.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(claims.README_BEGIN + "\n", 1)[1].split(claims.README_END, 1)[0]
+    assert summary.replace('src="figures/', 'src="results/figures/') == block

@@ -22,6 +22,7 @@ from eval.claims.figures import frontier_figure, gstar_figure, mu_figure
 from eval.claims.statistics import (
     FITTED_REGIME,
     Claim,
+    Comparison,
     decide,
     fit_mu,
     fitted_command,
@@ -31,6 +32,25 @@ from eval.claims.statistics import (
 
 # ------------------------------------------------------------------------------------------------ page
 
+
+
+def verdict_table(regimes: Sequence[Regime], claims: dict[str, list[Claim]], heads: Sequence[str],
+                  numbers: bool = False) -> list[str]:
+    """A markdown table, a row per claim and a column per regime: its verdict and note; with ``numbers`` also the
+    comparisons that decide it (``_deciding``) with their intervals."""
+    lines = ["| claim | " + " | ".join(heads) + " |", "|---|" + "---|" * len(regimes)]
+    keys: dict[str, str] = {}
+    for r in regimes:
+        for c in claims[r.name]:
+            keys.setdefault(c.key, c.text)
+    for key, text in keys.items():
+        row = [f"{key}: {text}"]
+        for r in regimes:
+            c = next((c for c in claims[r.name] if c.key == key), None)
+            row.append("—" if c is None else f"**{c.verdict}**" + (f" ({c.note})" if c.note else "") + (
+                "".join(f"; {_comparison_text(x)}" for x in _deciding(c)) if numbers else ""))
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
 
 
 def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str, Any], figures: dict[str, Path],
@@ -53,18 +73,7 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
         lines.append("Wall time of each run's last `run.py` invocation (`run.json` `wall_s`; a resumed run counts only "
                      "what it generated and scored): " + "; ".join(f"{k} {v / 60:.1f} min" for k, v in seconds.items())
                      + ".")
-    lines += ["", "| claim | " + " | ".join(r.name for r in regimes) + " |",
-              "|---|" + "---|" * len(regimes)]
-    keys: dict[str, str] = {}
-    for r in regimes:
-        for c in claims[r.name]:
-            keys.setdefault(c.key, c.text)
-    for key, text in keys.items():
-        row = [f"{key}: {text}"]
-        for r in regimes:
-            c = next((c for c in claims[r.name] if c.key == key), None)
-            row.append("—" if c is None else f"**{c.verdict}**" + (f" ({c.note})" if c.note else ""))
-        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", *verdict_table(regimes, claims, [r.name for r in regimes])]
     lines += ["", "Verdicts: held = at least one comparison significantly in the claim's favour and none against "
               "it; not held = one significantly against it; inconclusive = compared, none significant; not compared "
               "= no comparison could be made (e.g. no point inside the other curve's range). Significance is "
@@ -167,6 +176,93 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
     return "\n".join(lines) + "\n"
 
 
+#: the README's block that ``run(..., readme=...)`` rewrites with ``summary``: everything between the markers
+README_BEGIN = "<!-- claims summary: written by scripts/claims.py --readme; edits inside are overwritten -->"
+README_END = "<!-- end of the claims summary -->"
+
+
+def _deciding(c: Claim) -> list[Comparison]:
+    """The comparisons that decide ``c``: of its differences, the first one against it, else the most significant
+    one for it, else the one with the smallest p (Holm-adjusted where there is one); and its non-inferiority tests."""
+    def p_of(x: Comparison) -> float:
+        return x.p_holm if x.p_holm is not None else x.p if x.p is not None else 1.0
+    made = [x for x in c.comparisons if x.made and x.kind != "non-inferiority"]
+    pick = []
+    for side in ("against", "claim", None):
+        ranked = sorted((x for x in made if x.favours == side), key=p_of)
+        if ranked:
+            pick = [ranked[0]]
+            break
+    return pick + [x for x in c.comparisons if x.made and x.kind == "non-inferiority"]
+
+
+def _comparison_text(x: Comparison) -> str:
+    what = x.what.split(" (one-sided")[0]
+    if x.kind == "non-inferiority":
+        return f"{what}: Δ {x.difference:+.2f}, one-sided upper bound {x.ci[1]:.2f}"
+    fmt = "{:+.3f}" if abs(x.difference) < 0.1 else "{:+.2f}"
+    text = f"{what}: {_ci_text(x.difference, x.ci, fmt)}"
+    if x.p_holm is not None:
+        return text + f", Holm p = {x.p_holm:.4f}"
+    return text + ("" if x.p is None else f", p = {x.p:.4f}")
+
+
+def summary(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str, Any],
+            figures: dict[str, Path], out: Path, robustness: Sequence[dict[str, Any]] = (),
+            relative_to: Path | None = None) -> str:
+    """The page's verdicts in short (for the README): per claim and regime the verdict, where along the accepted
+    length it holds or fails, and the comparison that decides it with its interval; the μ answer; whether the
+    verdicts hold for every drafter; the FID and TV figures side by side. Paths are relative to ``relative_to``
+    (the README's folder)."""
+    base = relative_to or out
+    lines = verdict_table(regimes, claims, [f"{r.name} ({r.num_images:,} images per point)" for r in regimes],
+                          numbers=True)
+    lines += ["", "Held / not held / inconclusive (compared, nothing significant) / not compared (no overlap); "
+              "Holm-corrected within each claim and regime; C4's quality is a non-inferiority test (ΔFID below "
+              f"{MARGINS['fid_relative']:.0%} of vanilla SD's FID). τ: accepted length."]
+    fits = mu.get("fits") or {}
+    words = []
+    for delta, fit in fits.items():
+        words.append(f"δ = {delta} (×{fit['paper_ratio']:.2f}): " + (
+            "outside the measured range" if fit["mu"] is None else f"μ = {_ci_text(fit['mu'], fit['ci'], '{:.2f}')}"))
+    d = mu.get("difference", {})
+    if words:
+        lines += ["", "The μ fit (the paper's two LlamaGen ratios of accepted length): " + "; ".join(words) + (
+            f"; μ(δ=2) − μ(δ=1.1) = {_ci_text(d['value'], d['ci'], '{:.2f}')}: one μ "
+            + ("fits both." if d["one_mu_fits_both"] else "does **not** fit both.") if d.get("value") is not None else ".")]
+        resp = mu.get("response", {})
+        if resp.get("times_weaker") is not None:
+            lines[-1] += (f" This model's acceptance responds {_ci_text(resp['times_weaker'], resp['times_weaker_ci'], '{:.1f}')}× "
+                          "less to relaxation than the paper's LlamaGen.")
+    if robustness:
+        same = [r["claim"] for r in robustness if r["same"]]
+        differ = [r["claim"] for r in robustness if not r["same"]]
+        lines += ["", f"Across three weak drafters (seeds 0, 1, 2): the same verdict for every drafter in "
+                  + (", ".join(same) or "none") + (f"; different in {', '.join(differ)}" if differ else "") + "."]
+    shown = [(n, f) for n, f in figures.items() if n in ("FID vs accepted length", "TV per token vs accepted length")]
+    if shown:
+        def rel(path: Path) -> str:
+            path = path.with_suffix(".png") if path.suffix != ".png" else path
+            try:
+                return path.resolve().relative_to(base.resolve()).as_posix()
+            except ValueError:
+                return path.as_posix()
+        lines += ["", " ".join(f'<img src="{rel(f)}" alt="{n}" width="49%">' for n, f in shown)]
+    return "\n".join(lines) + "\n"
+
+
+def write_readme_block(readme: Path, text: str) -> None:
+    """Replace what lies between ``README_BEGIN`` and ``README_END`` in ``readme`` by ``text`` (atomically)."""
+    readme = Path(readme)
+    old = readme.read_text()
+    if old.count(README_BEGIN) != 1 or old.count(README_END) != 1 or old.index(README_BEGIN) > old.index(README_END):
+        raise ValueError(f"{readme}: needs exactly one pair of the lines {README_BEGIN!r} and {README_END!r} "
+                         "around the claims summary")
+    head, rest = old.split(README_BEGIN)
+    _, tail = rest.split(README_END)
+    atomic_write_bytes(readme, (head + README_BEGIN + "\n" + text + README_END + tail).encode())
+
+
 #: regimes named ``weak_tree_seed<k>`` (``configs/regime/weak_tree_seed.yaml``): weak_tree's decisive points with
 #: a weak drafter trained with seed k; decided like weak_tree and reported in "Robustness across drafters"
 SEED_REGIME = "weak_tree_seed"
@@ -201,11 +297,13 @@ def load_regimes(folder: Path, device: str = "cpu") -> list[Regime]:
 
 
 def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = None,
-        device: str = "cpu", export: Path | None = None) -> dict[str, Any]:
+        device: str = "cpu", export: Path | None = None, readme: Path | None = None) -> dict[str, Any]:
     """Load every regime below ``folder`` (runs or their compact data), decide the claims, write
     ``<out>/embedded_claims.md``, its figures (``<out>/figures/embedded_claims_*``) and
     ``<out>/embedded_claims.json``; returns the JSON record. ``export``: also write each regime's compact data
-    there and decide from it (float16 features), so the page is exactly what the exported data rebuild."""
+    there and decide from it (float16 features), so the page is exactly what the exported data rebuild.
+    ``readme``: also rewrite that file's claims summary (``summary``, between ``README_BEGIN`` and ``README_END``);
+    the summary is written to ``<out>/embedded_claims_summary.md`` either way."""
     regimes, seeds, extra = [], [], None
     for regime in load_regimes(folder, device):
         if export is not None:
@@ -251,6 +349,10 @@ def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = N
     text = page(regimes, claims, mu, figures, out, command or f"python scripts/claims.py {folder} --out {out}", seconds,
                 robustness, seeds)
     atomic_write_bytes(out / "embedded_claims.md", text.encode())
+    short = summary(regimes, claims, mu, figures, out, robustness, relative_to=Path(readme).parent if readme else out)
+    atomic_write_bytes(out / "embedded_claims_summary.md", short.encode())
+    if readme is not None:
+        write_readme_block(Path(readme), short)
     record = {"claims": {r: [{"key": c.key, "text": c.text, "verdict": c.verdict, "note": c.note,
                               "comparisons": [vars(x) for x in c.comparisons]} for c in cs] for r, cs in claims.items()},
               "mu": mu, "robustness": robustness,

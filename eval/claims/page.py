@@ -349,10 +349,12 @@ def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = N
     text = page(regimes, claims, mu, figures, out, command or f"python scripts/claims.py {folder} --out {out}", seconds,
                 robustness, seeds)
     atomic_write_bytes(out / "embedded_claims.md", text.encode())
-    short = summary(regimes, claims, mu, figures, out, robustness, relative_to=Path(readme).parent if readme else out)
-    atomic_write_bytes(out / "embedded_claims_summary.md", short.encode())
+    # the same summary twice: its figure paths relative to the file it is written into
+    atomic_write_bytes(out / "embedded_claims_summary.md",
+                       summary(regimes, claims, mu, figures, out, robustness, relative_to=out).encode())
     if readme is not None:
-        write_readme_block(Path(readme), short)
+        write_readme_block(Path(readme), summary(regimes, claims, mu, figures, out, robustness,
+                                                 relative_to=Path(readme).parent))
     record = {"claims": {r: [{"key": c.key, "text": c.text, "verdict": c.verdict, "note": c.note,
                               "comparisons": [vars(x) for x in c.comparisons]} for c in cs] for r, cs in claims.items()},
               "mu": mu, "robustness": robustness,

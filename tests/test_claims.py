@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,6 +153,11 @@ def test_every_exponential_mu_is_on_the_curve_and_c1_uses_tv_and_dominance():
     assert c1.verdict == claims.HELD
     assert any(d.startswith("cool") and "dominates lpp_low" in d for d in c1.dominance), c1.dominance
     assert not any(d.startswith("lpp") for d in c1.dominance)
+    counts = c1.dominance_counts  # the summary's count of pairs won by each side, per metric
+    assert set(counts) == {"TV/token", "FID"} and all(n["theirs"] == 0 for n in counts.values())
+    assert sum(n["ours"] for n in counts.values()) == len(c1.dominance) >= 1
+    text = claims.summary([regime], {regime.name: claims.decide(regime)}, {}, {}, Path("."))
+    assert f"{regime.name} C1: TV/token COOL-SD {counts['TV/token']['ours']}, LANTERN++ 0" in text, text
 
 
 def test_c4_needs_non_inferiority_not_the_absence_of_a_significant_difference():
@@ -412,6 +418,11 @@ def test_the_drafter_seed_regime_composes_with_weak_trees_prompts_and_the_seeds_
         entry = seed.suite[name]
         assert entry.tree == "mc_sim_7b_63" and entry.drafter.checkpoint == "outputs/weak_drafters/seed2/drafter_weak"
     assert seed.suite.coolsd_fit_d1_1.mu == 0.25
+    # C2 decidable: `mu: first` points extend the exponential curve below the uniform and linear δ = 1.1 points
+    # (on weak_tree those lie below the `mu: mean` curve's start), and uniform has a second point inside it
+    first = {seed.suite[n].delta for n in seed.compare if seed.suite[n].name == "coolsd" and seed.suite[n].get("mu") == "first"}
+    uniform = {seed.suite[n].delta for n in seed.compare if seed.suite[n].get("schedule") == "uniform"}
+    assert first == {1.1, 2.0} and uniform == {1.1, 2.0}
 
 
 #: the committed per-image data of the claims page (``scripts/claims.py ... --export results/claims_data``)
@@ -443,3 +454,65 @@ def test_the_committed_claims_data_rebuilds_the_pages_points(tmp_path):
                 if key in point:
                     assert mine["points"][name][key] == pytest.approx(point[key], rel=1e-6, abs=1e-5), (regime, name, key)
 
+
+
+_NUMBER = re.compile(r"[-+]?\d+(?:\.(\d+))?(?:e[-+]?\d+)?")
+
+
+def _agree(mine, theirs, where="record"):
+    """``mine`` equals ``theirs`` up to the rounding of another thread count: strings with their numbers within one
+    unit of the last printed digit, verdicts and every other text exactly; floats to 1e-4 relative or 1e-5
+    absolute, p-values to one resample's weight at B = 10,000 (2e-4, two-sided)."""
+    if isinstance(theirs, dict):
+        assert isinstance(mine, dict) and set(mine) == set(theirs), (where, sorted(mine), sorted(theirs))
+        for k in theirs:
+            _agree(mine[k], theirs[k], f"{where}.{k}")
+    elif isinstance(theirs, list):
+        assert isinstance(mine, list) and len(mine) == len(theirs), (where, mine, theirs)
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            _agree(a, b, f"{where}[{i}]")
+    elif isinstance(theirs, str):
+        assert _NUMBER.sub("#", mine) == _NUMBER.sub("#", theirs), (where, mine, theirs)
+        for a, b in zip(_NUMBER.finditer(mine), _NUMBER.finditer(theirs)):
+            unit = 10.0 ** -len(b.group(1) or "")
+            assert abs(float(a.group()) - float(b.group())) <= 1.01 * unit, (where, a.group(), b.group())
+    elif isinstance(theirs, float) and isinstance(mine, (int, float)):
+        if math.isnan(theirs):
+            assert math.isnan(mine), where
+        elif where.endswith((".p", ".p_holm")):
+            assert abs(mine - theirs) <= 2.001e-4, (where, mine, theirs)
+        else:
+            assert mine == pytest.approx(theirs, rel=1e-4, abs=1e-5), (where, mine, theirs)
+    else:
+        assert mine == theirs, (where, mine, theirs)
+
+
+def test_agree_allows_another_thread_counts_rounding_and_nothing_more():
+    _agree({"a": [0.91628, "x 0.9163 [0.1, 2]"], "p": 0.0012}, {"a": [0.9162908, "x 0.9162 [0.1, 2]"], "p": 0.0010})
+    for mine in ({"a": [0.9173, "x 0.9163 [0.1, 2]"], "p": 0.0012},      # a float beyond 1e-4 relative
+                 {"a": [0.91628, "x 0.9165 [0.1, 2]"], "p": 0.0012},     # a printed number beyond its last digit
+                 {"a": [0.91628, "y 0.9163 [0.1, 2]"], "p": 0.0012},     # another text
+                 {"a": [0.91628, "x 0.9163 [0.1, 2]"], "p": 0.0015}):    # p beyond one resample
+        with pytest.raises(AssertionError):
+            _agree(mine, {"a": [0.9162908, "x 0.9162 [0.1, 2]"], "p": 0.0010})
+
+
+@pytest.mark.slow  # the full page: 10,000 resamples per point and regime (about 20 min on one thread)
+@pytest.mark.timeout(3600)
+def test_the_committed_claims_page_and_readme_summary_come_from_the_committed_data(tmp_path):
+    """The committed page's verdicts, every comparison and dominance pair, the drafter-robustness rows, and the
+    README's claims summary are what ``python scripts/claims.py results/claims_data --out results --readme
+    README.md`` makes from the committed data, up to another thread count's rounding (``_agree``: the page was made
+    on two threads; one thread moved a bootstrap interval's end by 1.1e-5)."""
+    committed = _committed_record()
+    record = claims.run(CLAIMS_DATA, tmp_path, resamples=10000)
+    mine = json.loads(json.dumps(record, default=float))
+    for r in (mine, committed):  # the data's folder, as given on the command line (relative there, absolute here)
+        for entry in r["regimes"].values():
+            entry["folder"] = Path(entry["folder"]).name
+    for key in ("claims", "robustness", "regimes"):
+        _agree(mine[key], committed[key], key)
+    summary = (tmp_path / "embedded_claims_summary.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(claims.README_BEGIN + "\n", 1)[1].split(claims.README_END, 1)[0]
+    _agree(summary.replace('src="figures/', 'src="results/figures/'), block, "README block")

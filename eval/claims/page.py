@@ -220,6 +220,16 @@ def summary(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[
     lines += ["", "Held / not held / inconclusive (compared, nothing significant) / not compared (no overlap); "
               "Holm-corrected within each claim and regime; C4's quality is a non-inferiority test (ΔFID below "
               f"{MARGINS['fid_relative']:.0%} of vanilla SD's FID). τ: accepted length."]
+    pairs = []
+    for r in regimes:
+        for c in claims[r.name]:
+            if c.dominance_counts:
+                pairs.append(f"{r.name} {c.key}: " + ", ".join(
+                    f"{m} COOL-SD {n['ours']}, LANTERN++ {n['theirs']}" for m, n in c.dominance_counts.items()))
+    if pairs:
+        lines += ["", "Direct dominance pairs (a point better on accepted length and on the metric than a point of "
+                  "the other method, both paired 95 % intervals excluding 0; no interpolation), pairs won by each "
+                  "side: " + "; ".join(pairs) + ". The page lists them."]
     fits = mu.get("fits") or {}
     words = []
     for delta, fit in fits.items():
@@ -237,8 +247,10 @@ def summary(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[
     if robustness:
         same = [r["claim"] for r in robustness if r["same"]]
         differ = [r["claim"] for r in robustness if not r["same"]]
-        lines += ["", f"Across three weak drafters (seeds 0, 1, 2): the same verdict for every drafter in "
-                  + (", ".join(same) or "none") + (f"; different in {', '.join(differ)}" if differ else "") + "."]
+        names = list(robustness[0]["verdicts"])  # weak_tree (the shipped drafter, seed 0), then the seed regimes
+        numbers = ["0"] + [n[len(SEED_REGIME):] for n in names[1:]]
+        lines += ["", f"Across {len(names)} weak drafters (seeds {', '.join(numbers)}): the same verdict for every "
+                  "drafter in " + (", ".join(same) or "none") + (f"; different in {', '.join(differ)}" if differ else "") + "."]
     shown = [(n, f) for n, f in figures.items() if n in ("FID vs accepted length", "TV per token vs accepted length")]
     if shown:
         def rel(path: Path) -> str:
@@ -356,7 +368,8 @@ def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = N
         write_readme_block(Path(readme), summary(regimes, claims, mu, figures, out, robustness,
                                                  relative_to=Path(readme).parent))
     record = {"claims": {r: [{"key": c.key, "text": c.text, "verdict": c.verdict, "note": c.note,
-                              "comparisons": [vars(x) for x in c.comparisons]} for c in cs] for r, cs in claims.items()},
+                              "comparisons": [vars(x) for x in c.comparisons], "dominance": c.dominance,
+                              "dominance_counts": c.dominance_counts} for c in cs] for r, cs in claims.items()},
               "mu": mu, "robustness": robustness,
               "regimes": {r.name: {"folder": str(r.folder), "num_images": r.num_images,
                                    "points": {p.name: {"label": p.label, **p.est} for p in r.points.values()}}

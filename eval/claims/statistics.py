@@ -160,6 +160,8 @@ class Claim:
     comparisons: list[Comparison]
     note: str = ""
     dominance: list[str] = field(default_factory=list)  # direct dominance between points (C1)
+    #: how many direct dominance pairs each side wins, per metric (C1): {"TV/token": {"ours": n, "theirs": m}, ...}
+    dominance_counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def select(regime: Regime, method: str, **options: Any) -> list[Point]:
@@ -182,18 +184,20 @@ def frontier_claim(ours: list[Point], theirs: list[Point], key: str, name: str) 
     return out
 
 
-def dominance(ours: Sequence[Point], theirs: Sequence[Point], key: str, name: str) -> list[str]:
+def dominance(ours: Sequence[Point], theirs: Sequence[Point], key: str, name: str) -> list[tuple[str, str]]:
     """Direct dominance, no interpolation: a point of one side with a significantly higher accepted length and a
-    significantly lower ``key`` than a point of the other (both paired 95 % intervals exclude 0; uncorrected)."""
+    significantly lower ``key`` than a point of the other (both paired 95 % intervals exclude 0; uncorrected).
+    Each pair as (the winning side, "ours" or "theirs"; its text)."""
     out = []
     for a in ours:
         for b in theirs:
-            for x, y, verb in ((a, b, "dominates"), (b, a, "dominates")):
+            for x, y, side in ((a, b, "ours"), (b, a, "theirs")):
                 dt = stats.bootstrap_difference(x.est["tau"] - y.est["tau"], x.reps["tau"] - y.reps["tau"], LEVEL)
                 dk = stats.bootstrap_difference(x.est[key] - y.est[key], x.reps[key] - y.reps[key], LEVEL)
                 if dt["ci"] and dk["ci"] and dt["ci"][0] > 0 and dk["ci"][1] < 0:
-                    out.append(f"{x.label} {verb} {y.label} (accepted length {_ci_text(dt['difference'], dt['ci'], '{:+.2f}')}, "
-                               f"{name} {_ci_text(dk['difference'], dk['ci'], '{:+.3f}' if key == 'tv' else '{:+.2f}')})")
+                    out.append((side, f"{x.label} dominates {y.label} (accepted length "
+                                      f"{_ci_text(dt['difference'], dt['ci'], '{:+.2f}')}, {name} "
+                                      f"{_ci_text(dk['difference'], dk['ci'], '{:+.3f}' if key == 'tv' else '{:+.2f}')})"))
     return out
 
 
@@ -241,8 +245,12 @@ def frontier_c1(regime: Regime, cool: list[Point], key: str, text: str) -> Claim
         f" ({regions(fid)})" if regions(fid) else "")
     if len(cool) < 2:
         note = "needs two COOL-SD points"
-    dom = dominance(cool, theirs, "tv", "TV/token") + (dominance(cool, theirs, "fid", "FID") if fid else [])
-    return Claim(key, text, combine(v_tv, v_fid) if fid else v_tv, tv + fid, note, dom)
+    pairs = {"TV/token": dominance(cool, theirs, "tv", "TV/token")}
+    if fid:
+        pairs["FID"] = dominance(cool, theirs, "fid", "FID")
+    counts = {m: {side: sum(s == side for s, _ in ps) for side in ("ours", "theirs")} for m, ps in pairs.items()}
+    return Claim(key, text, combine(v_tv, v_fid) if fid else v_tv, tv + fid, note,
+                 [t for ps in pairs.values() for _, t in ps], counts)
 
 
 def schedule_c2(regime: Regime, cool: list[Point]) -> list[Claim]:

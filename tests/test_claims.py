@@ -455,7 +455,6 @@ def test_the_committed_claims_data_rebuilds_the_pages_points(tmp_path):
                     assert mine["points"][name][key] == pytest.approx(point[key], rel=1e-6, abs=1e-5), (regime, name, key)
 
 
-
 _NUMBER = re.compile(r"[-+]?\d+(?:\.(\d+))?(?:e[-+]?\d+)?")
 
 

@@ -178,8 +178,9 @@ class Streams:
         return unit_of_gamma_multiple((position * _GAMMA_40 + self._keys_gamma[1]).unsqueeze(1) + step[1])
 
 
-#: the other operand of ``sample``'s ``nextafter`` (a 0-dim CPU tensor is a scalar to an op on any device)
-_BELOW = torch.tensor(-1.0)
+#: the other operand of ``sample``'s ``nextafter``, one 0-dim tensor per device: CUDA's ``nextafter`` refuses a
+#: 0-dim CPU tensor (torch 2.11 on an H200: "Expected all tensors to be on the same device")
+_BELOW: dict[torch.device, torch.Tensor] = {}
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -192,5 +193,8 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """
     cdf = probs.cumsum(-1, dtype=torch.float32)  # (..., V); float32 input is not copied
     total = cdf[..., -1:]
-    x = torch.minimum(u.unsqueeze(-1) * total, torch.nextafter(total, _BELOW))
+    below = _BELOW.get(total.device)
+    if below is None:
+        below = _BELOW.setdefault(total.device, torch.tensor(-1.0, device=total.device))
+    x = torch.minimum(u.unsqueeze(-1) * total, torch.nextafter(total, below))
     return torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)

@@ -567,19 +567,43 @@ def run_interleaved(decoders: dict[str, Decoder], prompts: list[str], cfg: DictC
             cost.probes.round(cfg.cost.burst)
         for name, dec in decoders.items():
             stats[name].append(dec.generate(prompt, cfg.seed + i).stats)
+            progress(f"image {i + 1}/{len(prompts)} {name}: {stats[name][-1].latency_s:.3f} s, "
+                     f"{stats[name][-1].iterations} iterations")
     return stats
+
+
+def progress(text: str) -> None:
+    """One line on stderr per finished measurement, so a long GPU bench shows where it is."""
+    print(f"[bench] {text}", file=sys.stderr, flush=True)
+
+
+def throughput_decoders(cfg: DictConfig, decoders: dict[str, Decoder]) -> dict[str, Decoder]:
+    """The decoders whose throughput is measured: ``throughput.decoders`` (null: every decoder of the run)."""
+    names = OmegaConf.select(cfg, "throughput.decoders", default=None)
+    if names is None:
+        return decoders
+    unknown = [n for n in names if n not in decoders]
+    if unknown:
+        raise ValueError(f"throughput.decoders names decoders that are not run: {unknown}; run: {list(decoders)}")
+    return {n: decoders[n] for n in names}
 
 
 def measure_throughput(decoders: dict[str, Decoder], prompts: list[str], cfg: DictConfig,
                        timer: Timer) -> dict[str, dict[str, Any]]:
     """Images per second of every decoder at each batch size of ``throughput.batch_sizes``: at least
-    ``throughput.images`` images per (decoder, batch size) in whole batches, decoders interleaved batch by
-    batch; with peak GPU memory per (decoder, batch size) on CUDA."""
+    ``throughput.images`` images per (decoder, batch size) in whole batches (``throughput.batches``, when set:
+    exactly that many batches per batch size instead), decoders interleaved batch by batch; with peak GPU memory
+    per (decoder, batch size) on CUDA and the mean accepted length of the batch's images (``tau``)."""
     cuda = timer.cuda
-    out: dict[str, dict[str, Any]] = {name: {"img_s": {}, "peak_mem_mb": {}, "images": {}} for name in decoders}
+    out: dict[str, dict[str, Any]] = {name: {"img_s": {}, "peak_mem_mb": {}, "images": {}, "tau": {}}
+                                      for name in decoders}
+    fixed = OmegaConf.select(cfg, "throughput.batches", default=None)
+    if fixed is not None and int(fixed) < 1:
+        raise ValueError(f"throughput.batches must be >= 1 or null, got {fixed}")
     offset = 0
     for b in cfg.throughput.batch_sizes:
-        batches = -(-int(cfg.throughput.images) // b)
+        batches = int(fixed) if fixed is not None else -(-int(cfg.throughput.images) // b)
+        taus: dict[str, list[float]] = {name: [] for name in decoders}
         wall = {name: 0.0 for name in decoders}
         peak = {name: 0.0 for name in decoders}
         for _ in range(batches):
@@ -589,13 +613,17 @@ def measure_throughput(decoders: dict[str, Decoder], prompts: list[str], cfg: Di
             for name, dec in decoders.items():
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
-                wall[name] += timer.once(lambda dec=dec: dec.generate_batch(chunk, seeds))
+                gens: list = []
+                wall[name] += timer.once(lambda dec=dec, gens=gens: gens.extend(dec.generate_batch(chunk, seeds)))
+                taus[name] += [g.stats.mean_accepted_length for g in gens]
                 if cuda:
                     peak[name] = max(peak[name], torch.cuda.max_memory_allocated() / 2**20)
+                progress(f"throughput B={b} {name}: {wall[name]:.2f} s so far")
         for name in decoders:
             out[name]["img_s"][b] = batches * b / wall[name]
             out[name]["images"][b] = batches * b
             out[name]["peak_mem_mb"][b] = peak[name] if cuda else None
+            out[name]["tau"][b] = statistics.fmean(taus[name])
     return out
 
 
@@ -817,6 +845,15 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
         lines.append("")
         lines.append("Images per decoder and batch size: " + ", ".join(f"B={b}: {n}" for b, n in images.items())
                      + ". Latency (the table above) is measured at batch 1; throughput is a separate run.")
+        paper = (record.get("config") or {}).get("accepted_lengths") or {}
+        for name, t in throughput.items():
+            taus = t.get("tau") or {}
+            if name in paper and taus:
+                lines.append(f"{name}: measured τ " + ", ".join(f"B={b}: {taus[b]:.2f}" for b in sizes)
+                             + f"; projected img/s at the paper's τ = {paper[name]} (img/s × paper τ ÷ measured τ: "
+                             "the same cost per iteration, fewer iterations; the prefill is scaled too, so a slight "
+                             "overestimate): " + ", ".join(f"B={b}: {t['img_s'][b] * paper[name] / taus[b]:.2f}"
+                                                           for b in sizes) + ".")
     if record["goals"]:
         lines += ["", "## Goals", "", "| goal | value | met |", "|---|---|---|"]
         lines += [f"| {g['goal']} | {g['value']:.3f} | {'yes' if g['met'] else 'no'} |"
@@ -957,13 +994,20 @@ def run_layouts(cfg: DictConfig, model_name: str) -> dict[str, Any]:
 def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
     """Build, measure, write ``<out_dir>/<name>.{md,json}`` (``name``: ``cfg.name`` or ``<model>_<device>``,
     as ``record["setup"]["name"]``); returns the JSON record. With ``layouts`` set, only the layout comparison
-    (``run_layouts``) runs."""
+    (``run_layouts``) runs. The record is first written when the latency part is done (``"complete": false``,
+    no throughput yet), so a bench stopped during the throughput run (a GPU lease's limit) keeps its cost model
+    and latencies; the end writes it again, complete."""
     started = dt.datetime.now(dt.timezone.utc)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(cfg.seed)
     if cfg.images < 1:
         raise ValueError(f"images must be >= 1, got {cfg.images}")
+    paper = dict(cfg.accepted_lengths or {})
+    unknown = sorted(set(paper) - set(cfg.suite) - set(cfg.variants or {}))
+    if unknown:  # a typo; a known decoder that this run leaves out (decoders=[...]) is skipped
+        raise ValueError(f"accepted_lengths names decoders that are neither suite decoders nor variants: "
+                         f"{unknown}; suite: {list(cfg.suite)}, variants: {list(cfg.variants or {})}")
     if cfg.get("layouts"):
         return run_layouts(cfg, model_name)
     model: ImageARModel = instantiate(cfg.model)
@@ -974,50 +1018,59 @@ def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
     decoders = build_decoders(cfg, model)
     prompts = instantiate(cfg.data).load(model, cfg.images, key="images")
     timer = Timer(model.device)
+    name = cfg.name or f"{model_name}_{model.device.type}"
+    setup = {
+        "name": name, "model": model_name, "device": str(model.device),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "image_tokens": model.num_image_tokens, "streams": model.num_streams, "images": cfg.images,
+        "warmup": cfg.warmup, "drafter_weights": cfg.drafter_weights,
+        "compile": cfg.compile_mode if cfg.compile else False, "cuda_graphs": cfg.cuda_graphs, "note": cfg.note,
+    }
     with torch.inference_mode():
         cost = CostModel(cfg, model, decoders, prompts[0], timer)
+        progress(f"cost model probes built ({len(cost.probes.fns)})")
         stats = run_interleaved(decoders, prompts, cfg, cost)
-        counts = {name: decode_counts(dec, prompts[0], cfg.seed) for name, dec in decoders.items()}
-        throughput = measure_throughput(decoders, prompts, cfg, timer) if cfg.throughput.batch_sizes else {}
-    costs = cost.costs()
-    paper = dict(cfg.accepted_lengths or {})
-    unknown = sorted(set(paper) - set(decoders))
-    if unknown:
-        raise ValueError(f"accepted_lengths names decoders that are not run: {unknown}; "
-                         f"run: {list(decoders)}")
-    results: dict[str, DecoderResult] = {}
-    results["ar"] = summarize("ar", stats["ar"], decoders["ar"], costs, None, None)
-    ar = {"latency_s": results["ar"].latency_s, "iteration_s": results["ar"].iteration_s}
-    for name in decoders:
-        if name != "ar":
-            results[name] = summarize(name, stats[name], decoders[name], costs, ar, paper.get(name))
-    name = cfg.name or f"{model_name}_{model.device.type}"
-    record = {
-        "setup": {
-            "name": name, "model": model_name, "device": str(model.device),
-            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-            "image_tokens": model.num_image_tokens, "streams": model.num_streams, "images": cfg.images,
-            "warmup": cfg.warmup, "repeats": len(cost.probes.samples["sample"]),
-            "drafter_weights": cfg.drafter_weights,
-            "compile": cfg.compile_mode if cfg.compile else False, "cuda_graphs": cfg.cuda_graphs,
-            "note": cfg.note,
-        },
-        "costs": asdict(costs),
-        "call_anatomy": cost.anatomy,
-        "call_counts": {name: {**asdict(c), **c.summary()} for name, c in counts.items()},
-        "graph_errors": cost.graph_errors,
-        "ar_graph_projection_s": ar_graph_projection(costs, results["ar"], model.num_image_tokens),
-        "decoders": {k: asdict(v) for k, v in results.items()},
-        "per_image": {k: [s.as_dict() for s in v] for k, v in stats.items()},
-        "throughput": throughput,
-        "goals": check_goals(cfg, costs, results, throughput),
-        "config": OmegaConf.to_container(cfg, resolve=True),
-        "git": git_commit(),
-        "environment": environment(),
-        "started": started.isoformat(timespec="seconds"),
-    }
-    out_dir = Path(cfg.out_dir)
+        counts = {name: decode_counts(dec, prompts[0], cfg.seed) for name, dec in decoders.items()} \
+            if cfg.call_counts else {}
+        costs = cost.costs()
+        results: dict[str, DecoderResult] = {}
+        results["ar"] = summarize("ar", stats["ar"], decoders["ar"], costs, None, None)
+        ar = {"latency_s": results["ar"].latency_s, "iteration_s": results["ar"].iteration_s}
+        for label in decoders:
+            if label != "ar":
+                results[label] = summarize(label, stats[label], decoders[label], costs, ar, paper.get(label))
+        record = {
+            "setup": {**setup, "repeats": len(cost.probes.samples["sample"])},
+            "complete": False,
+            "costs": asdict(costs),
+            "call_anatomy": cost.anatomy,
+            "call_counts": {label: {**asdict(c), **c.summary()} for label, c in counts.items()},
+            "graph_errors": cost.graph_errors,
+            "ar_graph_projection_s": ar_graph_projection(costs, results["ar"], model.num_image_tokens),
+            "decoders": {k: asdict(v) for k, v in results.items()},
+            "per_image": {k: [s.as_dict() for s in v] for k, v in stats.items()},
+            "throughput": {},
+            "goals": check_goals(cfg, costs, results, {}),
+            "config": OmegaConf.to_container(cfg, resolve=True),
+            "git": git_commit(),
+            "environment": environment(),
+            "started": started.isoformat(timespec="seconds"),
+        }
+        write_bench(cfg, record, costs, results)
+        if cfg.throughput.batch_sizes:
+            progress(f"latency part written to {Path(cfg.out_dir) / name}.md; throughput next")
+            throughput = measure_throughput(throughput_decoders(cfg, decoders), prompts, cfg, timer)
+            record.update(throughput=throughput, goals=check_goals(cfg, costs, results, throughput))
+    record["complete"] = True
+    write_bench(cfg, record, costs, results)
+    return record
+
+
+def write_bench(cfg: DictConfig, record: dict[str, Any], costs: Costs, results: dict[str, DecoderResult]) -> None:
+    """``<out_dir>/<name>.{json,md}`` of a bench record, atomically (a reader never sees half a file)."""
+    out_dir, name = Path(cfg.out_dir), record["setup"]["name"]
     table = markdown(record, costs, results)
+    if not record.get("complete", True):
+        table += "\n**Incomplete**: the throughput run had not finished when this was written.\n"
     atomic_write_bytes(out_dir / f"{name}.json", (json.dumps(record, indent=2, default=str) + "\n").encode())
     atomic_write_bytes(out_dir / f"{name}.md", table.encode())
-    return record

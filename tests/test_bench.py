@@ -140,3 +140,45 @@ def test_layout_comparison_times_each_model_variant_at_batch_1_and_batched(tmp_p
         assert all(rows[lay][n]["img_s"] > 0 and rows[lay][n]["median_latency_s"] > 0 for lay in layouts)
     assert rows[layouts[1]]["ar"]["same_tokens_as_first"] == 2  # float64: the variants' rounding never flips a token
     assert "img/s" in (tmp_path / "t_layouts.md").read_text()
+
+
+def test_throughput_of_chosen_decoders_in_fixed_batches_with_their_tau(tmp_path):
+    """``throughput.decoders`` picks the decoders, ``throughput.batches`` fixes the batches per size (a GPU
+    preset's budget), each cell records its images' mean accepted length, and a decoder with a paper τ gets
+    a projected img/s line; ``call_counts=false`` skips the counting decode."""
+    cfg = compose_bench([*SMALL, "decoders=[ar,sd,coolsd]", "throughput.decoders=[ar,sd]",
+                         "throughput.batches=1", "throughput.batch_sizes=[1,3]", "call_counts=false",
+                         "accepted_lengths={sd:2.42}", "cost.trees=[]", f"out_dir={tmp_path}", "name=t"])
+    record = bench.run_bench(cfg, "tiny")
+    assert record["complete"] and set(record["throughput"]) == {"ar", "sd"}
+    assert record["throughput"]["sd"]["images"] == {1: 1, 3: 3}
+    assert record["throughput"]["ar"]["tau"] == {1: 1.0, 3: 1.0} and record["throughput"]["sd"]["tau"][3] >= 1.0
+    assert record["call_counts"] == {}
+    text = (tmp_path / "t.md").read_text()
+    assert "projected img/s at the paper's τ = 2.42" in text and "Incomplete" not in text
+    with pytest.raises(ValueError, match="throughput.decoders names decoders that are not run"):
+        bench.run_bench(compose_bench([*SMALL, "throughput.decoders=[sjd]", "decoders=[ar]", f"out_dir={tmp_path}"]),
+                        "tiny")
+
+
+def test_the_latency_part_is_written_before_the_throughput_run(tmp_path, monkeypatch):
+    """A bench stopped during its throughput run (a GPU lease ending) keeps its cost model and latencies."""
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt("the lease ended")
+
+    monkeypatch.setattr(bench, "measure_throughput", stopped)
+    cfg = compose_bench([*SMALL, "decoders=[ar,sd]", "cost.trees=[]", f"out_dir={tmp_path}", "name=t"])
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_bench(cfg, "tiny")
+    record = json.loads((tmp_path / "t.json").read_text())
+    assert record["complete"] is False and record["throughput"] == {} and set(record["decoders"]) == {"ar", "sd"}
+    assert "**Incomplete**" in (tmp_path / "t.md").read_text()
+
+
+def test_a_misspelt_accepted_length_stops_before_the_model_is_built(monkeypatch):
+    monkeypatch.setattr(bench, "instantiate", lambda *a, **k: pytest.fail("the model was built"))
+    with pytest.raises(ValueError, match="accepted_lengths names decoders that are neither"):
+        bench.run_bench(compose_bench(["accepted_lengths={colsd:2.7}"]), "tiny")
+    cfg = compose_bench(["bench=lumina_mgpt_7b"])  # the GPU presets compose (their sizes are built on a GPU only)
+    assert cfg.model.random_init.vocab_size == 65536 and cfg.decoders == ["ar", "sd", "coolsd"]
+    assert compose_bench(["bench=llamagen_xl_512"]).throughput.decoders == ["ar", "sd"]

@@ -644,3 +644,17 @@ def test_every_decoder_runs_through_run_py(tmp_path):
     assert record["per_decoder"]["ar"]["target_forwards_per_image"] == 16  # prefill + 15 steps, 4 x 4 grid
     for name in suite:
         assert len(list((tmp_path / "images" / name).glob("*.png"))) == 1
+
+
+def test_random_weights_take_the_real_vocabulary_size():
+    """``random_init.vocab_size`` (the bench preset's 65,536 embeddings and head rows) pads the made-up vocabulary;
+    a size below it is refused. Decoding only ever reads image-code rows, so the padding changes no token's id."""
+    big = LuminaMGPT(sampling={}, width=64, height=96, pretrained=False, random_init={**SIZES, "vocab_size": 4000},
+                     device="cpu", dtype="float32")
+    assert big.lm.lm_head.weight.shape[0] == big.lm.model.embed_tokens.weight.shape[0] == 4000
+    assert big.codebook_size == SIZES["num_codes"] and int(big.code_to_bpe.max()) < 4000
+    tokens = big.teacher_force(["a cat"], torch.zeros(1, 4, dtype=torch.long))
+    assert torch.isfinite(tokens).all()
+    with pytest.raises(ValueError, match="random_init.vocab_size=10 is smaller than the vocabulary"):
+        LuminaMGPT(sampling={}, width=64, height=96, pretrained=False, random_init={**SIZES, "vocab_size": 10},
+                   device="cpu", dtype="float32")

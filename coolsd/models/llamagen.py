@@ -333,7 +333,10 @@ def compiled_layer(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: to
     if a.n_kv_head != a.n_head:
         k = k.repeat_interleave(a.n_head // a.n_kv_head, dim=1)
         v = v.repeat_interleave(a.n_head // a.n_kv_head, dim=1)
-    return compiled_region(_finish, x.device)(block, x, attend(q, k, v, mask, False))
+    out = compiled_region(_finish, x.device)(block, x, attend(q, k, v, mask, False))
+    # CUDA graphs (reduce-overhead) write every replay of a region into the same static buffer, and the next
+    # layer's replay of _finish takes this output as its input: a copy keeps it (the H200's first run refused it)
+    return out.clone() if out.is_cuda else out
 
 
 class DraftBlock(Float32Rope):

@@ -519,6 +519,8 @@ class RandomInit:
     num_attention_heads: int = 4
     num_key_value_heads: int = 4
     num_codes: int = 256
+    vocab_size: int | None = None  # embeddings and head rows (None: the vocabulary's size; 65536 at real size)
+    max_position_embeddings: int = 4096
     swin_norm: bool = False
     init_std: float = 0.2
     seed: int = 0
@@ -652,7 +654,7 @@ class LuminaMGPT(ImageARModel):
             vocab = tiny_vocabulary(init.num_codes, self.size_units, seed=init.seed,
                                     shuffle=init.shuffle_codes)
             tokenizer = word_level_tokenizer(vocab)
-            self.lm, vqgan = random_lumina(init, vocab)
+            self.lm, vqgan = random_lumina(init, vocab, target_device, target_dtype)
         self.tokenizer = tokenizer
         self.vocabulary = ChameleonVocabulary(tokenizer.get_vocab())
         check_vocabulary(self.vocabulary, self.lm.config)
@@ -913,20 +915,32 @@ def check_vocabulary(vocabulary: ChameleonVocabulary, config: ChameleonConfig) -
                          "text_tokenizer.json does not belong to this model")
 
 
-def random_lumina(init: RandomInit, vocab: Mapping[str, int]) -> tuple[ChameleonLM, ChameleonVQGAN]:
-    """A random-weight Chameleon LM and VQGAN decoder of the sizes in ``init`` (seeded, CPU, float32)."""
+def random_lumina(init: RandomInit, vocab: Mapping[str, int], device: torch.device | None = None,
+                  dtype: torch.dtype | None = None) -> tuple[ChameleonLM, ChameleonVQGAN]:
+    """A random-weight Chameleon LM and VQGAN decoder of the sizes in ``init`` (seeded, float32 on the CPU).
+
+    On CUDA the LM is drawn there, in ``dtype`` (a 7B model in float32 on the CPU would take 28 GB and minutes to
+    draw): the same distribution, other values than the CPU's for the same seed."""
+    if init.vocab_size is not None and init.vocab_size < len(vocab):
+        raise ValueError(f"model.random_init.vocab_size={init.vocab_size} is smaller than the vocabulary "
+                         f"({len(vocab)} tokens)")
     config = ChameleonConfig(
-        vocab_size=len(vocab), hidden_size=init.hidden_size, intermediate_size=init.intermediate_size,
+        vocab_size=init.vocab_size or len(vocab), hidden_size=init.hidden_size,
+        intermediate_size=init.intermediate_size,
         num_hidden_layers=init.num_hidden_layers, num_attention_heads=init.num_attention_heads,
         num_key_value_heads=init.num_key_value_heads, swin_norm=init.swin_norm, vocabulary_map=dict(vocab),
-        max_position_embeddings=4096,
+        max_position_embeddings=init.max_position_embeddings,
         vq_config={"embed_dim": 16, "num_embeddings": 64, "base_channels": 32, "latent_channels": 32,
                    "channel_multiplier": [1, 2], "num_res_blocks": 1},  # unused here; keeps HF's copy small
     )
     vq_cfg = ChameleonVQGANConfig(n_embed=init.num_codes, **dict(init.vqgan))
-    with torch.random.fork_rng(devices=[]):
+    on_gpu = device is not None and device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if on_gpu else []), \
+            torch.device(device if on_gpu else "cpu"):
         torch.manual_seed(init.seed)
         lm = ChameleonLM(config)
+        if on_gpu and dtype is not None:
+            lm.to(dtype=dtype)
         for name, param in lm.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):  # per-head qk-norm scales around 1
                 nn.init.normal_(param, mean=1.0, std=0.1)

@@ -10,7 +10,7 @@ Where the rank comes from (``launch_environment``), first match wins:
   rank, the job's first node as master, a port drawn from the job id unless ``MASTER_PORT`` is set).
 * otherwise one process (nothing is initialised).
 
-Shards stay fixed by prompt index (``eval.runner.Generator``: rank r of K takes ``index % K == r``), so an
+Shards stay fixed by prompt index (``eval.generator.Generator``: rank r of K takes ``index % K == r``), so an
 image does not depend on the number of ranks.
 
 Only small collectives happen, and only at start-up, when every rank is at the same point: the output folder

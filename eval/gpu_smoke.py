@@ -51,7 +51,6 @@ from typing import Any
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from coolsd.device import cuda_available, cuda_diagnosis
 from coolsd.io import atomic_write_bytes

@@ -1,4 +1,5 @@
-"""Run records: atomic file writes, resumable per-image JSONL logs, the environment block of ``run.json``.
+"""Run records: atomic file writes, resumable per-image JSONL logs, the environment block of ``run.json``, and
+the fingerprints that decide which finished records a run may keep (``RunRecords``).
 
 Outputs are written to a temporary file in the same folder and renamed into place, so a crash never leaves
 a half-written image or record. Per-image records are appended one JSON line at a time and flushed; on
@@ -14,14 +15,20 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
+from coolsd.fingerprint import TOKEN_CODE_VERSION, differing_keys, json_digest
 from coolsd.io import atomic_write_bytes, remove_stale_temps
+
+if TYPE_CHECKING:
+    from eval.distributed import Shards
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -134,3 +141,143 @@ def load_records(records_dir: Path, name: str) -> dict[int, dict]:
             if not (index in done and done[index].get("image") and not rec.get("image")):
                 done[index] = rec
     return done
+
+
+#: decoder keys that no image depends on: diagnostics, and where a cache lives (the LANTERN neighbour table is
+#: computed from the VQ codebook, which the weights digest covers)
+UNFINGERPRINTED = ("track_tv", "sync_phases", "neighbour_cache")
+#: model keys that say where the weights are read from. The fingerprint's ``weights_sha1`` covers what they
+#: point to, so they are left out of it: moving a checkout, another mount point on a cluster node or another
+#: ``$COOLSD_CACHE`` keeps a folder's records and the AR cache. The drafter's ``checkpoint`` is left out in the
+#: same way when the fingerprint carries ``drafter_weights_sha1`` (trained EAGLE heads).
+WEIGHT_LOCATIONS = ("gpt_checkpoint", "vq_checkpoint", "weights_dir")
+#: model keys added after records were made, left out of the fingerprint at these (their default) values, so
+#: older records still match; another value is fingerprinted (``model.compile=true`` makes other bits)
+MODEL_DEFAULTS = {"compile": False}
+
+
+def decoder_fingerprint(cfg: DictConfig, name: str, decoder_cfg: DictConfig) -> dict[str, Any]:
+    """What a decoder's images depend on besides model weights, prompt and seed: the model config, the decoder
+    and drafter configs without ``UNFINGERPRINTED`` keys, and the code version (``normalised``)."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    dec = OmegaConf.to_container(decoder_cfg, resolve=True)
+    return normalised({"code_version": TOKEN_CODE_VERSION, "model": model, "decoder": dec})
+
+
+def normalised(fp: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint without the keys no image depends on: ``UNFINGERPRINTED`` decoder keys, the weights'
+    locations (``WEIGHT_LOCATIONS``, the drafter's ``checkpoint``) once the digest of those weights is in it, and
+    ``MODEL_DEFAULTS`` keys at their default.
+    Also applied to a stored fingerprint of an older version, which kept them."""
+    fp = dict(fp)
+    dec = fp.get("decoder")
+    if isinstance(dec, dict):
+        dec = {k: v for k, v in dec.items() if k not in UNFINGERPRINTED}
+        if "drafter_weights_sha1" in fp and isinstance(dec.get("drafter"), dict):
+            dec["drafter"] = {k: v for k, v in dec["drafter"].items() if k != "checkpoint"}
+        fp["decoder"] = dec
+    if isinstance(fp.get("model"), dict):
+        located = "weights_sha1" in fp
+        fp["model"] = {k: v for k, v in fp["model"].items()
+                       if not (located and k in WEIGHT_LOCATIONS) and not (k in MODEL_DEFAULTS and v == MODEL_DEFAULTS[k])}
+    return fp
+
+
+class RunRecords:
+    """Every decoder's per-image records of one output folder, checked against this run's fingerprints.
+
+    ``fingerprints[name]`` (a dict) is stored beside the records (``records/<name>.fingerprint.json``); each
+    record carries the digest of that dict with its prompt and seed. A folder whose records were made with
+    other settings is refused (``eval.resume=auto``) or cleared (``overwrite``) before any image is made.
+    """
+
+    def __init__(self, out_dir: Path, fingerprints: dict[str, dict], resume: str, shards: "Shards",
+                 numerics_mismatch: str = "refuse") -> None:
+        self.dir = out_dir / "records"
+        self.out_dir = out_dir
+        self.fingerprints = {name: normalised(fp) for name, fp in fingerprints.items()}
+        self.digests = {name: json_digest(fp) for name, fp in self.fingerprints.items()}
+        self.resume = resume
+        self.shards = shards
+        self.numerics_mismatch = numerics_mismatch
+        #: decoder -> the stored ``numerics`` fingerprint of records this run accepted from another machine
+        self.accepted_numerics: dict[str, Any] = {}
+
+    def meta_path(self, name: str) -> Path:
+        return self.dir / f"{name}.fingerprint.json"
+
+    def image_digest(self, name: str, prompt: str, seed: int) -> str:
+        return json_digest([self.digests[name], prompt, seed])
+
+    def check(self, prompts: list[str], seed: int) -> dict[str, dict[int, dict]]:
+        """Finished records per decoder (index -> record) that match; refuses or clears mismatching ones."""
+        done: dict[str, dict[int, dict]] = {}
+        problems: list[str] = []
+        for name, fp in self.fingerprints.items():
+            meta = self.meta_path(name)
+            records = load_records(self.dir, name)
+            stale = []
+            if meta.is_file():
+                old = json.loads(meta.read_text())
+                keys = differing_keys(normalised(old), fp)
+                if keys and self.numerics_mismatch == "accept" and all(k.startswith("numerics.") for k in keys):
+                    self.accepted_numerics[name] = old.get("numerics")  # another machine's records, kept
+                    self.fingerprints[name], self.digests[name] = old, json_digest(old)
+                    keys = []
+                if keys:
+                    if any(k.startswith("numerics.") for k in keys):
+                        keys = [f"numerics (made on a machine whose float32 arithmetic differs: self-check "
+                                f"{old.get('numerics')} there, {fp.get('numerics')} here; eval.numerics_mismatch="
+                                "accept keeps them)"] + [k for k in keys if not k.startswith("numerics.")]
+                    stale.append(f"decoder {name!r} (records/{name}.jsonl): {', '.join(keys[:8])}"
+                                 + (f" and {len(keys) - 8} more" if len(keys) > 8 else ""))
+                elif old != fp:  # an older version fingerprinted e.g. a location: keep
+                    # its form, whose digest the folder's records carry (and this run's new records will)
+                    self.fingerprints[name], self.digests[name] = old, json_digest(old)
+            elif records:
+                stale.append(f"decoder {name!r}: records/{name}.jsonl has no fingerprint (made by an older version)")
+            if not stale:
+                bad = [i for i, r in records.items()
+                       if i >= len(prompts) or r.get("fingerprint") != self.image_digest(name, prompts[i], seed + i)]
+                bad = [i for i in bad if i < len(prompts)]
+                if bad:
+                    i = bad[0]
+                    stale.append(f"decoder {name!r}: {len(bad)} records were made for other prompts or seeds "
+                                 f"(e.g. image {i}: prompt {records[i]['prompt']!r} seed {records[i]['seed']} vs "
+                                 f"{prompts[i]!r} seed {seed + i})")
+            if stale and self.resume == "overwrite":
+                if self.shards.rank == 0:
+                    self._clear(name)
+                records = {}
+                stale = []
+            problems += stale
+            done[name] = {i: r for i, r in records.items() if i < len(prompts)}
+        if problems:
+            raise RuntimeError(
+                f"{self.out_dir} holds images made with other settings than this run:\n  - "
+                + "\n  - ".join(problems)
+                + "\nNothing was generated. Either write to a new folder (hydra.run.dir=<new folder>) or "
+                  "replace the mismatching records with eval.resume=overwrite.")
+        self.shards.barrier()
+        if self.shards.rank == 0:
+            for name, fp in self.fingerprints.items():
+                atomic_write_json(self.meta_path(name), fp)
+        return done
+
+    def _clear(self, name: str) -> None:
+        for path in list(self.dir.glob(f"{name}.jsonl")) + list(self.dir.glob(f"{name}.rank*.jsonl")):
+            path.unlink()
+        self.meta_path(name).unlink(missing_ok=True)
+        images = self.out_dir / "images" / name
+        if images.is_dir():
+            shutil.rmtree(images)
+
+
+def record_signatures(ordered: dict[str, list[dict]]) -> dict[str, int]:
+    """How many of the run's records were made under each numerics signature (older records: ``unknown``)."""
+    counts: dict[str, int] = {}
+    for recs in ordered.values():
+        for r in recs:
+            key = r.get("numerics") or "unknown"
+            counts[key] = counts.get(key, 0) + 1
+    return counts

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 from typing import Any, Sequence
 
 from coolsd.io import atomic_write_bytes
@@ -252,3 +253,21 @@ def speed_quality_plot(per_decoder: dict[str, dict[str, Any]], path_png, n_image
         atomic_write_bytes(path, buf.getvalue())
     plt.close(fig)
     return True
+
+
+def save_grid(path: Path, out_dir: Path, records: list[dict], max_images: int = 64) -> None:
+    """One PNG with up to ``max_images`` generated images of a decoder, in prompt order."""
+    from PIL import Image
+
+    images = [Image.open(out_dir / r["image"]) for r in records[:max_images] if r.get("image")]
+    if not images:
+        return
+    w, h = images[0].size
+    cols = min(8, len(images))
+    rows = math.ceil(len(images) / cols)
+    canvas = Image.new("RGB", (cols * w, rows * h), "white")
+    for k, im in enumerate(images):
+        canvas.paste(im.convert("RGB"), ((k % cols) * w, (k // cols) * h))
+    buf = io.BytesIO()
+    canvas.save(buf, format="PNG")
+    atomic_write_bytes(path, buf.getvalue())

@@ -25,14 +25,10 @@ Example: ``python run.py decoder=sd eval.num_prompts=32``;
 from __future__ import annotations
 
 import datetime as dt
-import io
-import json
 import logging
 import math
 import os
-import shutil
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,20 +41,21 @@ from tqdm import tqdm
 from coolsd import validate
 from coolsd.decoding import Decoder
 from coolsd.device import check_model_device
-from coolsd.fingerprint import TOKEN_CODE_VERSION, differing_keys, json_digest, weights_digest
+from coolsd.fingerprint import weights_digest
 from coolsd.io import atomic_write_bytes
 from coolsd.numerics import check_batch_invariance
 from coolsd.types import pooled_accepted_length
 from eval import stats
+from eval.ar_cache import ARCache
 from eval.distributed import Shards, dist_options
+from eval.generator import Generator
 from eval.labels import canonical, decoder_options, method_label
 from eval.logging import Progress
 from eval.prefetch import check_run_files, run_overrides
-from eval.records import JsonlLog, atomic_write_json, environment, git_commit, load_records, save_png
-from eval.report import comparison_table, markdown_table, one_line_summary, speed_quality_plot
+from eval.records import (RunRecords, atomic_write_json, decoder_fingerprint, environment, git_commit, load_records,
+                          record_signatures)
+from eval.report import comparison_table, markdown_table, one_line_summary, save_grid, speed_quality_plot
 from eval.stats import Bootstrap
-
-WARMUP_SEED = 2**31 - 1
 
 
 RESUME = ("auto", "overwrite")
@@ -334,313 +331,6 @@ UNCERTAINTY = {  # run.json's description of each interval (eval/stats.py has th
 }
 
 
-#: decoder keys that no image depends on: diagnostics, and where a cache lives (the LANTERN neighbour table is
-#: computed from the VQ codebook, which the weights digest covers)
-UNFINGERPRINTED = ("track_tv", "sync_phases", "neighbour_cache")
-#: model keys that say where the weights are read from. The fingerprint's ``weights_sha1`` covers what they
-#: point to, so they are left out of it: moving a checkout, another mount point on a cluster node or another
-#: ``$COOLSD_CACHE`` keeps a folder's records and the AR cache. The drafter's ``checkpoint`` is left out in the
-#: same way when the fingerprint carries ``drafter_weights_sha1`` (trained EAGLE heads).
-WEIGHT_LOCATIONS = ("gpt_checkpoint", "vq_checkpoint", "weights_dir")
-#: model keys added after records were made, left out of the fingerprint at these (their default) values, so
-#: older records still match; another value is fingerprinted (``model.compile=true`` makes other bits)
-MODEL_DEFAULTS = {"compile": False}
-
-
-def decoder_fingerprint(cfg: DictConfig, name: str, decoder_cfg: DictConfig) -> dict[str, Any]:
-    """What a decoder's images depend on besides model weights, prompt and seed: the model config, the decoder
-    and drafter configs without ``UNFINGERPRINTED`` keys, and the code version (``normalised``)."""
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    dec = OmegaConf.to_container(decoder_cfg, resolve=True)
-    return normalised({"code_version": TOKEN_CODE_VERSION, "model": model, "decoder": dec})
-
-
-def normalised(fp: dict[str, Any]) -> dict[str, Any]:
-    """A fingerprint without the keys no image depends on: ``UNFINGERPRINTED`` decoder keys, the weights'
-    locations (``WEIGHT_LOCATIONS``, the drafter's ``checkpoint``) once the digest of those weights is in it, and
-    ``MODEL_DEFAULTS`` keys at their default.
-    Also applied to a stored fingerprint of an older version, which kept them."""
-    fp = dict(fp)
-    dec = fp.get("decoder")
-    if isinstance(dec, dict):
-        dec = {k: v for k, v in dec.items() if k not in UNFINGERPRINTED}
-        if "drafter_weights_sha1" in fp and isinstance(dec.get("drafter"), dict):
-            dec["drafter"] = {k: v for k, v in dec["drafter"].items() if k != "checkpoint"}
-        fp["decoder"] = dec
-    if isinstance(fp.get("model"), dict):
-        located = "weights_sha1" in fp
-        fp["model"] = {k: v for k, v in fp["model"].items()
-                       if not (located and k in WEIGHT_LOCATIONS) and not (k in MODEL_DEFAULTS and v == MODEL_DEFAULTS[k])}
-    return fp
-
-
-class RunRecords:
-    """Every decoder's per-image records of one output folder, checked against this run's fingerprints.
-
-    ``fingerprints[name]`` (a dict) is stored beside the records (``records/<name>.fingerprint.json``); each
-    record carries the digest of that dict with its prompt and seed. A folder whose records were made with
-    other settings is refused (``eval.resume=auto``) or cleared (``overwrite``) before any image is made.
-    """
-
-    def __init__(self, out_dir: Path, fingerprints: dict[str, dict], resume: str, shards: "Shards",
-                 numerics_mismatch: str = "refuse") -> None:
-        self.dir = out_dir / "records"
-        self.out_dir = out_dir
-        self.fingerprints = {name: normalised(fp) for name, fp in fingerprints.items()}
-        self.digests = {name: json_digest(fp) for name, fp in self.fingerprints.items()}
-        self.resume = resume
-        self.shards = shards
-        self.numerics_mismatch = numerics_mismatch
-        #: decoder -> the stored ``numerics`` fingerprint of records this run accepted from another machine
-        self.accepted_numerics: dict[str, Any] = {}
-
-    def meta_path(self, name: str) -> Path:
-        return self.dir / f"{name}.fingerprint.json"
-
-    def image_digest(self, name: str, prompt: str, seed: int) -> str:
-        return json_digest([self.digests[name], prompt, seed])
-
-    def check(self, prompts: list[str], seed: int) -> dict[str, dict[int, dict]]:
-        """Finished records per decoder (index -> record) that match; refuses or clears mismatching ones."""
-        done: dict[str, dict[int, dict]] = {}
-        problems: list[str] = []
-        for name, fp in self.fingerprints.items():
-            meta = self.meta_path(name)
-            records = load_records(self.dir, name)
-            stale = []
-            if meta.is_file():
-                old = json.loads(meta.read_text())
-                keys = differing_keys(normalised(old), fp)
-                if keys and self.numerics_mismatch == "accept" and all(k.startswith("numerics.") for k in keys):
-                    self.accepted_numerics[name] = old.get("numerics")  # another machine's records, kept
-                    self.fingerprints[name], self.digests[name] = old, json_digest(old)
-                    keys = []
-                if keys:
-                    if any(k.startswith("numerics.") for k in keys):
-                        keys = [f"numerics (made on a machine whose float32 arithmetic differs: self-check "
-                                f"{old.get('numerics')} there, {fp.get('numerics')} here; eval.numerics_mismatch="
-                                "accept keeps them)"] + [k for k in keys if not k.startswith("numerics.")]
-                    stale.append(f"decoder {name!r} (records/{name}.jsonl): {', '.join(keys[:8])}"
-                                 + (f" and {len(keys) - 8} more" if len(keys) > 8 else ""))
-                elif old != fp:  # an older version fingerprinted e.g. a location: keep
-                    # its form, whose digest the folder's records carry (and this run's new records will)
-                    self.fingerprints[name], self.digests[name] = old, json_digest(old)
-            elif records:
-                stale.append(f"decoder {name!r}: records/{name}.jsonl has no fingerprint (made by an older version)")
-            if not stale:
-                bad = [i for i, r in records.items()
-                       if i >= len(prompts) or r.get("fingerprint") != self.image_digest(name, prompts[i], seed + i)]
-                bad = [i for i in bad if i < len(prompts)]
-                if bad:
-                    i = bad[0]
-                    stale.append(f"decoder {name!r}: {len(bad)} records were made for other prompts or seeds "
-                                 f"(e.g. image {i}: prompt {records[i]['prompt']!r} seed {records[i]['seed']} vs "
-                                 f"{prompts[i]!r} seed {seed + i})")
-            if stale and self.resume == "overwrite":
-                if self.shards.rank == 0:
-                    self._clear(name)
-                records = {}
-                stale = []
-            problems += stale
-            done[name] = {i: r for i, r in records.items() if i < len(prompts)}
-        if problems:
-            raise RuntimeError(
-                f"{self.out_dir} holds images made with other settings than this run:\n  - "
-                + "\n  - ".join(problems)
-                + "\nNothing was generated. Either write to a new folder (hydra.run.dir=<new folder>) or "
-                  "replace the mismatching records with eval.resume=overwrite.")
-        self.shards.barrier()
-        if self.shards.rank == 0:
-            for name, fp in self.fingerprints.items():
-                atomic_write_json(self.meta_path(name), fp)
-        return done
-
-    def _clear(self, name: str) -> None:
-        for path in list(self.dir.glob(f"{name}.jsonl")) + list(self.dir.glob(f"{name}.rank*.jsonl")):
-            path.unlink()
-        self.meta_path(name).unlink(missing_ok=True)
-        images = self.out_dir / "images" / name
-        if images.is_dir():
-            shutil.rmtree(images)
-
-
-class ARCache:
-    """AR images of earlier runs with the same fingerprint, reused for the batched quality set.
-
-    ``$COOLSD_CACHE/ar/<fingerprint digest>/``: ``records.jsonl`` (keyed by each image's digest of prompt and
-    seed) and ``images/<digest>.png``. Latency is never reused: the timed subset is generated in every run.
-
-    Concurrent jobs share it: ``records.jsonl.lock`` (``filelock``) serialises loading (whose repair may
-    rewrite the file) and every append, so a record written by one job is never cut off or interleaved by
-    another (``tests/test_cache_lock.py``: two writer processes, no entry lost).
-    """
-
-    def __init__(self, root: Path, digest: str, lock_timeout_s: float = 600.0) -> None:
-        from filelock import FileLock
-
-        self.dir = root / "ar" / digest
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.lock = FileLock(str(self.dir / "records.jsonl.lock"), timeout=lock_timeout_s)
-        with self.lock:
-            self.log = JsonlLog(self.dir / "records.jsonl", key="fingerprint")
-
-    def get(self, image_digest: str) -> dict | None:
-        rec = self.log.done.get(image_digest)
-        if rec is None or (rec.get("image") and not (self.dir / rec["image"]).is_file()):
-            return None
-        return rec
-
-    def put(self, record: dict, image_file: Path | None) -> None:
-        rec = dict(record)
-        if image_file is not None:
-            rec["image"] = f"images/{record['fingerprint']}.png"
-            atomic_write_bytes(self.dir / rec["image"], image_file.read_bytes())
-        with self.lock:  # one whole line per record, whatever the other jobs append meanwhile
-            self.log.append(rec)
-
-
-@dataclass
-class Generator:
-    """Generates and records images of one rank: the timed subset at batch 1, the rest in batches."""
-
-    decoders: dict[str, Decoder]
-    prompts: list[str]
-    suite: EvalSuite
-    out_dir: Path
-    shards: Shards
-    records: RunRecords
-    ar_cache: ARCache | None
-    signature: str | None = None  # this machine's numerics signature, stored in every record
-    progress: Progress | None = None  # live progress (console + logger), rank 0 only
-
-    def __post_init__(self) -> None:
-        suffix = f".rank{self.shards.rank}" if self.shards.world > 1 else ""
-        self.logs = {name: JsonlLog(self.out_dir / "records" / f"{name}{suffix}.jsonl", key="index")
-                     for name in self.decoders}
-        self.model = next(iter(self.decoders.values())).model
-
-    def run(self, done: dict[str, dict[int, dict]]) -> None:
-        suite, prompts = self.suite, self.prompts
-        mine = [i for i in range(len(prompts)) if i % self.shards.world == self.shards.rank]
-        self._restore_images(done, set(mine))
-        timed = [i for i in mine if i < suite.num_timed]
-        rest = [i for i in mine if i >= suite.num_timed]
-        # the timed subset must have been timed (a batched record of it has no latency). A prompt that some
-        # decoder has not timed yet is timed again for every decoder, AR included, so each speedup divides
-        # latencies measured in one invocation (a decoder added to a finished run is not divided by an AR
-        # latency of another process, machine load or clock)
-        untimed = {i for i in timed for name in self.decoders if not (i in done[name] and done[name][i].get("timed"))}
-        todo_timed = [(i, name) for i in timed if i in untimed for name in self.decoders]
-        todo_rest = {name: [i for i in rest if i not in done[name]] for name in self.decoders}
-        if self.ar_cache is not None and "ar" in todo_rest:
-            todo_rest["ar"] = self._reuse_ar(todo_rest["ar"])
-        total = len(todo_timed) + sum(len(v) for v in todo_rest.values())
-        if self.progress is not None:
-            self.progress.start({name: sum(n == name for _, n in todo_timed) + len(todo_rest.get(name, []))
-                                 for name in self.decoders})
-        bar = tqdm(total=total, desc=f"generating ({len(prompts)} prompts x {len(self.decoders)} decoders"
-                   + (f", rank {self.shards.rank}/{self.shards.world})" if self.shards.world > 1 else ")"),
-                   unit="img", dynamic_ncols=True, disable=self.shards.rank != 0 and self.shards.world > 1)
-        for name in {n for _, n in todo_timed}:
-            for w in range(suite.warmup):
-                self.decoders[name].generate(prompts[0], WARMUP_SEED - w, label="warm-up")
-        for i, name in todo_timed:
-            self._generate(name, [i], timed=True)
-            bar.update(1)
-        batches = {name: [idx[k: k + suite.batch_size] for k in range(0, len(idx), suite.batch_size)]
-                   for name, idx in todo_rest.items()}
-        for round_ in range(max((len(b) for b in batches.values()), default=0)):  # decoders interleaved
-            for name, chunks in batches.items():
-                if round_ < len(chunks):
-                    self._generate(name, chunks[round_], timed=False)
-                    bar.update(len(chunks[round_]))
-        bar.close()
-        if self.progress is not None:
-            self.progress.finish()
-
-    def _restore_images(self, done: dict[str, dict[int, dict]], mine: set[int]) -> None:
-        """Finished records of this rank that have no image file (made with ``eval.save_images=false``, or the
-        file was deleted) get their image decoded from their recorded tokens, before any generation, so every
-        image metric finds one image per record (the tokens are the image; nothing is regenerated)."""
-        if not self.suite.save_images:
-            return
-        for name, recs in done.items():
-            lacking = sorted(i for i, r in recs.items() if i in mine
-                             and not (r.get("image") and (self.out_dir / r["image"]).is_file()))
-            for k in range(0, len(lacking), 64):
-                chunk = lacking[k: k + 64]
-                pixels = self.model.decode_images(torch.tensor([recs[i]["tokens"] for i in chunk],
-                                                               device=self.model.device))
-                for i, image in zip(chunk, pixels):
-                    path = self.out_dir / "images" / name / f"{i:05d}.png"
-                    save_png(path, image)
-                    recs[i] = {**recs[i], "image": str(path.relative_to(self.out_dir))}
-                    self.logs[name].append(recs[i])
-
-    def _reuse_ar(self, indices: list[int]) -> list[int]:
-        """Copy cached AR records (and images) into this run; returns the indices still to generate."""
-        left = []
-        for i in indices:
-            digest = self.records.image_digest("ar", self.prompts[i], self.suite.seed + i)
-            cached = self.ar_cache.get(digest)
-            if cached is None or (self.suite.save_images and not cached.get("image")):
-                left.append(i)
-                continue
-            record = {**cached, "index": i, "reused": True, "timed": False}
-            if cached.get("image"):
-                path = self.out_dir / "images" / "ar" / f"{i:05d}.png"
-                atomic_write_bytes(path, (self.ar_cache.dir / cached["image"]).read_bytes())
-                record["image"] = str(path.relative_to(self.out_dir))
-            self.logs["ar"].append(record)
-        return left
-
-    def _generate(self, name: str, indices: list[int], timed: bool) -> None:
-        suite, model = self.suite, self.model
-        cuda = model.device.type == "cuda"
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        prompts = [self.prompts[i] for i in indices]
-        seeds = [suite.seed + i for i in indices]
-        gens = self.decoders[name].generate_batch(prompts, seeds, labels=indices)
-        batch_s = max(g.stats.latency_s for g in gens)
-        batch_id = None if timed else uuid.uuid4().hex[:12]
-        peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
-        images = [None] * len(gens)
-        decode_s = 0.0
-        if suite.save_images:
-            t0 = time.perf_counter()
-            pixels = model.decode_images(torch.stack([g.tokens for g in gens]))
-            if cuda:
-                torch.cuda.synchronize()
-            decode_s = (time.perf_counter() - t0) / len(gens)
-            for k, i in enumerate(indices):
-                images[k] = self.out_dir / "images" / name / f"{i:05d}.png"
-                save_png(images[k], pixels[k])
-        for k, (i, gen) in enumerate(zip(indices, gens)):
-            stats = gen.stats.as_dict()
-            stats["peak_mem_mb"] = peak
-            if suite.save_images:
-                stats["decode_s"] = decode_s
-            record = {
-                "index": i,
-                "prompt": prompts[k],
-                "seed": seeds[k],
-                "fingerprint": self.records.image_digest(name, prompts[k], seeds[k]),
-                "tokens": gen.tokens.tolist(),
-                "image": str(images[k].relative_to(self.out_dir)) if images[k] else None,
-                "timed": timed,
-                "batch_id": batch_id,
-                "batch_s": batch_s,
-                "numerics": self.signature,
-                "stats": stats,
-            }
-            self.logs[name].append(record)
-            if name == "ar" and self.ar_cache is not None and not timed:
-                self.ar_cache.put(record, images[k])
-        if self.progress is not None:
-            self.progress.add(name, [g.stats for g in gens], batch_s)
-
-
 def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: bool = True,
                    choices: dict[str, Any] | None = None, job: dict[str, Any] | None = None) -> dict[str, Any]:
     """Generate, measure and score on every rank (``eval.distributed.Shards``: torchrun, SLURM tasks or one
@@ -806,31 +496,3 @@ def machine_numerics(model, shards: Shards, mismatch: str) -> dict[str, Any]:
             "reproducibility\"; model.row_block=4 restored it on an AMD EPYC at a cost); run.json numerics records it")
     return {"check": check.as_dict(), "ranks": ranks, "fingerprint": check.fingerprint(),
             "signature": check.signature}
-
-
-def record_signatures(ordered: dict[str, list[dict]]) -> dict[str, int]:
-    """How many of the run's records were made under each numerics signature (older records: ``unknown``)."""
-    counts: dict[str, int] = {}
-    for recs in ordered.values():
-        for r in recs:
-            key = r.get("numerics") or "unknown"
-            counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
-def save_grid(path: Path, out_dir: Path, records: list[dict], max_images: int = 64) -> None:
-    """One PNG with up to ``max_images`` generated images of a decoder, in prompt order."""
-    from PIL import Image
-
-    images = [Image.open(out_dir / r["image"]) for r in records[:max_images] if r.get("image")]
-    if not images:
-        return
-    w, h = images[0].size
-    cols = min(8, len(images))
-    rows = math.ceil(len(images) / cols)
-    canvas = Image.new("RGB", (cols * w, rows * h), "white")
-    for k, im in enumerate(images):
-        canvas.paste(im.convert("RGB"), ((k % cols) * w, (k // cols) * h))
-    buf = io.BytesIO()
-    canvas.save(buf, format="PNG")
-    atomic_write_bytes(path, buf.getvalue())

@@ -1,4 +1,4 @@
-"""The shared AR image cache (``eval.runner.ARCache``) under concurrent writers: two processes that append
+"""The shared AR image cache (``eval.ar_cache.ARCache``) under concurrent writers: two processes that append
 records and reopen the cache meanwhile (a new job's load, whose repair may rewrite the file) leave a file in
 which every line parses and no entry is lost.
 
@@ -12,7 +12,7 @@ import json
 import multiprocessing as mp
 from pathlib import Path
 
-from eval.runner import ARCache
+from eval.ar_cache import ARCache
 
 PER_WRITER = 40
 TOKENS = 6000  # ~30 kB per JSON line: several write() calls each, so unlocked appends can interleave

@@ -200,10 +200,10 @@ def test_rank_zero_stops_with_the_error_of_a_rank_that_failed(tmp_path):
     out = tmp_path / "failing"
     port = free_port()
     failing = ("import runpy, sys\n"
-               "import eval.runner\n"
+               "import eval.generator\n"
                "def boom(self, done):\n"
                "    raise RuntimeError('rank 1 ran out of memory')\n"
-               "eval.runner.Generator.run = boom\n"
+               "eval.generator.Generator.run = boom\n"
                "sys.argv = ['run.py', *sys.argv[1:]]\n"
                "runpy.run_path('run.py', run_name='__main__')\n")
     procs = []

@@ -55,7 +55,7 @@ def write_every_kind(folder: Path, model) -> list[Path]:
     from coolsd.neighbours import latent_neighbours
     from eval.records import JsonlLog, atomic_write_json, save_png
     from eval.report import speed_quality_plot
-    from eval.runner import save_grid
+    from eval.report import save_grid
     from coolsd.training import data as dd
     from coolsd.training import drafter as td
 
@@ -375,7 +375,8 @@ def test_records_do_not_depend_on_where_the_neighbour_cache_lives(tmp_path):
     older version fingerprinted it (or under another $COOLSD_CACHE) are reused, new ones join them, and a real
     difference is still refused."""
     from coolsd.fingerprint import json_digest
-    from eval.runner import RunRecords, Shards
+    from eval.distributed import Shards
+    from eval.records import RunRecords
 
     from coolsd.fingerprint import TOKEN_CODE_VERSION
 
@@ -397,7 +398,7 @@ def test_records_do_not_depend_on_where_the_neighbour_cache_lives(tmp_path):
     assert sorted(again.check(prompts, 0)["lantern"]) == [0, 1, 2]
     from omegaconf import OmegaConf
 
-    from eval.runner import decoder_fingerprint
+    from eval.records import decoder_fingerprint
 
     cfg = OmegaConf.create({"model": {"x": 1}})
     for where in ("/root/.cache/coolsd/neighbours", "/elsewhere"):  # what the run computes, wherever the cache is
@@ -414,7 +415,8 @@ def test_records_survive_a_moved_checkout_and_a_changed_weights_digest_is_refuse
     at another path (stored by an older version with the paths) are reused; other weights are refused; a
     drafter without a weights digest (a layer-skip copy) still has its checkpoint fingerprinted."""
     from coolsd.fingerprint import json_digest
-    from eval.runner import RunRecords, Shards
+    from eval.distributed import Shards
+    from eval.records import RunRecords
 
     def fingerprint(root, target="t1", drafter="d1"):
         return {"code_version": 2, "weights_sha1": target, "drafter_weights_sha1": drafter,

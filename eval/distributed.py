@@ -40,55 +40,19 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from coolsd import validate
+from coolsd.launch import launch_environment
 from eval.records import atomic_write_json
 
 log = logging.getLogger("coolsd")
 
 #: ``dist.*`` keys (configs/config.yaml) and their defaults
 DIST_DEFAULTS = {"timeout_min": 720.0, "poll_s": 10.0, "stale_min": 30.0}
-#: the environment variables by which torchrun (torch.distributed.run) tells a worker its place
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
-
-
-@dataclass(frozen=True)
-class LaunchEnvironment:
-    """This process's place in the run: ``source`` is ``torchrun``, ``submitit`` or ``single``; ``init_method``
-    the process group's rendezvous (None for one process)."""
-
-    source: str
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    init_method: str | None = None
-
-
-def launch_environment() -> LaunchEnvironment:
-    """Ranks from torchrun's variables, else from submitit's job environment (SLURM or its local executor),
-    else one process. See the module docstring."""
-    if all(k in os.environ for k in TORCHRUN_VARS):
-        world = int(os.environ["WORLD_SIZE"])
-        return LaunchEnvironment("torchrun", int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")),
-                                 "env://" if world > 1 else None)
-    if "SUBMITIT_EXECUTOR" not in os.environ and "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:
-        # a SLURM task that submitit did not start (srun python run.py): submitit's SLURM environment reads it
-        os.environ["SUBMITIT_EXECUTOR"] = "slurm"
-    if "SUBMITIT_EXECUTOR" in os.environ:
-        from submitit.helpers import TorchDistributedEnvironment
-
-        env = TorchDistributedEnvironment()
-        if env.world_size == 1:
-            return LaunchEnvironment("submitit")
-        addr = os.environ.get("MASTER_ADDR", env.master_addr)
-        return LaunchEnvironment("submitit", env.rank, env.world_size, env.local_rank,
-                                 f"tcp://{addr}:{env.master_port}")
-    return LaunchEnvironment("single")
 
 
 def dist_options(cfg: Any) -> dict[str, float]:

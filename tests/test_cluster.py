@@ -18,6 +18,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from coolsd.launch import BatchStepError
 from eval.distributed import RankMarkers, dist_options, launch_environment
 from eval.records import load_records
 
@@ -70,7 +71,7 @@ def assert_same_records(reference: Path, other: Path, n: int = 6) -> None:
 
 
 # -- where the ranks come from ---------------------------------------------------------------------------------
-SLURM_TASK = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
+SLURM_TASK = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
               "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}
 
 
@@ -98,6 +99,28 @@ def test_ranks_come_from_slurm_through_submitit_and_from_torchrun(placement):
         placement.setenv(key, value)
     env = launch_environment()
     assert (env.source, env.rank, env.world, env.local_rank, env.init_method) == ("torchrun", 3, 4, 3, "env://")
+
+
+def test_a_batch_step_without_srun_stops_at_once_with_the_fix(placement, tmp_path):
+    """``sbatch --ntasks=8`` whose script runs ``python run.py`` without ``srun``: one process that SLURM calls task
+    0 of 8. It stops before anything loads (it would wait for 7 tasks that never come), and says how to start them;
+    one task in its batch script, or a task of an ``srun`` step, runs."""
+    batch = {k: v for k, v in SLURM_TASK.items() if k != "SLURM_STEP_ID"} | {"SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+    for key, value in batch.items():
+        placement.setenv(key, value)
+    with pytest.raises(BatchStepError, match=r"srun --kill-on-bad-exit=1 python run.py"):
+        launch_environment()
+    placement.setenv("SLURM_STEP_ID", "batch")  # not a numbered step either
+    with pytest.raises(BatchStepError, match="SLURM_NTASKS=8"):
+        launch_environment()
+    placement.setenv("SLURM_NTASKS", "1")
+    assert launch_environment().world == 1
+    env = clean_env(**batch)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "run.py", *COMMON, f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "BatchStepError" in proc.stderr and "Nothing was started" in proc.stderr
+    assert time.monotonic() - started < 60 and not (tmp_path / "run" / "records").exists()
 
 
 def test_dist_keys_are_checked_and_the_default_timeout_is_long():
@@ -175,7 +198,7 @@ def test_two_slurm_tasks_give_the_records_of_one_process(one_process, tmp_path):
     port = free_port()
     procs = []
     for rank in (0, 1):
-        env = clean_env(SLURM_JOB_ID="777", SLURM_NTASKS="2", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
+        env = clean_env(SLURM_JOB_ID="777", SLURM_STEP_ID="0", SLURM_NTASKS="2", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
                         SLURM_NODEID="0", SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="localhost",
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         procs.append(subprocess.Popen([sys.executable, "run.py", *COMMON, f"hydra.run.dir={out}", "dist.poll_s=0.2"],
@@ -208,7 +231,7 @@ def test_rank_zero_stops_with_the_error_of_a_rank_that_failed(tmp_path):
                "runpy.run_path('run.py', run_name='__main__')\n")
     procs = []
     for rank in (0, 1):
-        env = clean_env(SLURM_JOB_ID="778", SLURM_NTASKS="2", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
+        env = clean_env(SLURM_JOB_ID="778", SLURM_STEP_ID="0", SLURM_NTASKS="2", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
                         SLURM_NODEID="0", SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="localhost",
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         command = ["run.py"] if rank == 0 else ["-c", failing]

@@ -1,0 +1,88 @@
+"""Where this process stands in a job of several processes: torchrun's variables, a SLURM task (read through
+submitit), or one process. One answer for every entry point: ``run.py`` (``eval.distributed.Shards``) and the
+drafter training (``coolsd.training.drafter``) both ask ``launch_environment``.
+
+First match wins:
+
+* **torchrun** (``torch.distributed.run``) sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``PORT``
+  (also ``srun torchrun ...`` inside a SLURM job);
+* **a submitit task**: the SLURM tasks of a job submitted by the Hydra submitit launcher with
+  ``tasks_per_node>1``, the tasks of submitit's local executor, or the tasks of a plain
+  ``srun python run.py``: ``submitit.helpers.TorchDistributedEnvironment`` (rank, world size, local rank, the
+  job's first node as master, a port drawn from the job id unless ``MASTER_PORT`` is set);
+* otherwise one process.
+
+A batch script that starts ``python run.py`` without ``srun`` in a job of several tasks is one process that SLURM
+describes as task 0 of many: the other tasks would never come, so it stops at once (``BatchStepError``) and says
+how to start them.
+
+Example: ``launch_environment()`` -> ``LaunchEnvironment(source='torchrun', rank=3, world=8, local_rank=3,
+init_method='env://')`` inside ``torchrun --nproc_per_node=8``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+#: the environment variables by which torchrun (torch.distributed.run) tells a worker its place
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
+
+
+class BatchStepError(RuntimeError):
+    """A SLURM job of several tasks ran this process in its batch step, without ``srun``."""
+
+
+@dataclass(frozen=True)
+class LaunchEnvironment:
+    """This process's place in the run: ``source`` is ``torchrun``, ``submitit`` or ``single``; ``init_method``
+    the process group's rendezvous (None for one process)."""
+
+    source: str
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    init_method: str | None = None
+
+
+def launch_environment() -> LaunchEnvironment:
+    """Ranks from torchrun's variables, else from submitit's job environment (SLURM or its local executor),
+    else one process. See the module docstring."""
+    if all(k in os.environ for k in TORCHRUN_VARS):
+        world = int(os.environ["WORLD_SIZE"])
+        return LaunchEnvironment("torchrun", int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")),
+                                 "env://" if world > 1 else None)
+    if "SUBMITIT_EXECUTOR" not in os.environ and "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:
+        check_not_batch_step()
+        # a SLURM task that submitit did not start (srun python run.py): submitit's SLURM environment reads it
+        os.environ["SUBMITIT_EXECUTOR"] = "slurm"
+    if "SUBMITIT_EXECUTOR" in os.environ:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        env = TorchDistributedEnvironment()
+        if env.world_size == 1:
+            return LaunchEnvironment("submitit")
+        addr = os.environ.get("MASTER_ADDR", env.master_addr)
+        return LaunchEnvironment("submitit", env.rank, env.world_size, env.local_rank,
+                                 f"tcp://{addr}:{env.master_port}")
+    return LaunchEnvironment("single")
+
+
+def in_slurm_step() -> bool:
+    """Whether this process is a task of a SLURM job step (``srun``): steps number themselves in
+    ``SLURM_STEP_ID`` (``SLURM_STEPID`` before Slurm 20); the batch script and the ``extern`` step do not."""
+    step = os.environ.get("SLURM_STEP_ID", os.environ.get("SLURM_STEPID", ""))
+    return step.isdigit()
+
+
+def check_not_batch_step() -> None:
+    """Stop at once when a job of several SLURM tasks runs this process outside ``srun``: SLURM's variables say
+    task 0 of ``SLURM_NTASKS``, but the other tasks were never started, so the first collective would wait for
+    them until its timeout."""
+    tasks = int(os.environ.get("SLURM_NTASKS", "1") or 1)
+    if tasks > 1 and not in_slurm_step():
+        raise BatchStepError(
+            f"this SLURM job has {tasks} tasks (SLURM_NTASKS={tasks}) but this process runs in its batch script, "
+            "not in a job step, so only one of them exists and the others would be waited for until the timeout. "
+            "Start one process per task with srun: `srun --kill-on-bad-exit=1 python run.py ...` (or `srun "
+            "--kill-on-bad-exit=1 torchrun --nproc_per_node=<gpus> run.py ...` with one task per node), or ask for "
+            "one task (#SBATCH --ntasks=1) to run a single process. Nothing was started")

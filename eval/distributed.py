@@ -13,10 +13,14 @@ Where the rank comes from (``launch_environment``), first match wins:
 Shards stay fixed by prompt index (``eval.generator.Generator``: rank r of K takes ``index % K == r``), so an
 image does not depend on the number of ranks.
 
-Only small collectives happen, and only at start-up, when every rank is at the same point: the output folder
-and this attempt's id (``begin``), the numerics self-check (``gather``), the records check (``barrier``).
-They run under ``dist.timeout_min`` (default 720 min; NCCL's own default, 10 min, is shorter than the time
-ranks may differ in loading a 7B model from a network filesystem). At the end a rank that finishes early
+The process group carries one collective only, at start-up, before any model loads, when every rank is at the
+same point: the output folder and this attempt's id (``begin``). It runs under ``dist.startup_timeout_min``
+(default 10 min): a task that died before joining stops the others within that time. Every later meeting point
+goes through the markers below, not the process group, because ranks may differ by many minutes in loading a 7B
+model from a network filesystem: the numerics self-check (``gather``) and the records check (``barrier``) wait
+for every rank's marker to publish its value, up to ``dist.timeout_min`` (default 720 min) for a rank that is
+alive but slow, and no longer than ``dist.stale_min`` for one whose heartbeat stopped (it died while loading: out
+of memory, a lost node), or at once for one that failed. At the end a rank that finishes early
 does not wait in a collective (an uneven shard, a resume where the shards were unevenly done, would time it
 out): every rank writes ``ranks/rank<k>.json`` beside the records, a heartbeat every ``dist.poll_s``
 seconds while it works, then ``done`` (with its record counts) or ``failed`` (with the error), atomically
@@ -52,16 +56,14 @@ from eval.records import atomic_write_json
 log = logging.getLogger("coolsd")
 
 #: ``dist.*`` keys (configs/config.yaml) and their defaults
-DIST_DEFAULTS = {"timeout_min": 720.0, "poll_s": 10.0, "stale_min": 30.0}
+DIST_DEFAULTS = {"startup_timeout_min": 10.0, "timeout_min": 720.0, "poll_s": 10.0, "stale_min": 30.0}
 
 
 def dist_options(cfg: Any) -> dict[str, float]:
     """The ``dist`` block of a run config (None or missing: the defaults), checked."""
     given = validate.mapping("dist", {} if cfg is None else dict(cfg), tuple(DIST_DEFAULTS))
     out = {**DIST_DEFAULTS, **given}
-    return {"timeout_min": validate.number("dist.timeout_min", out["timeout_min"], minimum=0, min_open=True),
-            "poll_s": validate.number("dist.poll_s", out["poll_s"], minimum=0, min_open=True),
-            "stale_min": validate.number("dist.stale_min", out["stale_min"], minimum=0, min_open=True)}
+    return {key: validate.number(f"dist.{key}", out[key], minimum=0, min_open=True) for key in DIST_DEFAULTS}
 
 
 class RankMarkers:
@@ -75,6 +77,7 @@ class RankMarkers:
         self.poll_s, self.stale_s = poll_s, 60.0 * stale_min
         self._beats = 0
         self._state = "running"
+        self._published: dict[str, Any] = {}  # start-up values the other ranks wait for (``publish``)
         self._lock = threading.RLock()  # re-entrant: a requeue signal may land in the main thread's _end
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -86,7 +89,14 @@ class RankMarkers:
         atomic_write_json(self.path(self.rank), {
             "attempt": self.attempt, "rank": self.rank, "world": self.world, "state": self._state,
             "beat": self._beats, "host": socket.gethostname(), "pid": os.getpid(),
-            "time": dt.datetime.now(dt.timezone.utc).isoformat(), **extra})
+            "time": dt.datetime.now(dt.timezone.utc).isoformat(), "published": self._published, **extra})
+
+    def publish(self, key: str, value: Any) -> None:
+        """Add ``key: value`` (JSON) to this rank's marker now and in every later write; ``wait_for`` with
+        ``published=key`` waits for it on the other ranks."""
+        with self._lock:
+            self._published[key] = value
+            self._write()
 
     def start(self) -> None:
         """Write ``running`` now and again every ``poll_s`` seconds (a daemon thread) until ``finish``/``fail``."""
@@ -134,13 +144,18 @@ class RankMarkers:
             return None
         return status if isinstance(status, dict) and status.get("attempt") == self.attempt else None
 
-    def wait_for(self, ranks: list[int], raise_on_failure: bool = True) -> dict[int, dict[str, Any]]:
-        """Poll every ``poll_s`` s until the markers of ``ranks`` say ``done`` (or ``failed``, when not
-        ``raise_on_failure``); returns them. Raises on a ``failed`` marker (``raise_on_failure``), and on a rank
-        whose marker has not changed for ``stale_min`` minutes (it died: out of memory, a lost node; or hangs)."""
+    def wait_for(self, ranks: list[int], raise_on_failure: bool = True, published: str | None = None,
+                 timeout_s: float | None = None) -> dict[int, dict[str, Any]]:
+        """Poll every ``poll_s`` s until the markers of ``ranks`` say ``done`` (``published``: until they carry
+        that published key) or ``failed`` (when not ``raise_on_failure``); returns them. Raises on a ``failed``
+        marker (``raise_on_failure``), on a rank whose marker has not changed for ``stale_min`` minutes (it died:
+        out of memory, a lost node; or hangs), and after ``timeout_s`` (None: no limit), naming the ranks."""
+        def reached(status: dict[str, Any]) -> bool:
+            return published in (status.get("published") or {}) if published else status.get("state") == "done"
+
         seen: dict[int, tuple[Any, float]] = {}
         done: dict[int, dict[str, Any]] = {}
-        last_report = time.monotonic()
+        start = last_report = time.monotonic()
         while True:
             now = time.monotonic()
             for k in ranks:
@@ -156,7 +171,7 @@ class RankMarkers:
                         f"{status.get('error')}. Every finished image of every rank is kept in {self.dir.parent}; "
                         "fix the cause and rerun the same command with the same output folder (hydra.run.dir, or "
                         "hydra.sweep.dir for a sweep) to generate only the missing ones")
-                if status is not None and status.get("state") == "done":
+                if status is not None and reached(status):
                     done[k] = status
                     continue
                 sign = None if status is None else (status.get("beat"), status.get("time"))
@@ -173,6 +188,12 @@ class RankMarkers:
             pending = [k for k in ranks if k not in done]
             if not pending:
                 return done
+            if timeout_s is not None and now - start > timeout_s:
+                raise RuntimeError(
+                    f"rank {self.rank}: ranks {pending} of {self.world} are alive but have not reached "
+                    f"{published or 'the end of their shards'} after {timeout_s / 60:g} min (dist.timeout_min; their "
+                    f"markers: {[str(self.path(k)) for k in pending]}). Nothing is lost: rerun the same command with "
+                    "the same output folder once they can keep up (a slow filesystem, an overloaded node)")
             if now - last_report > 300:
                 log.info(f"rank {self.rank}: its shard is done; waiting for ranks {pending} (ranks/rank<k>.json)")
                 last_report = now
@@ -182,19 +203,25 @@ class RankMarkers:
 class Shards:
     """The processes of one run (``launch_environment``); a no-op for one process.
 
-    ``timeout_min``: the process group's timeout (``dist.timeout_min``); ``poll_s``, ``stale_min``: the
-    heartbeat interval and the silence after which rank 0 reports a rank dead (``RankMarkers``).
+    ``startup_timeout_min``: the process group's timeout, which bounds joining it and ``begin`` (a rank that died
+    before either stops the others); ``timeout_min``: the longest wait for a rank that is alive but slow at a later
+    meeting point (``gather``, ``barrier``); ``poll_s``, ``stale_min``: the heartbeat interval and the silence after
+    which a waiting rank reports another dead (``RankMarkers``).
     """
 
-    def __init__(self, timeout_min: float = DIST_DEFAULTS["timeout_min"], poll_s: float = DIST_DEFAULTS["poll_s"],
+    def __init__(self, startup_timeout_min: float = DIST_DEFAULTS["startup_timeout_min"],
+                 timeout_min: float = DIST_DEFAULTS["timeout_min"], poll_s: float = DIST_DEFAULTS["poll_s"],
                  stale_min: float = DIST_DEFAULTS["stale_min"]) -> None:
-        opts = dist_options({"timeout_min": timeout_min, "poll_s": poll_s, "stale_min": stale_min})
-        self.timeout = dt.timedelta(minutes=opts["timeout_min"])
+        opts = dist_options({"startup_timeout_min": startup_timeout_min, "timeout_min": timeout_min,
+                             "poll_s": poll_s, "stale_min": stale_min})
+        self.startup_timeout = dt.timedelta(minutes=opts["startup_timeout_min"])
+        self.timeout_s = 60.0 * opts["timeout_min"]
         self.poll_s, self.stale_min = opts["poll_s"], opts["stale_min"]
         env = launch_environment()
         self.source = env.source
         self.world, self.rank, self.local_rank = env.world, env.rank, env.local_rank
         self.markers: RankMarkers | None = None
+        self._meetings = 0
         if self.world > 1:
             import torch.distributed as dist
 
@@ -204,11 +231,18 @@ class Shards:
                 log.info(f"rank {self.rank} of {self.world} ({self.source}): joining the process group at "
                          f"{env.init_method}")
                 backend = "nccl" if torch.cuda.is_available() else "gloo"
-                if env.init_method == "env://":
-                    dist.init_process_group(backend, init_method="env://", timeout=self.timeout)
-                else:
-                    dist.init_process_group(backend, init_method=env.init_method, rank=self.rank,
-                                            world_size=self.world, timeout=self.timeout)
+                kwargs = {} if env.init_method == "env://" else {"rank": self.rank, "world_size": self.world}
+                try:
+                    dist.init_process_group(backend, init_method=env.init_method, timeout=self.startup_timeout,
+                                            **kwargs)
+                except (RuntimeError, TimeoutError) as err:  # torch's DistStoreError is a RuntimeError
+                    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                    raise RuntimeError(
+                        f"rank {self.rank} of {self.world} ({self.source}) could not join the process group at "
+                        f"{env.init_method} within {opts['startup_timeout_min']:g} min (dist.startup_timeout_min): "
+                        "another task died or was never started (read the other tasks' logs: an error at start-up, "
+                        "or a batch script without srun), or the address is unreachable. Nothing was loaded or "
+                        f"generated ({type(err).__name__}: {first})") from err
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
     def begin(self, output_dir: str | os.PathLike) -> Path:
@@ -232,21 +266,20 @@ class Shards:
         return box[0]
 
     def gather(self, value: Any) -> list[Any]:
-        """Every rank's ``value``, in rank order (``[value]`` without a process group; a start-up collective)."""
+        """Every rank's ``value`` (JSON), in rank order (``[value]`` for one process), through the markers: each
+        rank publishes its value and waits for the others' (``RankMarkers.wait_for``: a failed rank stops the
+        wait at once, a silent one after ``dist.stale_min``, a slow one after ``dist.timeout_min``)."""
         if self.world == 1:
             return [value]
-        import torch.distributed as dist
-
-        out = [None] * self.world
-        dist.all_gather_object(out, value)
-        return out
+        self._meetings += 1
+        key = f"meeting{self._meetings}"
+        self.markers.publish(key, value)
+        got = self.markers.wait_for(list(range(self.world)), published=key, timeout_s=self.timeout_s)
+        return [got[k]["published"][key] for k in range(self.world)]
 
     def barrier(self) -> None:
-        """A start-up collective only: at the end ranks meet through ``finish``/``wait_for_ranks``."""
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
+        """Every rank waits until every rank has come here (``gather``: markers, not the process group)."""
+        self.gather(None)
 
     def finish(self, records: dict[str, int] | None = None) -> None:
         """This rank's records are written: its marker says ``done`` (no collective)."""

@@ -123,9 +123,10 @@ def test_a_batch_step_without_srun_stops_at_once_with_the_fix(placement, tmp_pat
     assert time.monotonic() - started < 60 and not (tmp_path / "run" / "records").exists()
 
 
-def test_dist_keys_are_checked_and_the_default_timeout_is_long():
+def test_dist_keys_are_checked_and_the_start_up_timeout_is_short():
     cfg = compose_with([])
-    assert dist_options(cfg.dist) == {"timeout_min": 720.0, "poll_s": 10.0, "stale_min": 30.0}
+    assert dist_options(cfg.dist) == {"startup_timeout_min": 10.0, "timeout_min": 720.0, "poll_s": 10.0,
+                                      "stale_min": 30.0}
     with pytest.raises(ValueError, match="dist.timeout_min must be a number > 0"):
         dist_options({"timeout_min": 0})
     with pytest.raises(TypeError, match="dist.poll_s"):
@@ -256,6 +257,53 @@ def test_torchrun_gives_the_records_of_one_process(one_process, tmp_path):
     assert_same_records(one_process, out)
     assert json.loads((out / "run.json").read_text())["world_size"] == 2
     assert json.loads((out / "ranks" / "rank1.json").read_text())["state"] == "done"
+
+
+def slurm_pair(tmp_path, job: str, port: int, extra: tuple[str, ...], rank1: list[str] | None):
+    """Rank 0 (run.py) and, unless ``rank1`` is None, rank 1 (``rank1``: python arguments) of a 2-task SLURM step."""
+    procs = []
+    for rank in (0, 1):
+        if rank == 1 and rank1 is None:
+            continue
+        env = clean_env(SLURM_JOB_ID=job, SLURM_STEP_ID="0", SLURM_NTASKS="2", SLURM_PROCID=str(rank),
+                        SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_JOB_NUM_NODES="1",
+                        SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        command = ["run.py"] if rank == 0 else rank1
+        procs.append(subprocess.Popen([sys.executable, *command, *COMMON, f"hydra.run.dir={tmp_path}", *extra],
+                                      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return [(p, *p.communicate(timeout=300)) for p in procs]
+
+
+def test_a_task_that_never_starts_stops_the_others_within_the_start_up_timeout(tmp_path):
+    """Rank 1 of 2 never comes (it died before joining): rank 0 stops after dist.startup_timeout_min (6 s here),
+    not after the 12 h of dist.timeout_min, and says what to look for; nothing was generated."""
+    started = time.monotonic()
+    [(proc, _, err)] = slurm_pair(tmp_path / "run", "779", free_port(), ("dist.startup_timeout_min=0.1",), None)
+    assert proc.returncode != 0 and "could not join the process group" in err and "dist.startup_timeout_min" in err
+    assert time.monotonic() - started < 90 and not (tmp_path / "run" / "records").exists()
+
+
+DIES_IN_LOAD = ("import os, runpy, sys\n"
+                "import eval.runner\n"
+                "def dies(model):\n"
+                "    {}\n"
+                "eval.runner.check_batch_invariance = dies\n"
+                "sys.argv = ['run.py', *sys.argv[1:]]\n"
+                "runpy.run_path('run.py', run_name='__main__')\n")
+
+
+@pytest.mark.parametrize("death", ["raise MemoryError('CUDA out of memory while loading')", "os._exit(9)"])
+def test_a_rank_that_dies_while_loading_stops_the_others_through_its_marker(tmp_path, death):
+    """After joining, ranks meet through their markers (the numerics self-check), not the process group: a rank
+    that fails while loading the model stops rank 0 at once with its error; one killed without a word (os._exit)
+    stops it once its heartbeat is dist.stale_min (3 s here) old."""
+    fast = ("dist.poll_s=0.2", "dist.stale_min=0.05")
+    (zero, _, err0), (one, _, _) = slurm_pair(tmp_path / "run", "780", free_port(), fast,
+                                              ["-c", DIES_IN_LOAD.format(death)])
+    assert one.returncode != 0 and zero.returncode != 0
+    expected = "CUDA out of memory while loading" if "Memory" in death else "has given no sign of life"
+    assert "rank 1 of 2" in err0 and expected in err0, err0[-3000:]
+    assert not list((tmp_path / "run" / "records").glob("*.jsonl"))
 
 
 # -- sweep folders and the launcher presets -------------------------------------------------------------------------

@@ -14,7 +14,8 @@ different numbers of tokens) once as a batch of eight and once in sub-batches of
 * ``signature``: SHA-1 of the batch's logits bits. Two machines with equal signatures computed the same bits
   for the same inputs; machines with different signatures (another CPU kind, another thread count, CUDA)
   may give an image other tokens. The run records both in ``run.json`` and in every record fingerprint, so a
-  resume or a shard merge across machines that disagree is refused unless ``eval.numerics_mismatch=accept``.
+  resume or a shard merge across machines that disagree is recorded and marked (``eval.numerics_mismatch=accept``,
+  the default) or refused (``refuse``).
 
 Example: ``check_batch_invariance(model).batch_invariant`` -> True on this project's CPUs (``run.json``
 ``numerics``); ``python -m pytest -m invariance`` runs the tests that branch on it.

@@ -192,7 +192,7 @@ class RunRecords:
     """
 
     def __init__(self, out_dir: Path, fingerprints: dict[str, dict], resume: str, shards: "Shards",
-                 numerics_mismatch: str = "refuse") -> None:
+                 numerics_mismatch: str = "accept") -> None:
         self.dir = out_dir / "records"
         self.out_dir = out_dir
         self.fingerprints = {name: normalised(fp) for name, fp in fingerprints.items()}
@@ -256,8 +256,9 @@ class RunRecords:
             raise RuntimeError(
                 f"{self.out_dir} holds images made with other settings than this run:\n  - "
                 + "\n  - ".join(problems)
-                + "\nNothing was generated. Either write to a new folder (hydra.run.dir=<new folder>) or "
-                  "replace the mismatching records with eval.resume=overwrite.")
+                + "\nNothing was generated. Either write to a new folder (hydra.run.dir=<new folder>), or give "
+                  "eval.resume=overwrite, which DELETES the mismatching decoders' finished records and images in "
+                  "this folder before generating them again.")
         self.shards.barrier()
         if self.shards.rank == 0:
             for name, fp in self.fingerprints.items():

@@ -86,9 +86,21 @@ def table_cells(per_decoder: dict[str, dict[str, Any]]) -> tuple[list[str], list
     """(column titles, one row of cell texts per decoder): value ± half its 95 % interval; columns that no
     decoder reports are left out."""
     cols = [c for c in COLUMNS if c[0] == "decoder" or any(c[0] in m for m in per_decoder.values())]
-    rows = [[cell_text({"decoder": name, **metrics}, key, fmt) for key, _, fmt in cols]
-            for name, metrics in per_decoder.items()]
+    rows = [[cell_text({"decoder": name + (MIXED_MARK if mixed_numerics(metrics) else ""), **metrics}, key, fmt)
+             for key, _, fmt in cols] for name, metrics in per_decoder.items()]
     return [title for _, title, _ in cols], rows
+
+
+#: the mark of a row whose images were made under several arithmetics (``eval.numerics_mismatch=accept``)
+MIXED_MARK = " ‡"
+MIXED_NOTE = ("‡ this decoder's images were made under several float32 arithmetics (the start-up self-check's "
+              "signatures differ: a requeue onto another GPU kind or CPU, or ranks on two kinds); images per signature "
+              "in run.json `numerics.record_signatures`. Its numbers mix them; `eval.numerics_mismatch=refuse` forbids it.")
+
+
+def mixed_numerics(metrics: dict[str, Any]) -> bool:
+    """Whether a decoder's images come from more than one arithmetic (``numerics_signatures``)."""
+    return len(metrics.get("numerics_signatures") or {}) > 1
 
 
 def markdown_table(per_decoder: dict[str, dict[str, Any]]) -> str:
@@ -99,6 +111,8 @@ def markdown_table(per_decoder: dict[str, dict[str, Any]]) -> str:
     lines += ["", INTERVAL_NOTE]
     if any(k in m and fid_is_biased(m) for m in per_decoder.values() for k in FID_KEYS):
         lines.append(BIAS_NOTE)
+    if any(mixed_numerics(m) for m in per_decoder.values()):
+        lines.append(MIXED_NOTE)
     return "\n".join(lines)
 
 

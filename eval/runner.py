@@ -75,9 +75,11 @@ class EvalSuite:
     image-quality metrics computed on each decoder's images; ``resume``: ``auto`` reuses finished records
     that match this run's fingerprint and refuses on any that do not, ``overwrite`` deletes mismatching
     records first; ``reuse_ar``: take AR images of the batched set from the cache of earlier runs with the
-    same fingerprint (``$COOLSD_CACHE/ar``). ``numerics_mismatch``: ``refuse`` a folder whose records, or a
-    shard whose rank, were made on a machine whose float32 arithmetic differs from this one's (the start-up
-    self-check's signature, ``coolsd.numerics``), ``accept`` them (recorded in ``run.json``). ``bootstrap``: resamples, seed and level of every interval and
+    same fingerprint (``$COOLSD_CACHE/ar``). ``numerics_mismatch``: records of this folder, or ranks of this run,
+    whose float32 arithmetic differs from this machine's (the start-up self-check's signature,
+    ``coolsd.numerics``: another GPU kind after a requeue, another CPU), ``accept`` (the default: the row carries
+    on; every record keeps its signature, ``run.json`` counts the images per signature and the tables mark the
+    row) or ``refuse`` (stop before any work). ``bootstrap``: resamples, seed and level of every interval and
     test (``eval.stats.Bootstrap``); ``compare_to``: the baselines of the paired comparisons (see
     ``baselines``).
     """
@@ -91,7 +93,7 @@ class EvalSuite:
     batch_size: int = 1
     resume: str = "auto"
     reuse_ar: bool = True
-    numerics_mismatch: str = "refuse"
+    numerics_mismatch: str = "accept"
     metrics: list[Any] = field(default_factory=list)
     bootstrap: Bootstrap = field(default_factory=Bootstrap)
     compare_to: Any = ("sd",)
@@ -237,6 +239,11 @@ def summarize(records: list[dict], ar_records: list[dict] | None = None,
     peaks = [s["peak_mem_mb"] for s in stats_ if s.get("peak_mem_mb") is not None]
     if peaks:
         out["peak_mem_mb"] = max(peaks)
+    signatures: dict[str, int] = {}  # the arithmetics its images were made under (several: a requeue elsewhere)
+    for r in records:
+        key = r.get("numerics") or "unknown"
+        signatures[key] = signatures.get(key, 0) + 1
+    out["numerics_signatures"] = signatures
     return out
 
 
@@ -477,8 +484,9 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
 
 def machine_numerics(model, shards: Shards, mismatch: str) -> dict[str, Any]:
     """The start-up self-check (``coolsd.numerics``) on every rank: this rank's result, each rank's signature,
-    and the fingerprint entry. Says once when batch invariance does not hold here; refuses ranks whose
-    arithmetic differs (e.g. nodes of two CPU kinds) unless ``eval.numerics_mismatch=accept``."""
+    and the fingerprint entry. Says once when batch invariance does not hold here; ranks whose arithmetic differs
+    (e.g. nodes of two GPU kinds) are recorded (``eval.numerics_mismatch=accept``, the default) or refused
+    (``refuse``)."""
     check = check_batch_invariance(model)
     ranks = shards.gather({"signature": check.signature, "batch_invariant": check.batch_invariant,
                            "machine": check.describe()})

@@ -52,7 +52,7 @@ import pandas as pd
 from coolsd.io import atomic_write_bytes
 from eval.labels import (ALWAYS_NOTED, DECODER_LABELS, HEADLINE, STRENGTH, SWEEP_KEYS, canonical, decoder_options,
                          method_label)
-from eval.report import FID_KEYS
+from eval.report import FID_KEYS, MIXED_MARK, MIXED_NOTE, mixed_numerics
 from eval.stats import FID_MIN_IMAGES
 
 PUBLISHED_CSV = Path(__file__).resolve().parent / "published_numbers.csv"
@@ -372,7 +372,7 @@ def measured_frame(rows: Sequence[Measurement]) -> pd.DataFrame:
             "kind": "measured",
             "model": m.model,
             "model_label": model_label(m.model),
-            "method": method_label(m.decoder, m.options, noted),
+            "method": method_label(m.decoder, m.options, noted) + (MIXED_MARK if mixed_numerics(m.metrics) else ""),
             "curve": method_label(m.decoder, m.options, noted, skip=(key,) if key else ()),
             "decoder": m.decoder,
             "strength": strength if isinstance(strength, (int, float)) and not isinstance(strength, bool) else None,
@@ -679,6 +679,8 @@ def build_tables(measured: pd.DataFrame, notes: Sequence[str], name: str, wanted
         all_notes = [*notes, INTERVAL_NOTE, BOLD_NOTE]
         if any(c.text.endswith(BIASED) for r in rows for c in r.cells):
             all_notes.append(BIAS_NOTE)
+        if measured["method"].str.endswith(MIXED_MARK).any():
+            all_notes.append(MIXED_NOTE)
         if any(c.text == MISSING for r in rows for c in r.cells):
             all_notes.append("— = not measured (no run of that method on that model, or the metric was not "
                              "computed); no value is filled in.")

@@ -78,12 +78,13 @@ def test_the_self_check_passes_on_the_shipped_model_and_fails_where_rows_change_
     assert check_batch_invariance(LookupModel(prompts=("a", "b"))).batch_invariant
 
 
-@pytest.mark.slow  # two end-to-end runs (CI's -m slow pass)
-def test_run_json_and_records_carry_the_self_check_and_another_machines_records_are_refused(tmp_path):
+@pytest.mark.slow  # three end-to-end runs (CI's -m slow pass)
+def test_a_row_resumed_on_another_machine_carries_on_and_says_so(tmp_path):
     """``run.json`` has the self-check (``numerics``: result, signature, per-rank machines, the signatures its
-    records were made under) and every fingerprint its result; records made where the arithmetic differs are
-    refused before any image, naming the machines, unless ``eval.numerics_mismatch=accept``, which keeps them
-    and records the stored fingerprint."""
+    records were made under) and every fingerprint its result. A row requeued onto a machine whose arithmetic
+    differs (another GPU kind) resumes its own records by default (``eval.numerics_mismatch=accept``): run.json
+    counts its images per signature and the table marks the decoder; ``refuse`` stops before any image, naming
+    the machines, and its advice says that ``eval.resume=overwrite`` deletes finished images."""
     common = [*LOOKUP, "eval.threads=1", "eval.warmup=0", "decoder=sd", "compare=none", "eval.num_prompts=3",
               f"hydra.run.dir={tmp_path}"]
     run_py(*common)
@@ -102,17 +103,21 @@ def test_run_json_and_records_carry_the_self_check_and_another_machines_records_
     log.write_text("".join(json.dumps({**r, "fingerprint": json_digest([json_digest(other), r["prompt"], r["seed"]]),
                                        "numerics": "0" * 40}) + "\n" for r in lines))
     before = log.read_text()
-    proc = subprocess.run([sys.executable, "run.py", *common, "eval.num_prompts=4"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "run.py", *common, "eval.num_prompts=4", "eval.numerics_mismatch=refuse"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "float32 arithmetic differs" in proc.stderr, proc.stderr[-2000:]
-    assert "eval.numerics_mismatch=accept" in proc.stderr
+    assert "eval.numerics_mismatch=accept" in proc.stderr and "DELETES" in proc.stderr
     assert (tmp_path / "records" / "sd.jsonl").read_text() == before  # nothing generated, nothing lost
-    run_py(*common, "eval.num_prompts=4", "eval.numerics_mismatch=accept")
+    run_py(*common, "eval.num_prompts=4")  # the default: the row carries on
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["numerics"]["accepted_mismatch"]["sd"] == other["numerics"]
     assert record["per_decoder"]["sd"]["num_images"] == 4
     assert log.read_text().startswith(before)  # the old records kept, one new one added
     assert record["numerics"]["record_signatures"] == {numerics["signature"]: 5, "0" * 40: 3}
+    assert record["per_decoder"]["sd"]["numerics_signatures"] == {numerics["signature"]: 1, "0" * 40: 3}
+    assert record["per_decoder"]["ar"]["numerics_signatures"] == {numerics["signature"]: 4}
+    table = (tmp_path / "table.md").read_text()
+    assert "| sd ‡ |" in table and "| ar |" in table and "several float32 arithmetics" in table
 
 
 def test_ranks_whose_arithmetic_differs_are_refused_before_any_image(monkeypatch, tmp_path):

@@ -170,6 +170,21 @@ def test_small_fid_samples_are_marked_biased(tmp_path):
     assert r"$^\dagger$" in tables.latex
 
 
+def test_a_row_made_under_two_arithmetics_is_marked(tmp_path):
+    """A row resumed on another GPU kind (``eval.numerics_mismatch=accept``) carries its mix into the table."""
+    runs = tmp_path / "runs"
+    shutil.copytree(FIXTURES / "lumina", runs / "lumina")
+    path = runs / "lumina" / "0_sd" / "run.json"
+    record = json.loads(path.read_text())
+    record["per_decoder"]["sd"]["numerics_signatures"] = {"a" * 40: 600, "b" * 40: 400}
+    path.write_text(json.dumps(record))
+    frame = mt.measured_frame(mt.deduplicate(mt.measurements(mt.find_records([runs])))[0])
+    tables = mt.build_tables(frame, [], "t", mt.COLUMN_KEYS)
+    methods = {method for _, method in table_cells(tables.markdown)}
+    assert "vanilla SD (EAGLE-1 tree) ‡" in methods and "SJD" in methods and "SJD ‡" not in methods
+    assert "several float32 arithmetics" in tables.markdown
+
+
 def test_published_numbers_match_the_spec():
     spec = ROOT.parent / "shared" / "docs" / "algorithms.md"
     if not spec.is_file():

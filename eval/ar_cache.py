@@ -23,6 +23,12 @@ class ARCache:
     Concurrent jobs share it: ``records.jsonl.lock`` (``filelock``) serialises loading (whose repair may
     rewrite the file) and every append, so a record written by one job is never cut off or interleaved by
     another (``tests/test_cache_lock.py``: two writer processes, no entry lost).
+
+    Concurrent rows of one table make the AR images once (``producer``): the rank of the first job that needs
+    images the cache lacks holds ``generate.<world>.<rank>.lock`` while it makes them; the same rank of another
+    job with the same AR fingerprint makes its other decoders' images first, then waits for that lock, reloads the
+    cache and takes them. The operating system releases the lock of a job that dies, so the waiting job then
+    makes what is still missing itself.
     """
 
     def __init__(self, root: Path, digest: str, lock_timeout_s: float = 600.0) -> None:
@@ -31,8 +37,19 @@ class ARCache:
         self.dir = root / "ar" / digest
         self.dir.mkdir(parents=True, exist_ok=True)
         self.lock = FileLock(str(self.dir / "records.jsonl.lock"), timeout=lock_timeout_s)
+        self.reload()
+
+    def reload(self) -> None:
+        """Read ``records.jsonl`` again (what other jobs appended since)."""
         with self.lock:
             self.log = JsonlLog(self.dir / "records.jsonl", key="fingerprint")
+
+    def producer(self, world: int, rank: int):
+        """The lock that the job making this cache's AR images for shard ``rank`` of ``world`` holds
+        (``filelock.FileLock``; shards of the same world size cover the same prompts)."""
+        from filelock import FileLock
+
+        return FileLock(str(self.dir / f"generate.{world}.{rank}.lock"))
 
     def get(self, image_digest: str) -> dict | None:
         rec = self.log.done.get(image_digest)

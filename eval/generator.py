@@ -9,9 +9,10 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from filelock import Timeout
 from tqdm import tqdm
 
 from coolsd.decoding import Decoder
@@ -60,31 +61,63 @@ class Generator:
         untimed = {i for i in timed for name in self.decoders if not (i in done[name] and done[name][i].get("timed"))}
         todo_timed = [(i, name) for i in timed if i in untimed for name in self.decoders]
         todo_rest = {name: [i for i in rest if i not in done[name]] for name in self.decoders}
-        if self.ar_cache is not None and "ar" in todo_rest:
-            todo_rest["ar"] = self._reuse_ar(todo_rest["ar"])
-        total = len(todo_timed) + sum(len(v) for v in todo_rest.values())
-        if self.progress is not None:
-            self.progress.start({name: sum(n == name for _, n in todo_timed) + len(todo_rest.get(name, []))
-                                 for name in self.decoders})
-        bar = tqdm(total=total, desc=f"generating ({len(prompts)} prompts x {len(self.decoders)} decoders"
-                   + (f", rank {self.shards.rank}/{self.shards.world})" if self.shards.world > 1 else ")"),
-                   unit="img", dynamic_ncols=True, disable=self.shards.rank != 0 and self.shards.world > 1)
-        for name in {n for _, n in todo_timed}:
-            for w in range(suite.warmup):
-                self.decoders[name].generate(prompts[0], WARMUP_SEED - w, label="warm-up")
-        for i, name in todo_timed:
-            self._generate(name, [i], timed=True)
-            bar.update(1)
-        batches = {name: [idx[k: k + suite.batch_size] for k in range(0, len(idx), suite.batch_size)]
-                   for name, idx in todo_rest.items()}
-        for round_ in range(max((len(b) for b in batches.values()), default=0)):  # decoders interleaved
-            for name, chunks in batches.items():
-                if round_ < len(chunks):
-                    self._generate(name, chunks[round_], timed=False)
-                    bar.update(len(chunks[round_]))
-        bar.close()
+        producer, deferred = None, []
+        try:
+            if self.ar_cache is not None and "ar" in todo_rest:
+                todo_rest["ar"], deferred, producer = self._claim_ar(todo_rest["ar"])
+            counts = {name: sum(n == name for _, n in todo_timed) + len(todo_rest.get(name, []))
+                      + (len(deferred) if name == "ar" else 0) for name in self.decoders}
+            if self.progress is not None:
+                self.progress.start(counts)
+            bar = tqdm(total=sum(counts.values()), desc=f"generating ({len(prompts)} prompts x "
+                       f"{len(self.decoders)} decoders" + (f", rank {self.shards.rank}/{self.shards.world})"
+                                                           if self.shards.world > 1 else ")"),
+                       unit="img", dynamic_ncols=True, disable=self.shards.rank != 0 and self.shards.world > 1)
+            for name in {n for _, n in todo_timed}:
+                for w in range(suite.warmup):
+                    self.decoders[name].generate(prompts[0], WARMUP_SEED - w, label="warm-up")
+            for i, name in todo_timed:
+                self._generate(name, [i], timed=True)
+                bar.update(1)
+            batches = {name: [idx[k: k + suite.batch_size] for k in range(0, len(idx), suite.batch_size)]
+                       for name, idx in todo_rest.items()}
+            for round_ in range(max((len(b) for b in batches.values()), default=0)):  # decoders interleaved
+                for name, chunks in batches.items():
+                    if round_ < len(chunks):
+                        self._generate(name, chunks[round_], timed=False)
+                        bar.update(len(chunks[round_]))
+            if deferred:  # another job was making these AR images: wait for it, take them, make what is left
+                tqdm.write(f"AR's batched images are being made by another job with the same AR settings (lock "
+                           f"{producer.lock_file}); waiting for it, to take them from {self.ar_cache.dir}")
+                producer.acquire()
+                self.ar_cache.reload()
+                left = self._reuse_ar(deferred)
+                bar.update(len(deferred) - len(left))
+                for k in range(0, len(left), suite.batch_size):
+                    self._generate("ar", left[k: k + suite.batch_size], timed=False)
+                    bar.update(len(left[k: k + suite.batch_size]))
+            bar.close()
+        finally:
+            if producer is not None and producer.is_locked:
+                producer.release()
         if self.progress is not None:
             self.progress.finish()
+
+    def _claim_ar(self, todo: list[int]) -> tuple[list[int], list[int], Any]:
+        """AR's batched images of this rank: (those to make now, those another job is making now, the producer
+        lock or None). Takes what the cache has; if images are left, makes them here (holding the producer
+        lock, ``ARCache.producer``) unless another job with the same AR settings holds it: then they are
+        deferred until that job is done."""
+        todo = self._reuse_ar(todo)
+        if not todo:
+            return todo, [], None
+        producer = self.ar_cache.producer(self.shards.world, self.shards.rank)
+        try:
+            producer.acquire(timeout=0)
+        except Timeout:
+            return [], todo, producer
+        self.ar_cache.reload()  # what a job that held the lock until now has added
+        return self._reuse_ar(todo), [], producer
 
     def _restore_images(self, done: dict[str, dict[int, dict]], mine: set[int]) -> None:
         """Finished records of this rank that have no image file (made with ``eval.save_images=false``, or the

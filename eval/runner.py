@@ -25,10 +25,12 @@ Example: ``python run.py decoder=sd eval.num_prompts=32``;
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,9 @@ from tqdm import tqdm
 from coolsd import validate
 from coolsd.decoding import Decoder
 from coolsd.device import check_model_device
-from coolsd.fingerprint import weights_digest
+from coolsd.fingerprint import TOKEN_CODE_VERSION, weights_digest
 from coolsd.io import atomic_write_bytes
+from coolsd.launch import launch_environment
 from coolsd.numerics import check_batch_invariance
 from coolsd.types import pooled_accepted_length
 from eval import stats
@@ -344,6 +347,14 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
     process, ``dist.*`` keys); rank 0 writes ``run.json`` and returns the record, other ranks return ``{}``.
     A rank that stops on an error, or is requeued (``SystemExit``), says so in its marker
     (``ranks/rank<k>.json``), so the ranks waiting for it stop waiting."""
+    finished = finished_record(Path(output_dir), cfg)
+    if finished is not None:  # a resubmitted or requeued row that is complete: no process group, no model
+        if launch_environment().rank == 0:
+            print(f"{output_dir}/run.json is complete for this config ({finished['num_prompts']} prompts, "
+                  f"{len(finished['per_decoder'])} decoders); nothing to do. Delete it to score again.")
+            print(one_line_summary(finished))
+            return finished
+        return {}
     shards = Shards(**dist_options(OmegaConf.select(cfg, "dist", default=None)))
     try:
         return _run_experiment(cfg, shards, output_dir, decoder_overridden, choices, job)
@@ -352,6 +363,44 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
         raise
     finally:
         shards.close()
+
+
+#: config keys that change no number of run.json (how ranks meet and wait)
+UNSCORED_KEYS = ("dist",)
+
+
+def finished_record(out_dir: Path, cfg: DictConfig) -> dict[str, Any] | None:
+    """``out_dir/run.json`` if it holds this run, complete: the same resolved config (but ``UNSCORED_KEYS``), every
+    decoder's records made by this token code version, all of them on disk and readable, with their image files;
+    else None (a damaged or deleted record or image is made again by the normal resume)."""
+    path = out_dir / "run.json"
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        current = OmegaConf.to_container(cfg, resolve=True)
+    except (OSError, ValueError):
+        return None
+    stored = record.get("config") or {}
+    if {k: v for k, v in stored.items() if k not in UNSCORED_KEYS} != \
+            {k: v for k, v in current.items() if k not in UNSCORED_KEYS}:
+        return None
+    n = record.get("num_prompts")
+    for name, metrics in (record.get("per_decoder") or {}).items():
+        meta = out_dir / "records" / f"{name}.fingerprint.json"
+        try:
+            version = json.loads(meta.read_text()).get("code_version")
+        except (OSError, ValueError):
+            return None
+        if version != TOKEN_CODE_VERSION or metrics.get("num_images") != n:
+            return None
+        with warnings.catch_warnings():  # a damaged line is reported by the resume that follows
+            warnings.simplefilter("ignore")
+            records = load_records(out_dir / "records", name)
+        if sorted(records) != list(range(n or 0)) or any(r.get("image") and not (out_dir / r["image"]).is_file()
+                                                          for r in records.values()):
+            return None
+    return record if record.get("per_decoder") else None
 
 
 def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, decoder_overridden: bool,

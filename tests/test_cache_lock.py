@@ -90,3 +90,57 @@ def test_writer_waits_for_the_lock(tmp_path):
     assert not (cache.dir / "records.jsonl").exists()
     _open_and_put(str(tmp_path))  # the lock released: the same write goes through
     assert set(ARCache(tmp_path, "digest").log.done) == {"x"}
+
+
+# -- two rows of one table make AR's images once --------------------------------------------------------------------
+ROW = ("import pathlib, runpy, sys, time\n"
+       "import eval.generator as g\n"
+       "here, other = pathlib.Path(sys.argv.pop(1)), pathlib.Path(sys.argv.pop(1))\n"
+       "run, make = g.Generator.run, g.Generator._generate\n"
+       "def met(self, done):\n"  # both rows start generating together (a file barrier)
+       "    here.touch()\n"
+       "    while not other.exists():\n"
+       "        time.sleep(0.05)\n"
+       "    run(self, done)\n"
+       "def slow(self, name, indices, timed):\n"  # AR's batches take long enough for the other row to come
+       "    if name == 'ar' and not timed:\n"
+       "        time.sleep(0.3)\n"
+       "    make(self, name, indices, timed)\n"
+       "g.Generator.run, g.Generator._generate = met, slow\n"
+       "sys.argv = ['run.py', *sys.argv[1:]]\n"
+       "runpy.run_path('run.py', run_name='__main__')\n")
+
+
+def test_two_concurrent_rows_make_ar_once(tmp_path):
+    """Two rows of a table (the same AR settings, other decoders) started together with one AR cache: one makes
+    AR's 22 batched images while the other makes its own decoder's, then waits for the first and takes AR's
+    from the cache; AR's batched images are made once in all."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "COOLSD_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true",
+           "OMP_NUM_THREADS": "1"}
+    common = ["model=lookup", "drafter=lookup", "data=fixed", "data.prompts=[a,b,c]", "logger=none", "compare=none",
+              "eval.num_prompts=24", "eval.speed_prompts=2", "eval.batch_size=2", "eval.warmup=0", "eval.threads=1"]
+    rows = {"sd2": ["decoder=sd", "decoder.draft_len=2"], "sd3": ["decoder=sd", "decoder.draft_len=3"]}
+    procs = {name: subprocess.Popen([sys.executable, "-c", ROW, str(tmp_path / f"{name}.ready"),
+                                     str(tmp_path / f"{other}.ready"), *common, *extra,
+                                     f"hydra.run.dir={tmp_path / name}"],
+                                    cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for (name, extra), other in zip(rows.items(), reversed(list(rows)))}
+    out = {name: p.communicate(timeout=300) for name, p in procs.items()}
+    for name, p in procs.items():
+        assert p.returncode == 0, out[name][1][-3000:]
+    made, reused, waited = 0, 0, []
+    for name in rows:
+        records = [json.loads(line) for line in (tmp_path / name / "records" / "ar.jsonl").read_text().splitlines()]
+        assert sorted(r["index"] for r in records) == list(range(24))
+        made += sum(not r["timed"] and not r.get("reused") for r in records)
+        reused += sum(bool(r.get("reused")) for r in records)
+        if "being made by another job" in out[name][0] + out[name][1]:
+            waited.append(name)
+    assert made == 22 and reused == 22 and len(waited) == 1, (made, reused, waited)
+    run = json.loads((tmp_path / waited[0] / "run.json").read_text())
+    assert run["per_decoder"]["ar"]["num_images"] == 24

@@ -477,3 +477,29 @@ def test_a_submitit_job_signalled_mid_run_is_requeued_and_resumes(tmp_path, task
         assert all(r.get("timed") for r in lines if r["index"] in repeated[name]), name
     assert set(repeated["ar"]) >= set(repeated["sd"]), repeated  # AR is re-timed wherever SD is
     assert json.loads((job / "run.json").read_text())["world_size"] == tasks
+
+
+NO_MODEL = ("import runpy, sys\n"
+            "import eval.runner\n"
+            "def nothing(*args, **kwargs):\n"
+            "    raise AssertionError('a finished row built something')\n"
+            "eval.runner.instantiate = nothing\n"
+            "eval.runner.Shards = nothing\n"
+            "sys.argv = ['run.py', *sys.argv[1:]]\n"
+            "runpy.run_path('run.py', run_name='__main__')\n")
+
+
+def test_a_finished_row_exits_at_once_without_loading_anything(one_process):
+    """Resubmitting a finished sweep (or a requeue after the row finished): the row's run.json holds this config,
+    complete, so the job prints its summary and exits: no process group, no model, no scoring. Another config in
+    the same folder is not mistaken for it."""
+    before = (one_process / "run.json").read_text()
+    proc = subprocess.run([sys.executable, "-c", NO_MODEL, *COMMON, f"hydra.run.dir={one_process}"], cwd=ROOT,
+                          env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "is complete for this config" in proc.stdout and "nothing to do" in proc.stdout
+    assert (one_process / "run.json").read_text() == before
+    other = subprocess.run([sys.executable, "-c", NO_MODEL, *COMMON, "eval.bootstrap.resamples=500",
+                            f"hydra.run.dir={one_process}"], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                           timeout=120)
+    assert other.returncode != 0 and "a finished row built something" in other.stderr

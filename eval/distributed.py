@@ -250,9 +250,9 @@ class Shards:
         attempt's id; starts this rank's heartbeat marker. Every rank calls it once, at start-up."""
         folder, attempt = self.broadcast((str(output_dir), uuid.uuid4().hex))
         out_dir = Path(folder)
-        if self.world > 1:
-            self.markers = RankMarkers(out_dir, self.rank, self.world, attempt, self.poll_s, self.stale_min)
-            self.markers.start()
+        # one process too: its marker is how scripts/status.py tells a failed or silent run from a running one
+        self.markers = RankMarkers(out_dir, self.rank, self.world, attempt, self.poll_s, self.stale_min)
+        self.markers.start()
         return out_dir
 
     def broadcast(self, value: Any) -> Any:

@@ -1,7 +1,7 @@
 """Experiment loggers: Weights & Biases (online, offline or disabled) or none.
 
 W&B mirrors ``run.json``; nothing downstream reads W&B back but ``scripts/make_tables.py --wandb``, which takes
-the run's copy of ``run.json``. One W&B run per ``run.py`` job, named after the experiment and the overrides
+the run's copy of ``run.json``. One W&B run per ``run.py`` job (row), named after the experiment and the overrides
 that make the job (``sweep_coolsd_delta[decoder.delta=1.1]``; Hydra's ``hydra.job.override_dirname``) and
 grouped by experiment (or sweep folder), unless ``logger.name`` / ``logger.group`` say otherwise. It logs the
 flat metrics with their interval ends (``metrics/<key>_ci_lo``, ``_ci_hi``) and paired comparisons
@@ -17,6 +17,18 @@ logged as image lists ``samples/<decoder>`` in ``files/media/``. Offline runs ar
 ``wandb sync <output_dir>/wandb/offline-run-*`` (from where they were made: W&B records the staged artifact
 files by absolute path; the ``files/`` folder is found relative to the run).
 
+**One W&B run per row, across requeues**: the run's id is ``run_id(<output_dir>)``, the first 16 hex digits of
+the SHA-1 of the output folder's resolved absolute path, and it is opened with ``resume="allow"``, so a requeued
+or resumed job (the same folder: ``hydra.sweep.dir``/``hydra.run.dir``) appends to the run its first attempt
+opened (online: the run continues at its last step). Offline, each attempt writes its own
+``offline-run-<time>-<id>`` folder with the row's id; ``wandb sync`` syncs folders of one run one after the other
+in the order they were made (``wandb sync --help``, W&B 0.31; not tried against a server here, and older W&B
+versions replaced an earlier folder's history with a later one's: wandb/wandb#3841). The id follows the
+folder's path, not its content: a folder moved or renamed (or reached through another mount point, whose
+resolved path differs) opens a new run on its next attempt, and the run of its old path stays as it was; moving
+it back continues the old one. Two runs of one folder with other settings (``eval.resume=overwrite``) share a
+W&B run too.
+
 **Live progress** (``Progress``): while the run generates, every ``logger.progress_every`` batches or
 ``logger.progress_every_s`` seconds (whichever comes first) the console (a line above the progress bar) and
 W&B (``progress/<decoder>/images``, ``.../accepted_length``, ``.../img_per_s``, ``progress/images``) show the
@@ -29,6 +41,7 @@ Example: ``python run.py logger=wandb logger.mode=online logger.project=coolsd``
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import time
@@ -77,6 +90,13 @@ def run_name(record: dict[str, Any]) -> str:
     base = (record.get("config") or {}).get("experiment_name") or record["decoder"]
     overrides = job.get("override_dirname")
     return f"{base}[{overrides}]" if overrides else base
+
+
+def run_id(out_dir: str | os.PathLike) -> str:
+    """The W&B run id of an output folder: the first 16 hex digits of the SHA-1 of its resolved absolute path
+    (W&B ids allow letters, digits, ``-`` and ``_``), the same for every attempt of a job that writes there; a
+    moved folder gets another (see the module doc)."""
+    return hashlib.sha1(str(Path(out_dir).resolve()).encode()).hexdigest()[:16]
 
 
 def run_group(record: dict[str, Any]) -> str | None:
@@ -210,7 +230,8 @@ class NullLogger:
 
 
 class WandbLogger:
-    """Log a run's metrics with intervals, per-decoder tables, plots and images to W&B (see the module doc)."""
+    """Log a run's metrics with intervals, per-decoder tables, plots and images to W&B (see the module doc): one
+    W&B run per output folder (``run_id``), resumed by every later attempt of the job."""
 
     def __init__(self, project: str = "coolsd", mode: str = "offline", entity: str | None = None,
                  tags: Sequence[str] = (), name: str | None = None, group: str | None = None,
@@ -229,7 +250,7 @@ class WandbLogger:
         import wandb
 
         return wandb.init(project=self.project, entity=self.entity, mode=self.mode, dir=str(out_dir),
-                          tags=self.tags, name=self.name or run_name(record),
+                          id=run_id(out_dir), resume="allow", tags=self.tags, name=self.name or run_name(record),
                           group=self.group or run_group(record), job_type=record["decoder"],
                           config=record["config"], reinit="finish_previous",
                           settings=wandb.Settings(silent=True, console="off"))

@@ -22,7 +22,9 @@ init_method='env://')`` inside ``torchrun --nproc_per_node=8``.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 #: the environment variables by which torchrun (torch.distributed.run) tells a worker its place
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
@@ -79,10 +81,44 @@ def check_not_batch_step() -> None:
     task 0 of ``SLURM_NTASKS``, but the other tasks were never started, so the first collective would wait for
     them until its timeout."""
     tasks = int(os.environ.get("SLURM_NTASKS", "1") or 1)
+    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0].endswith(".py") else "run.py"
     if tasks > 1 and not in_slurm_step():
         raise BatchStepError(
             f"this SLURM job has {tasks} tasks (SLURM_NTASKS={tasks}) but this process runs in its batch script, "
             "not in a job step, so only one of them exists and the others would be waited for until the timeout. "
-            "Start one process per task with srun: `srun --kill-on-bad-exit=1 python run.py ...` (or `srun "
-            "--kill-on-bad-exit=1 torchrun --nproc_per_node=<gpus> run.py ...` with one task per node), or ask for "
-            "one task (#SBATCH --ntasks=1) to run a single process. Nothing was started")
+            f"Start one process per task with srun: `srun --kill-on-bad-exit=1 python {script} ...` (or `srun "
+            f"--kill-on-bad-exit=1 torchrun --nproc_per_node=<gpus> {script} ...` with one task per node), or ask "
+            "for one task (#SBATCH --ntasks=1) to run a single process. Nothing was started")
+
+
+#: what torchrun tells a worker, which libraries that know only torchrun read (Hugging Face ``accelerate``, torch's
+#: ``env://`` rendezvous)
+TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def export_for_torch(env: LaunchEnvironment) -> dict[str, str]:
+    """Write torchrun's variables (``TORCH_VARS``) for a process that submitit placed (a SLURM task, a task of the
+    Hydra submitit launcher or of submitit's local executor), from ``env``: its rank, world and local rank, the host
+    and port of its ``init_method`` (``tcp://host:port``), and submitit's tasks per node as ``LOCAL_WORLD_SIZE``.
+    Returns what it wrote; nothing for torchrun (which set them) or one process. Afterwards
+    ``launch_environment()`` reads the same place through torchrun's variables.
+
+    Example: ``export_for_torch(launch_environment())`` in task 5 of ``srun --ntasks=8 --ntasks-per-node=4`` ->
+    ``{'RANK': '5', 'WORLD_SIZE': '8', 'LOCAL_RANK': '1', 'LOCAL_WORLD_SIZE': '4', 'MASTER_ADDR': 'gpu07', ...}``.
+    """
+    if env.source != "submitit" or env.world == 1:
+        return {}
+    from urllib.parse import urlsplit
+
+    from submitit.helpers import TorchDistributedEnvironment
+
+    address = urlsplit(env.init_method or "")
+    if address.scheme != "tcp" or not address.hostname or address.port is None:
+        raise ValueError(f"expected a tcp://host:port rendezvous for rank {env.rank} of {env.world}, got "
+                         f"{env.init_method!r}")
+    values = {"RANK": env.rank, "WORLD_SIZE": env.world, "LOCAL_RANK": env.local_rank,
+              "LOCAL_WORLD_SIZE": TorchDistributedEnvironment().local_world_size, "MASTER_ADDR": address.hostname,
+              "MASTER_PORT": address.port}
+    written = {key: str(values[key]) for key in TORCH_VARS}
+    os.environ.update(written)
+    return written

@@ -54,6 +54,7 @@ from eval.distributed import Shards, dist_options
 from eval.generator import Generator
 from eval.labels import canonical, decoder_options, method_label
 from eval.logging import Progress
+from eval.preflight import validate_decoders
 from eval.prefetch import check_run_files, run_overrides
 from eval.records import (RunRecords, atomic_write_json, decoder_fingerprint, environment, git_commit, load_records,
                           record_signatures)
@@ -61,6 +62,7 @@ from eval.report import comparison_table, markdown_table, one_line_summary, save
 from eval.stats import Bootstrap
 
 
+log = logging.getLogger("coolsd")
 RESUME = ("auto", "overwrite")
 NUMERICS_MISMATCH = ("refuse", "accept")
 
@@ -436,6 +438,8 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
 
     check_model_device(OmegaConf.to_container(cfg.model, resolve=True))  # no silent CPU fallback (coolsd.device)
     check_run_files(cfg, decoder_cfgs, run_overrides())  # model, drafters, prompts, metrics: before the target
+    for note in validate_decoders(cfg, decoder_cfgs):  # option values and drafter fit on a weightless stand-in
+        log.info(note)
     model = instantiate(cfg.model)
     decoders: dict[str, Decoder] = {name: instantiate(dc, model=model) for name, dc in decoder_cfgs.items()}
     weights = weights_digest(model)

@@ -11,6 +11,12 @@ Examples::
     python scripts/train_drafter.py model=tiny stage=data distill.num_samples=4096
     torchrun --nproc_per_node=8 scripts/train_drafter.py model=<m> stage=train resume=true
     accelerate launch --multi_gpu --num_processes=8 scripts/train_drafter.py model=<m> stage=train resume=true
+    srun --ntasks-per-node=8 --gpus-per-node=8 --kill-on-bad-exit=1 python scripts/train_drafter.py model=<m>
+    python scripts/train_drafter.py -m --config-name train_drafter_janus_pro_7b hydra/launcher=slurm_train \
+        hydra.launcher.partition=<partition> hydra.launcher.gpus_per_node=8 train.grad_accum=1
+
+Ranks come from ``coolsd.launch.launch_environment`` (torchrun, a SLURM or submitit task, or one process);
+``hydra/launcher=slurm_train`` requeues the job on time-out or pre-emption and resumes it.
 """
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ def test_a_batch_step_without_srun_stops_at_once_with_the_fix(placement, tmp_pat
     batch = {k: v for k, v in SLURM_TASK.items() if k != "SLURM_STEP_ID"} | {"SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
     for key, value in batch.items():
         placement.setenv(key, value)
-    with pytest.raises(BatchStepError, match=r"srun --kill-on-bad-exit=1 python run.py"):
+    with pytest.raises(BatchStepError, match=r"srun --kill-on-bad-exit=1 python \S+\.py"):
         launch_environment()
     placement.setenv("SLURM_STEP_ID", "batch")  # not a numbered step either
     with pytest.raises(BatchStepError, match="SLURM_NTASKS=8"):
@@ -120,6 +120,7 @@ def test_a_batch_step_without_srun_stops_at_once_with_the_fix(placement, tmp_pat
     proc = subprocess.run([sys.executable, "run.py", *COMMON, f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "BatchStepError" in proc.stderr and "Nothing was started" in proc.stderr
+    assert "srun --kill-on-bad-exit=1 python run.py" in proc.stderr
     assert time.monotonic() - started < 60 and not (tmp_path / "run" / "records").exists()
 
 

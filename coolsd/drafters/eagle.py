@@ -238,26 +238,44 @@ def resolve_checkpoint(spec: str) -> tuple[Path, Path]:
                               f"{directory / EAGLE_WEIGHTS[0]} exists; {TRAIN_HINT}")
 
 
+#: the draft layer's sizes a checkpoint's ``config.json`` must match (``arch_mismatch``; ``EagleHead.arch``)
+FIT_FIELDS = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
+
+
+def arch_mismatch(config: dict[str, Any], sizes: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{field: (checkpoint, target)} where a drafter's ``config.json`` does not fit the target's draft layer, whose
+    ``sizes`` are ``FIT_FIELDS`` of ``EagleHead.arch`` and ``num_image_tokens``: this project's format compares
+    ``FIT_FIELDS``; a released EAGLE / LANTERN drafter (HF-Llama names) its sizes, its single layer and the
+    RoPE grid LANTERN trained it on (``input_type``). Read from the config alone (``eval.preflight`` checks a
+    run's drafters with it before the target is built)."""
+    if config.get("format") == FORMAT:
+        return {k: (config.get(k), sizes[k]) for k in FIT_FIELDS if config.get(k) != sizes[k]}
+    heads = config.get("num_attention_heads")
+    theirs = {"hidden_size": config.get("hidden_size"), "num_heads": heads,
+              "num_kv_heads": config.get("num_key_value_heads") or heads,
+              "intermediate_size": config.get("intermediate_size"), "vocab_size": config.get("vocab_size")}
+    diff = {k: (v, sizes[k]) for k, v in theirs.items() if v != sizes[k]}
+    if config.get("num_hidden_layers", 1) != 1:
+        diff["num_hidden_layers"] = (config["num_hidden_layers"], 1)
+    cells = LANTERN_GRID_CELLS.get(config.get("input_type"))  # the RoPE grid the drafter was trained with
+    if cells is not None and cells != sizes["num_image_tokens"]:
+        diff["input_type"] = (f"{config['input_type']} ({cells} image tokens)", sizes["num_image_tokens"])
+    return diff
+
+
+def head_sizes(head: EagleHead) -> dict[str, Any]:
+    """The sizes ``arch_mismatch`` compares a checkpoint with, of a head built for its target."""
+    arch = head.arch()
+    return {**{k: arch[k] for k in FIT_FIELDS}, "num_image_tokens": head.target.num_image_tokens}
+
+
 def _eagle_to_ours(head: EagleHead, config: dict[str, Any], state: dict[str, torch.Tensor]) -> dict:
     """Map a released EAGLE / LANTERN drafter (HF-Llama key names) onto ``head``'s parameters."""
     layer = head.layer
     if not hasattr(layer, "from_eagle_keys"):
         raise ValueError(f"{type(layer).__name__} (draft layer of {type(head.target).__name__}) cannot read "
                          "EAGLE/LANTERN checkpoints (no from_eagle_keys); " + TRAIN_HINT)
-    theirs = {
-        "hidden_size": config.get("hidden_size"),
-        "num_heads": config.get("num_attention_heads"),
-        "num_kv_heads": config.get("num_key_value_heads") or config.get("num_attention_heads"),
-        "intermediate_size": config.get("intermediate_size"),
-        "vocab_size": config.get("vocab_size"),
-    }
-    ours = head.arch()
-    diff = {k: (v, ours[k]) for k, v in theirs.items() if v != ours[k]}
-    if config.get("num_hidden_layers", 1) != 1:
-        diff["num_hidden_layers"] = (config["num_hidden_layers"], 1)
-    cells = LANTERN_GRID_CELLS.get(config.get("input_type"))  # the RoPE grid the drafter was trained with
-    if cells is not None and cells != head.target.num_image_tokens:
-        diff["input_type"] = (f"{config['input_type']} ({cells} image tokens)", head.target.num_image_tokens)
+    diff = arch_mismatch(config, head_sizes(head))
     if diff:
         raise ValueError("the EAGLE checkpoint's architecture does not match this target's draft layer "
                          f"(field: checkpoint vs target) {diff}; " + TRAIN_HINT)
@@ -293,8 +311,7 @@ def load_eagle(target: ImageARModel, checkpoint: str) -> EagleHead:
         head = EagleHead(target, bias=config["bias"], norm_eps=config["norm_eps"],
                          own_embedding=config["own_embedding"],
                          prefix=config.get("prefix", "last"))  # written before the option existed: last
-        mismatch = {k: (config.get(k), v) for k, v in head.arch().items()
-                    if k not in ("target", "norm_eps") and config.get(k) != v}
+        mismatch = arch_mismatch(config, head_sizes(head))
         if mismatch:
             raise ValueError(f"drafter checkpoint {checkpoint} was trained for another architecture "
                              f"(field: checkpoint vs target) {mismatch}; " + TRAIN_HINT)

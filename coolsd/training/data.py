@@ -14,10 +14,20 @@ safetensors shards written atomically; ``manifest.json`` lists the finished shar
 ``Decoder.generate_batch`` call (AR, every image in step; each sample still uses its own seed stream, so on a
 batch-invariant model a sample is bitwise the one a batch of 1 gives: ``tests/test_distill.py``), and the
 hidden states come from one batched teacher-forced pass per ``distill.batch_size`` samples (at most 64).
-Shards are fixed by sample index and shard ``k`` belongs to rank ``k % world`` (``RANK``/``WORLD_SIZE`` of
-torchrun, through ``accelerate``), so the data do not depend on the number of ranks. Each shard is written
-atomically and carries the digest of the settings that made it (``fingerprint_sha1`` in its metadata); ranks add their shards to ``manifest.json``
-under a file lock (``filelock``). A rerun skips the listed shards and refuses one made with other settings.
+Shards are fixed by sample index and shard ``k`` belongs to rank ``k % world`` (the rank and world of
+``coolsd.launch.launch_environment``: torchrun, a SLURM task or a submitit task, handed to ``accelerate``), so the
+data do not depend on the number of ranks. Each shard is written atomically and carries the digest of the
+settings that made it (``fingerprint_sha1`` in its metadata); ranks add their shards to ``manifest.json`` under a
+file lock (``filelock``). A rerun skips the listed shards and refuses one made with other settings.
+
+**Disk** (``storage_need``): before the first shard is written, rank 0 prints what the missing shards will take,
+computed from the shapes (``hidden`` (S, P+N, H) in ``distill.storage_dtype`` plus the int64 codes, per sample),
+and the free space of ``distill.dir``; when the need exceeds it, every rank stops before writing
+(``distill.low_disk=refuse``; ``warn`` goes on).
+
+**Waits** (several ranks): a rank whose shards are done polls the folder for the others' (``wait_for_data``); after
+``timeout_s`` without a new shard it stops with the missing shards and the ranks that were to write them. The
+manifest lock is waited for at most as long.
 
 ``ShardStream`` turns the shards into training batches of pairs ``(f_t, x_{t+1}) -> f_{t+1}``: an endless,
 seeded, resumable stream split across data-parallel ranks (``coolsd.training.drafter`` trains on it).
@@ -34,9 +44,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +67,7 @@ DATA_FORMAT = "coolsd-drafter-data"
 MANIFEST = "manifest.json"
 SOURCES = ("self_distill", "images")
 OVERLAP_MODES = ("refuse", "warn")  # distillation prompts that are also evaluation prompts
+LOW_DISK_MODES = ("refuse", "warn")  # the missing shards need more than the free space of distill.dir
 SHARD_LOCK = ".manifest.lock"  # ranks add their shards to manifest.json under this file lock
 STORAGE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -75,6 +88,7 @@ class DistillConfig:
     eval_overlap: str = "refuse"
     eval_prompt_files: Sequence[str] = ()
     wait_poll_s: float = 10.0
+    low_disk: str = "refuse"
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -94,6 +108,8 @@ class DistillConfig:
         if self.eval_overlap not in OVERLAP_MODES:
             raise ValueError(f"distill.eval_overlap must be one of {OVERLAP_MODES}, "
                              f"got {self.eval_overlap!r}")
+        if self.low_disk not in LOW_DISK_MODES:
+            raise ValueError(f"distill.low_disk must be one of {LOW_DISK_MODES}, got {self.low_disk!r}")
 
 
 # -- data generation -------------------------------------------------------------------------------------
@@ -249,23 +265,22 @@ def shard_digest(path: Path) -> str | None:
 
 def generate_data(model: ImageARModel, data: DistillConfig, directory: str | os.PathLike,
                   prompts: Sequence[str], model_config: dict | None = None, progress: bool = True,
-                  prefix: str = "last", rank: int = 0, world: int = 1) -> dict:
+                  prefix: str = "last", rank: int = 0, world: int = 1,
+                  wait_timeout_s: float | None = None) -> dict:
     """Write this rank's missing shards into ``directory``; return the manifest (resumable).
 
     ``prefix``: the drafter's prefix convention the samples are made for (``head.prefix``). Of ``world``
     ranks, rank ``r`` makes the shards ``k`` with ``k % world == r`` (the others may still be missing when it
-    returns: ``wait_for_data``).
+    returns: ``wait_for_data``). Before anything is written, the disk the missing shards need is compared with
+    the free space of ``directory`` (``storage_need``; rank 0 prints both); ``wait_timeout_s`` bounds the wait
+    for the manifest's file lock (None: no limit).
 
     ``prompts`` (cycled) condition the samples; with ``source=images`` and ``labels`` in the file, sample
     ``i``'s prompt is its label instead (class-conditional models).
     """
-    from filelock import FileLock
-
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} outside a world of {world} processes")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(directory)  # a write killed mid-way (live writers of other ranks keep their locks)
     codes, labels = (None, None)
     if data.source == "images":
         codes, labels = load_image_codes(model, data.images_path)
@@ -279,8 +294,13 @@ def generate_data(model: ImageARModel, data: DistillConfig, directory: str | os.
     check_prefix(prefix)
     fingerprint = data_fingerprint(model, data, prompts, model_config, prefix)
     digest = fingerprint_digest(fingerprint)
-    lock = FileLock(str(directory / SHARD_LOCK))
-    with lock:
+    checked_manifest(directory, fingerprint)  # read only: a folder of other settings is refused first
+    missing = missing_shards(directory, data)  # every rank's: they share the folder's disk
+    need = storage_need(model, data, directory, missing, prompts, prefix)
+    check_storage(need, directory, data, report=rank == 0)
+    directory.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(directory)  # a write killed mid-way (live writers of other ranks keep their locks)
+    with manifest_lock(directory, wait_timeout_s):
         manifest = checked_manifest(directory, fingerprint)
         if not (directory / MANIFEST).is_file():
             write_manifest(directory, manifest)
@@ -300,12 +320,113 @@ def generate_data(model: ImageARModel, data: DistillConfig, directory: str | os.
     for spec in tqdm(todo, desc=desc, disable=not progress):
         blob = make_shard(model, data, spec, prompts, codes, prefix, digest)
         atomic_write_bytes(directory / spec.name, blob)
-        with lock:  # another rank may have added its shards since: read, add ours, write
+        with manifest_lock(directory, wait_timeout_s):  # other ranks may have added shards: read, add, write
             manifest = checked_manifest(directory, fingerprint)
             manifest["shards"][spec.name] = {"start": spec.start, "stop": spec.stop}
             write_manifest(directory, manifest)
-    with lock:
+    with manifest_lock(directory, wait_timeout_s):
         return checked_manifest(directory, fingerprint)
+
+
+@contextmanager
+def manifest_lock(directory: Path, timeout_s: float | None = None) -> Iterator[None]:
+    """The file lock under which ranks read and rewrite ``manifest.json``, waited for at most ``timeout_s``."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(directory / SHARD_LOCK), timeout=-1 if timeout_s is None else timeout_s)
+    try:
+        lock.acquire()
+    except Timeout as err:
+        raise TimeoutError(
+            f"{directory / SHARD_LOCK} has been held by another process for {timeout_s / 60:g} min "
+            "(dist.timeout_min), where a rank holds it only to add a shard to manifest.json: that process "
+            "hangs, or its node went down while the network filesystem keeps its lock. Stop every rank of this "
+            "run, delete the lock file, and rerun the same command (finished shards are kept)") from err
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+# -- disk ------------------------------------------------------------------------------------------------
+SHARD_HEADER_BYTES = 1024  # a shard's safetensors header without its prompts: tensor entries, digest, format
+
+
+class DiskSpaceError(OSError):
+    """The missing shards need more than the free space of ``distill.dir``."""
+
+
+@dataclass(frozen=True)
+class StorageNeed:
+    """What the missing shards of a data folder will take and what its filesystem has free (bytes)."""
+
+    shards: int
+    samples: int
+    sample_bytes: int  # one sample: its hidden states, its codes (int64) and its index
+    shape: str  # the hidden states of one sample, e.g. "2 streams × 577 × 4096 × bfloat16"
+    need: int  # every missing shard, headers included
+    free: int
+    folder: Path  # where the free space was read: distill.dir, or its nearest existing parent
+
+
+def human_bytes(count: float) -> str:
+    """Decimal units, as the README's disk table: ``9.46 MB``."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(count) < 999.5 or unit == "TB":
+            return f"{count:.3g} {unit}" if unit != "B" else f"{int(count)} B"
+        count /= 1000
+    raise AssertionError("unreachable")
+
+
+def stored_prefix_slots(model: ImageARModel, prompt: str, prefix: str) -> int:
+    """``P``, the prefix slots a stored sample holds: 1 for ``last``; for ``all`` every condition slot, read from
+    one prefill of ``prompt``."""
+    if prefix == "last":
+        return 1
+    with torch.inference_mode():
+        _, first = model.prefill([prompt], extra_slots=0)
+    return int(model.prefix_states(first, prefix).shape[2])
+
+
+def storage_need(model: ImageARModel, data: DistillConfig, directory: Path, missing: Sequence[ShardSpec],
+                 prompts: Sequence[str], prefix: str = "last") -> StorageNeed:
+    """The disk the ``missing`` shards take, from the shapes ``make_shard`` stores: per sample ``hidden`` (S, P+N, H)
+    in ``distill.storage_dtype``, the codes (N,) and the index as int64; per shard a header (its prompts as JSON,
+    at most twice escaped, and ``SHARD_HEADER_BYTES``). ``free``: ``shutil.disk_usage`` of ``directory`` (of its
+    nearest existing parent before it is made)."""
+    n, h, streams = model.num_image_tokens, model.hidden_size, model.num_streams
+    slots = stored_prefix_slots(model, prompts[0], prefix) if missing else 1
+    dtype = STORAGE_DTYPES[data.storage_dtype]
+    sample = streams * (slots + n) * h * torch.empty((), dtype=dtype).element_size() + 8 * n + 8
+    need = sum((s.stop - s.start) * sample + SHARD_HEADER_BYTES
+               + 2 * len(json.dumps(list(prompts[s.start:s.stop]))) for s in missing)
+    folder = Path(directory).absolute()
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    shape = f"{streams} stream{'s' if streams > 1 else ''} × {slots + n} × {h} × {data.storage_dtype}"
+    return StorageNeed(shards=len(missing), samples=sum(s.stop - s.start for s in missing), sample_bytes=sample,
+                       shape=shape, need=need, free=shutil.disk_usage(folder).free, folder=folder)
+
+
+def check_storage(need: StorageNeed, directory: Path, data: DistillConfig, report: bool = True) -> None:
+    """Print the need and the free space (``report``: rank 0), and stop before anything is written when the need
+    exceeds it (``distill.low_disk=refuse``; ``warn``: a warning, then on)."""
+    if not need.shards:
+        return
+    if report:
+        print(f"drafter data: {need.shards} shards ({need.samples} samples) to write into {directory}, all "
+              f"ranks together: about {human_bytes(need.need)} ({need.shape} = {human_bytes(need.sample_bytes)} "
+              f"per sample with its codes); free there: {human_bytes(need.free)}", flush=True)
+    if need.need <= need.free:
+        return
+    message = (f"the drafter data need about {human_bytes(need.need)} for the {need.shards} shards still to "
+               f"write into {directory}, but only {human_bytes(need.free)} are free there ({need.folder}). Put "
+               "them on a larger disk with distill.dir=<folder>, or store fewer samples (distill.num_samples) or "
+               "smaller ones (distill.storage_dtype=bfloat16, half of float32)")
+    if data.low_disk == "refuse":
+        raise DiskSpaceError(message + ", or pass distill.low_disk=warn to write anyway (a filesystem that "
+                                       "reports its free space wrongly). Nothing was written")
+    warnings.warn(message + " (distill.low_disk=warn: writing anyway)", stacklevel=3)
 
 
 def checked_manifest(directory: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
@@ -321,15 +442,48 @@ def checked_manifest(directory: Path, fingerprint: dict[str, Any]) -> dict[str, 
     return manifest
 
 
-def wait_for_data(directory: Path, data: DistillConfig, timeout_s: float | None = None) -> None:
-    """Poll the folder until every shard is listed and on disk (the other ranks' shards): no collective, so
-    ranks that finish early wait without a process-group timeout."""
-    start = time.monotonic()
-    while not data_complete(directory, data):
-        if timeout_s is not None and time.monotonic() - start > timeout_s:
-            raise TimeoutError(f"drafter data in {directory} still incomplete after {timeout_s:.0f} s; is "
-                               "every rank running, and is the folder shared by all of them?")
+def missing_shards(directory: Path, data: DistillConfig) -> list[ShardSpec]:
+    """The shards of ``data`` not yet listed in ``directory``'s manifest and on disk."""
+    listed = (read_manifest(directory) or {}).get("shards", {})
+    return [s for s in shard_specs(data.num_samples, data.shard_size)
+            if s.name not in listed or not (directory / s.name).is_file()]
+
+
+def wait_for_data(directory: Path, data: DistillConfig, timeout_s: float | None = None,
+                  world: int = 1) -> None:
+    """Poll the folder every ``distill.wait_poll_s`` until every shard is listed and on disk (the other ranks'
+    shards): no collective, so ranks that finish early wait without a process-group timeout.
+
+    ``timeout_s``: the longest wait without a new shard (None: no limit); then a ``TimeoutError`` names the shards
+    still missing and the ranks of ``world`` that were to write them (shard ``k`` is rank ``k % world``'s)."""
+    count, since = -1, time.monotonic()
+    while missing := missing_shards(directory, data):
+        now = time.monotonic()
+        if len(missing) != count:
+            count, since = len(missing), now
+        elif timeout_s is not None and now - since > timeout_s:
+            raise TimeoutError(missing_ranks_message(directory, data, missing, world, timeout_s))
         time.sleep(data.wait_poll_s)
+
+
+def missing_ranks_message(directory: Path, data: DistillConfig, missing: Sequence[ShardSpec], world: int,
+                          timeout_s: float) -> str:
+    by_rank: dict[int, list[str]] = {}
+    for spec in missing:
+        by_rank.setdefault(spec.index % world, []).append(spec.name)
+    total = len(shard_specs(data.num_samples, data.shard_size))
+
+    def names(shards: list[str]) -> str:
+        return ", ".join(shards[:4]) + (f" and {len(shards) - 4} more" if len(shards) > 4 else "")
+
+    ranks = "; ".join(f"rank {r} of {world} was to write {names(by_rank[r])}" for r in sorted(by_rank))
+    who = f"Rank{'s' if len(by_rank) > 1 else ''} {', '.join(map(str, sorted(by_rank)))}"
+    return (f"the drafter data in {directory} still miss {len(missing)} of {total} shards after "
+            f"{timeout_s / 60:g} min without a new one (dist.timeout_min): {ranks} (shard k is made by rank "
+            f"k % {world}). {who} stopped or hang: read their logs (an error, out of memory, a lost node), and "
+            "check that every rank writes into this same folder (a filesystem shared by the nodes). Finished "
+            "shards are kept: rerun the same command to make only the missing ones, or raise dist.timeout_min "
+            "if one shard (distill.shard_size samples) takes longer")
 
 
 # -- distillation prompts vs evaluation prompts ----------------------------------------------------------
@@ -510,8 +664,4 @@ def split_shards(manifest: dict[str, Any], val_shards: int) -> tuple[list[str], 
 
 def data_complete(directory: Path, data: DistillConfig) -> bool:
     """Whether ``directory`` holds every shard of ``data`` (listed in its manifest and on disk)."""
-    manifest = read_manifest(directory)
-    if manifest is None:
-        return False
-    return all(s.name in manifest["shards"] and (directory / s.name).is_file()
-               for s in shard_specs(data.num_samples, data.shard_size))
+    return not missing_shards(directory, data)

@@ -15,10 +15,20 @@
    before training and after. Step checkpoints carry the "before" metrics, so a resumed run reports and
    writes the original ones (``training.before`` in the drafter's ``config.json``).
 
-**What Hugging Face libraries do here.** ``accelerate`` (``Accelerator``) joins the process group of
-``torchrun`` or ``accelerate launch`` (nccl on GPU, gloo on CPU: ``Accelerator(cpu=True)`` when the target
-runs on the CPU), wraps the head in DDP, accumulates gradients (``accumulate``/``backward``: no gradient
-sync before the last micro-batch, each loss divided by ``train.grad_accum``), clips, seeds each rank
+**Where the ranks come from.** ``coolsd.launch.launch_environment``, as for ``run.py``: torchrun's variables
+(also ``accelerate launch`` and ``srun torchrun``), else a SLURM task (``srun python scripts/train_drafter.py``)
+or a task of the Hydra submitit launcher (``hydra/launcher=slurm_train``), read through submitit, else one
+process. ``accelerate`` reads torchrun's variables only, so for a submitit-placed task ``make_accelerator``
+first writes them (``coolsd.launch.export_for_torch``); without that every SLURM task would be rank 0 of 1 and
+train its own copy into the same ``out_dir``. ``dist.timeout_min`` (default 60) bounds every wait for another
+rank: each collective (the process group's timeout: a barrier while rank 0 validates or checkpoints, a gradient
+all-reduce) and, in the data stage, the time without a new shard from the others (``wait_for_data``, which then
+names the missing shards and their ranks).
+
+**What Hugging Face libraries do here.** ``accelerate`` (``Accelerator``) joins the process group of those
+ranks (nccl on GPU, gloo on CPU: ``Accelerator(cpu=True)`` when the target runs on the CPU), wraps the head
+in DDP, accumulates gradients (``accumulate``/``backward``: no gradient sync before the last micro-batch, each
+loss divided by ``train.grad_accum``), clips, seeds each rank
 (``set_seed(seed, device_specific=True)``: ``seed + rank``), logs to W&B on the main process (its ``wandb``
 tracker) and saves and restores the training state (``save_state``/``load_state``: optimizer, scheduler, the
 gradient-accumulation counter and every rank's RNG states, read back through ``torch.load`` with
@@ -49,12 +59,14 @@ What stays the project's own, and why:
   whole state is one integer, so a resumed run continues with the very next batch; with it, resuming at a
   checkpoint gives byte-identical final weights (``tests/test_eagle.py``).
 
-Multi-GPU: ``torchrun --nproc_per_node=<gpus> scripts/train_drafter.py ...`` or
-``accelerate launch --multi_gpu --num_processes=<gpus> scripts/train_drafter.py ...``; every stage runs on
-every rank: the data stage shards by shard index (``coolsd.training.data``: rank ``r`` of ``W`` makes shards
-``k % W == r``, then waits on disk for the rest), training is data-parallel; ``train.batch_size`` is per
-process and micro-batch. Checkpoints assume one node or a shared file system (every rank writes its RNG state
-into the same folder).
+Multi-GPU: ``torchrun --nproc_per_node=<gpus> scripts/train_drafter.py ...``,
+``accelerate launch --multi_gpu --num_processes=<gpus> scripts/train_drafter.py ...``,
+``srun --ntasks-per-node=<gpus> --kill-on-bad-exit=1 python scripts/train_drafter.py ...`` or
+``python scripts/train_drafter.py -m hydra/launcher=slurm_train hydra.launcher.gpus_per_node=<gpus> ...``
+(requeued on time-out or pre-emption, resuming); every stage runs on every rank: the data stage shards by
+shard index (``coolsd.training.data``: rank ``r`` of ``W`` makes shards ``k % W == r``, then waits on disk
+for the rest), training is data-parallel; ``train.batch_size`` is per process and micro-batch. Checkpoints
+assume one node or a shared file system (every rank writes its RNG state into the same folder).
 
 Written after jadohu/LANTERN ``entrypoints/train_drafter/main.py`` (EAGLE's recipe), without its quirks: here
 gradient accumulation accumulates and the warm-up length is set in steps.
@@ -66,9 +78,11 @@ Examples::
 
     python scripts/train_drafter.py model=tiny
     torchrun --nproc_per_node=8 scripts/train_drafter.py model=<m> stage=train resume=true
+    srun --ntasks-per-node=8 --gpus-per-node=8 --kill-on-bad-exit=1 python scripts/train_drafter.py model=<m>
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -87,6 +101,7 @@ from coolsd.acceptance import ExactRule
 from coolsd.decoding import Decoder
 from coolsd.drafters.eagle import CONFIG_FILE, WEIGHTS_FILE, EagleDrafter, EagleHead, save_eagle
 from coolsd.io import atomic_write_bytes
+from coolsd.launch import export_for_torch, launch_environment
 from coolsd.models.base import ImageARModel
 from coolsd.models.checkpoints import load_state_dict
 from coolsd.models.llamagen import resolve_device
@@ -161,6 +176,18 @@ class WandbConfig:
     def __post_init__(self) -> None:
         if self.mode not in WANDB_MODES:
             raise ValueError(f"wandb.mode must be one of {WANDB_MODES}, got {self.mode!r}")
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    """``dist.*``: several processes. ``timeout_min`` bounds every wait for another rank: a collective (the
+    process group's timeout) and, in the data stage, the time without a new shard of the others."""
+
+    timeout_min: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.timeout_min > 0:
+            raise ValueError(f"dist.timeout_min must be > 0 (minutes), got {self.timeout_min}")
 
 
 
@@ -372,20 +399,47 @@ class TrainResult:
     main_process: bool = True
 
 
-def make_accelerator(train_cfg: TrainConfig, device: torch.device, wandb_cfg: WandbConfig | None = None):
+def make_accelerator(train_cfg: TrainConfig, device: torch.device, wandb_cfg: WandbConfig | None = None,
+                     dist_cfg: DistConfig | None = None):
     """The ``Accelerator`` of a run whose target lives on ``device``: the CPU backend (gloo) unless it is a
     GPU, ``train.grad_accum`` micro-batches per step, no device moves (the head lives with its target), and
     the W&B tracker unless ``wandb.mode=disabled``. Mixed precision stays off (see the module docstring).
+
+    Its ranks are ``launch_environment``'s: for a SLURM or submitit task the variables ``accelerate`` reads are
+    written first (``export_for_torch``); the process group's timeout is ``dist.timeout_min``.
 
     Its ``save_state``/``load_state`` leave the head's weights out: they are the step's drafter files
     (``save_eagle``, written atomically and with the umask's mode; safetensors' own writer makes 0600
     files)."""
     from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
 
+    dist_cfg = dist_cfg or DistConfig()
+    env = launch_environment()
+    export_for_torch(env)
     tracking = wandb_cfg is not None and wandb_cfg.mode != "disabled"
-    accelerator = Accelerator(cpu=device.type != "cuda", gradient_accumulation_steps=train_cfg.grad_accum,
-                              device_placement=False, step_scheduler_with_optimizer=False,
-                              log_with="wandb" if tracking else None)
+    try:
+        accelerator = Accelerator(cpu=device.type != "cuda", gradient_accumulation_steps=train_cfg.grad_accum,
+                                  device_placement=False, step_scheduler_with_optimizer=False,
+                                  log_with="wandb" if tracking else None,
+                                  kwargs_handlers=[InitProcessGroupKwargs(
+                                      timeout=dt.timedelta(minutes=dist_cfg.timeout_min))])
+    except (RuntimeError, TimeoutError) as err:  # torch's DistStoreError is a RuntimeError
+        if env.world == 1:
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise RuntimeError(
+            f"rank {env.rank} of {env.world} ({env.source}) could not join the process group at "
+            f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} within {dist_cfg.timeout_min:g} min "
+            "(dist.timeout_min): another task died or was never started (read the other tasks' logs: an error at "
+            "start-up, or a batch script without srun), or the address is unreachable. Nothing was written "
+            f"({type(err).__name__}: {first})") from err
+    if (accelerator.process_index, accelerator.num_processes) != (env.rank, env.world):
+        raise RuntimeError(
+            f"accelerate placed this process as rank {accelerator.process_index} of "
+            f"{accelerator.num_processes}, but its launch environment ({env.source}) says rank {env.rank} of "
+            f"{env.world}: remove stray RANK/WORLD_SIZE/LOCAL_RANK (or MPI) variables from the job's "
+            "environment, or start it with torchrun or srun alone")
     accelerator.register_save_state_pre_hook(lambda models, weights, output_dir: weights.clear())
     accelerator.register_load_state_pre_hook(lambda models, input_dir: models.clear())
     return accelerator
@@ -404,8 +458,9 @@ def run(cfg: DictConfig, model: ImageARModel | None = None) -> TrainResult | Non
     train_cfg = TrainConfig(**OmegaConf.to_container(cfg.train, resolve=True))
     val = ValConfig(**OmegaConf.to_container(cfg.val, resolve=True))
     wandb_cfg = WandbConfig(**OmegaConf.to_container(cfg.wandb, resolve=True))
+    dist_cfg = DistConfig(**OmegaConf.to_container(cfg.get("dist") or OmegaConf.create(), resolve=True))
     device = model.device if model is not None else resolve_device(str(cfg.model.get("device", "auto")))
-    accelerator = make_accelerator(train_cfg, device, wandb_cfg)  # before the model: it picks the rank's GPU
+    accelerator = make_accelerator(train_cfg, device, wandb_cfg, dist_cfg)  # before the model: picks the GPU
     set_seed(cfg.seed, device_specific=True)  # seed + rank
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
@@ -426,11 +481,12 @@ def run(cfg: DictConfig, model: ImageARModel | None = None) -> TrainResult | Non
     if cfg.stage in ("all", "data"):
         prompts = prompt_set.load(model, None)
         # every rank makes its shards (shard k on rank k % world), then waits on disk for the others' shards
+        wait_s = 60.0 * dist_cfg.timeout_min
         generate_data(model, data, data_dir, prompts, model_config, progress=train_cfg.progress and
                       accelerator.is_main_process, prefix=cfg.head.prefix, rank=accelerator.process_index,
-                      world=accelerator.num_processes)
+                      world=accelerator.num_processes, wait_timeout_s=wait_s)
         if accelerator.num_processes > 1:
-            wait_for_data(data_dir, data)
+            wait_for_data(data_dir, data, timeout_s=wait_s, world=accelerator.num_processes)
         if cfg.stage == "data":
             return None
     manifest = read_manifest(data_dir)

@@ -53,11 +53,19 @@ def logical_lines(block: str) -> list[str]:
 
 
 def split_commands(tokens: list[str]) -> list[list[str]]:
+    """Commands of a shell line: split at ``&&``, ``||``, ``;``, ``|`` and ``&``; redirections dropped."""
     out, current = [], []
+    skip = False
     for tok in tokens:
-        if tok in ("&&", "||", ";", "|"):
+        if skip:
+            skip = False
+        elif tok in ("&&", "||", ";", "|", "&"):
             out.append(current)
             current = []
+        elif re.fullmatch(r"[0-9]?>>?(&[0-9])?", tok):  # > file, >> file, 2>&1
+            skip = not tok.endswith(("&1", "&2"))
+        elif re.match(r"[0-9]?>", tok):  # >file, 2>file
+            continue
         else:
             current.append(tok)
     out.append(current)
@@ -67,8 +75,8 @@ def split_commands(tokens: list[str]) -> list[list[str]]:
 def script_of(tokens: list[str]) -> tuple[str, list[str]] | None:
     """(script, its arguments) of a documented Python entry point, or None for other commands."""
     i = 0
-    while i < len(tokens) and (re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", tokens[i]) or tokens[i] == "env"):
-        i += 1  # environment prefixes: COCO_DIR=... python run.py
+    while i < len(tokens) and (re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", tokens[i]) or tokens[i] in ("env", "nohup")):
+        i += 1  # environment prefixes: COCO_DIR=... python run.py, nohup python run.py
     rest = tokens[i:]
     if not rest:
         return None
@@ -217,7 +225,9 @@ def test_readme_command_composes(command: Command):
         except SystemExit as e:
             raise AssertionError(f"{command.line}: its arguments do not parse (exit {e.code})") from None
         if isinstance(getattr(namespace, "overrides", None), list):  # run.py's overrides (scripts/prefetch.py)
-            compose_job(ROOT / "configs", "config", [with_placeholders(o) for o in namespace.overrides])
+            multirun = ["-m"] if getattr(namespace, "multirun", False) else []
+            for overrides in override_sets([*multirun, *namespace.overrides])[1]:
+                compose_job(ROOT / "configs", "config", overrides)
         return
     config_dir, default_name = entry
     config_name, sets = override_sets(list(command.args))
@@ -238,12 +248,13 @@ def test_extraction_handles_continuations_comments_chains_and_launchers():
            "python run.py -m experiment=x && python scripts/claims.py runs/x --out results\n" \
            "torchrun --nproc_per_node 8 --standalone run.py model=tiny\n" \
            "accelerate launch --multi_gpu --num_processes=8 scripts/train_drafter.py stage=train\n" \
-           "srun --ntasks-per-node=8 python run.py model=tiny\npython -m pytest\npip install -r requirements.txt\n```\n"
+           "srun --ntasks-per-node=8 python run.py model=tiny\npython -m pytest\npip install -r requirements.txt\n" \
+           "nohup python run.py -m decoder=sd > submit.log 2>&1 &\n```\n"
     got = [(c.script, c.args) for c in readme_commands(text)]
     assert got == [("run.py", ("-m", "decoder=sd", "decoder.draft_len=2,3")),
                    ("run.py", ("-m", "experiment=x")), ("scripts/claims.py", ("runs/x", "--out", "results")),
                    ("run.py", ("model=tiny",)), ("scripts/train_drafter.py", ("stage=train",)),
-                   ("run.py", ("model=tiny",))]
+                   ("run.py", ("model=tiny",)), ("run.py", ("-m", "decoder=sd"))]
     assert override_sets(["-m", "decoder=sd", "decoder.draft_len=2,3"])[1] == [
         ["decoder=sd", "decoder.draft_len=2"], ["decoder=sd", "decoder.draft_len=3"]]
     assert override_sets(["model=<m>", "data.path=<p.txt>"])[1] == [["model=tiny", "data.path=p.txt"]]

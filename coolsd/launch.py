@@ -122,3 +122,15 @@ def export_for_torch(env: LaunchEnvironment) -> dict[str, str]:
     written = {key: str(values[key]) for key in TORCH_VARS}
     os.environ.update(written)
     return written
+
+
+def join_error(env: LaunchEnvironment, address: str, minutes: float, key: str, done: str,
+               err: BaseException) -> RuntimeError:
+    """The error of a rank that could not join its process group within ``minutes`` (the config ``key``), with
+    what to look for; ``done`` says what was done before (e.g. "Nothing was loaded")."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return RuntimeError(
+        f"rank {env.rank} of {env.world} ({env.source}) could not join the process group at {address} within "
+        f"{minutes:g} min ({key}): another task died or was never started (read the other tasks' logs: an error "
+        f"at start-up, or a batch script without srun), or the address is unreachable. {done} "
+        f"({type(err).__name__}: {first})")

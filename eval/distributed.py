@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from coolsd import validate
-from coolsd.launch import launch_environment
+from coolsd.launch import join_error, launch_environment
 from eval.records import atomic_write_json
 
 log = logging.getLogger("coolsd")
@@ -236,13 +236,8 @@ class Shards:
                     dist.init_process_group(backend, init_method=env.init_method, timeout=self.startup_timeout,
                                             **kwargs)
                 except (RuntimeError, TimeoutError) as err:  # torch's DistStoreError is a RuntimeError
-                    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-                    raise RuntimeError(
-                        f"rank {self.rank} of {self.world} ({self.source}) could not join the process group at "
-                        f"{env.init_method} within {opts['startup_timeout_min']:g} min (dist.startup_timeout_min): "
-                        "another task died or was never started (read the other tasks' logs: an error at start-up, "
-                        "or a batch script without srun), or the address is unreachable. Nothing was loaded or "
-                        f"generated ({type(err).__name__}: {first})") from err
+                    raise join_error(env, env.init_method, opts["startup_timeout_min"], "dist.startup_timeout_min",
+                                     "Nothing was loaded or generated", err) from err
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
     def begin(self, output_dir: str | os.PathLike) -> Path:

@@ -128,3 +128,34 @@ def default_run_decoders() -> set[str]:
     """The decoders a run with no ``decoder=`` compares: AR plus ``compare_sets.all`` of configs/config.yaml."""
     config = OmegaConf.load(Path(__file__).resolve().parents[1] / "configs" / "config.yaml")
     return {"ar", *config.compare_sets.all}
+
+
+def sbatch_of(monkeypatch, cfg, overrides: list[str]):
+    """(the submitit executor, the sbatch script text) that the real Hydra submitit launcher of ``cfg`` (composed
+    with its hydra config) makes for one job of ``overrides``: submission is stopped just before ``sbatch``."""
+    import submitit
+    from hydra.utils import instantiate
+    from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+    from submitit.slurm.slurm import SlurmExecutor
+
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # no srun on this machine
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    class Recording(submitit.AutoExecutor):
+        def map_array(self, fn, *args):
+            seen["executor"] = self._executor
+            raise Stop
+
+    monkeypatch.setattr(submitit, "AutoExecutor", Recording)
+    launcher = instantiate(cfg.hydra.launcher)
+    assert isinstance(launcher, submitit_launcher.SlurmLauncher)
+    launcher.config = cfg
+    try:
+        launcher.launch([overrides], initial_job_idx=0)
+    except Stop:
+        pass
+    executor = seen["executor"]
+    return executor, executor._make_submission_file_text("python -m submitit.core._submit x", "uid")

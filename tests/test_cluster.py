@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from coolsd.launch import BatchStepError
 from eval.distributed import RankMarkers, dist_options, launch_environment
+from tests.helpers import sbatch_of
 from eval.records import load_records
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -330,35 +331,11 @@ def test_sweep_folders_are_named_after_the_experiment_not_the_clock(name):
 
 def test_slurm_preset_writes_the_sbatch_options_and_allows_requeues(monkeypatch, tmp_path):
     """The preset's keys reach sbatch through the real launcher (submission stopped just before ``sbatch``)."""
-    import submitit
-    from hydra.utils import instantiate
-    from submitit.slurm.slurm import SlurmExecutor
-
-    from hydra_plugins.hydra_submitit_launcher import submitit_launcher
-
-    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # no srun on this machine
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    class Recording(submitit.AutoExecutor):
-        def map_array(self, fn, *args):
-            seen["executor"] = self._executor
-            raise Stop
-
-    monkeypatch.setattr(submitit, "AutoExecutor", Recording)
     cfg = compose_with(["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.account=lab",
                         "hydra.launcher.gpus_per_node=4", "hydra.launcher.mem_gb=256",
                         f"hydra.sweep.dir={tmp_path}", "hydra.job.name=run"], hydra_cfg=True)
-    launcher = instantiate(cfg.hydra.launcher)
-    assert isinstance(launcher, submitit_launcher.SlurmLauncher)
-    launcher.config = cfg
-    with pytest.raises(Stop):
-        launcher.launch([["decoder=sd"]], initial_job_idx=0)
-    executor = seen["executor"]
+    executor, sbatch = sbatch_of(monkeypatch, cfg, ["decoder=sd"])
     assert executor.max_num_timeout == 20
-    sbatch = executor._make_submission_file_text("python -m submitit.core._submit x", "uid")
     for line in ("--time=1440", "--gpus-per-node=4", "--ntasks-per-node=4", "--partition=gpu", "--account=lab",
                  "--mem=256GB", "--signal=USR2@300", "--cpus-per-task=8", "export SLURM_KILL_BAD_EXIT=1"):
         assert line in sbatch, line

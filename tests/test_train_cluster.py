@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 from coolsd.launch import TORCH_VARS, export_for_torch, launch_environment
 from coolsd.training import data as dd
 from coolsd.training.drafter import DistConfig
+from tests.helpers import sbatch_of
 from tests.test_cluster import PLACEMENT, SLURM_TASK, clean_env, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -180,12 +181,7 @@ def test_the_training_preset_requeues_and_resumes(monkeypatch, tmp_path):
     """The preset's documented command composes; its jobs default to resume=true (a requeued job continues from its
     last checkpoint) while other runs keep resume=false; its sbatch options allow requeues (submission stopped just
     before ``sbatch``, as in tests/test_cluster.py)."""
-    import submitit
     from hydra.core.utils import env_override
-    from hydra.utils import instantiate
-    from submitit.slurm.slurm import SlurmExecutor
-
-    from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
     name, overrides = preset_command()
     monkeypatch.delenv("COOLSD_TRAIN_RESUME", raising=False)
@@ -203,26 +199,8 @@ def test_the_training_preset_requeues_and_resumes(monkeypatch, tmp_path):
         folder = compose(config_name=name, overrides=overrides, return_hydra_config=True).hydra.sweep.dir
     assert folder == "multirun/train_drafter/janus_pro_7b"  # not the clock: every attempt logs into it
 
-    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # no srun on this machine
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    class Recording(submitit.AutoExecutor):
-        def map_array(self, fn, *args):
-            seen["executor"] = self._executor
-            raise Stop
-
-    monkeypatch.setattr(submitit, "AutoExecutor", Recording)
-    launcher = instantiate(cfg.hydra.launcher)
-    assert isinstance(launcher, submitit_launcher.SlurmLauncher)
-    launcher.config = cfg
-    with pytest.raises(Stop):
-        launcher.launch([overrides], initial_job_idx=0)
-    executor = seen["executor"]
+    executor, sbatch = sbatch_of(monkeypatch, cfg, overrides)
     assert executor.max_num_timeout == 20
-    sbatch = executor._make_submission_file_text("python -m submitit.core._submit x", "uid")
     for line in ("#SBATCH --requeue", "--signal=USR2@300", "--gpus-per-node=8", "--ntasks-per-node=8",
                  "--partition=gpu", "--account=lab", "--time=1440", "export SLURM_KILL_BAD_EXIT=1"):
         assert line in sbatch, line

@@ -101,7 +101,7 @@ from coolsd.acceptance import ExactRule
 from coolsd.decoding import Decoder
 from coolsd.drafters.eagle import CONFIG_FILE, WEIGHTS_FILE, EagleDrafter, EagleHead, save_eagle
 from coolsd.io import atomic_write_bytes
-from coolsd.launch import export_for_torch, launch_environment
+from coolsd.launch import export_for_torch, join_error, launch_environment
 from coolsd.models.base import ImageARModel
 from coolsd.models.checkpoints import load_state_dict
 from coolsd.models.llamagen import resolve_device
@@ -427,13 +427,8 @@ def make_accelerator(train_cfg: TrainConfig, device: torch.device, wandb_cfg: Wa
     except (RuntimeError, TimeoutError) as err:  # torch's DistStoreError is a RuntimeError
         if env.world == 1:
             raise
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise RuntimeError(
-            f"rank {env.rank} of {env.world} ({env.source}) could not join the process group at "
-            f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} within {dist_cfg.timeout_min:g} min "
-            "(dist.timeout_min): another task died or was never started (read the other tasks' logs: an error at "
-            "start-up, or a batch script without srun), or the address is unreachable. Nothing was written "
-            f"({type(err).__name__}: {first})") from err
+        raise join_error(env, f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+                         dist_cfg.timeout_min, "dist.timeout_min", "Nothing was written", err) from err
     if (accelerator.process_index, accelerator.num_processes) != (env.rank, env.world):
         raise RuntimeError(
             f"accelerate placed this process as rank {accelerator.process_index} of "

@@ -64,10 +64,11 @@ BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 #: a line of a log that reports an error: a Python exception's last line, SLURM's or the kernel's words
 ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*"
                         r"|.*\b(slurmstepd|srun): error:.*|.*\bCANCELLED AT\b.*|.*\boom[-_]kill\b.*")
-#: lines that Hydra and PyTorch append to an error's message, skipped when its last line is taken
+#: lines that Hydra, PyTorch and the harness's own pre-flight check (``eval.preflight``) append to an error's
+#: message, skipped when its last line is taken
 HINT_LINES = re.compile(r"full_key: |Set the environment variable HYDRA_FULL_ERROR|CUDA kernel errors might be "
                         r"asynchronously reported|For debugging consider passing CUDA_LAUNCH_BLOCKING|Compile with "
-                        r"`TORCH_USE_CUDA_DSA`")
+                        r"`TORCH_USE_CUDA_DSA`|Fix the value on the command line")
 #: how much of the end of a log is searched for an error line
 LOG_TAIL_BYTES = 256 * 1024
 #: the longest error line shown

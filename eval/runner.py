@@ -50,6 +50,7 @@ from coolsd.numerics import check_batch_invariance
 from coolsd.types import pooled_accepted_length
 from eval import stats
 from eval.ar_cache import ARCache
+from eval.card import card_lines, record_card
 from eval.distributed import Shards, dist_options
 from eval.generator import Generator
 from eval.labels import canonical, decoder_options, method_label
@@ -521,10 +522,12 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
         "wall_s": time.perf_counter() - wall0,
         "output_dir": str(out_dir),
     }
+    record["evaluation_card"] = record_card(record)  # the protocol of these numbers (eval/card.py)
     table = markdown_table(per_decoder)
     versus = comparison_table(per_decoder)
     if versus:
         table += "\n\n" + versus
+    table += "\n\n" + "\n".join(card_lines(record["evaluation_card"]))
     speed_quality_plot(per_decoder, out_dir / "speed_quality.png", len(prompts), labels=labels)
     atomic_write_json(out_dir / "run.json", record)
     atomic_write_bytes(out_dir / "table.md", (table + "\n").encode())

@@ -25,6 +25,15 @@ out. The method label is the paper's name plus its defining options (δ, k, λ, 
 other option that differs between rows of the same decoder (tree, schedule, resampling, …), each once
 (``eval/labels.py``).
 
+Evaluation cards. Every row carries the card of its run (``eval.card.record_card``: prompts, images, seeds,
+the FID/KID reference, resize and extractor, the other scorers, sampling, precision, device), and the table's
+notes state it: once for every row where the rows agree, per model where they differ between models (each
+model's rows are compared with each other: bold marks and speedups are per model and run, and sampling is
+the model's). Rows of one model whose cards differ in a field of ``eval.card.card_key`` are refused
+(``ProtocolMismatch`` names the fields and the runs) unless ``mixed_protocols`` is set
+(``--mixed-protocols``): then the caption says so and a note per row lists its values of the differing
+fields. The published rows carry their notes instead and are not checked.
+
 ``--published`` adds the numbers of the COOL-SD paper's main table (``eval/published_numbers.csv``, from
 ``shared/docs/algorithms.md``) as a separate table marked "published"; they are never mixed into the
 measured rows or their bold marks.
@@ -43,13 +52,14 @@ import math
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from coolsd.io import atomic_write_bytes
+from eval.card import FIELDS, KEY_FIELDS, NOT_RECORDED, conflicts, field_text, known, record_card, value_text
 from eval.labels import (ALWAYS_NOTED, DECODER_LABELS, HEADLINE, STRENGTH, SWEEP_KEYS, canonical, decoder_options,
                          method_label)
 from eval.report import FID_KEYS, MIXED_MARK, MIXED_NOTE, mixed_numerics
@@ -123,6 +133,7 @@ class Measurement:
     environment: dict[str, Any]
     world_size: int
     experiment: str | None
+    card: dict[str, Any] = field(default_factory=dict)  # the run's evaluation card (eval.card)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -244,6 +255,7 @@ def measurements(records: Iterable[tuple[dict[str, Any], str]]) -> list[Measurem
         if missing:
             raise ValueError(f"run record {source} lacks {missing}: not a run.json written by run.py")
         config = record["config"]
+        card = record_card(record)
         for name, metrics in record["per_decoder"].items():
             if name == record["decoder"]:
                 decoder_cfg = config.get("decoder", {})
@@ -260,6 +272,7 @@ def measurements(records: Iterable[tuple[dict[str, Any], str]]) -> list[Measurem
                 environment=dict(record.get("environment") or {}),
                 world_size=int(record.get("world_size") or 1),
                 experiment=config.get("experiment_name"),
+                card=card,
             ))
     return out
 
@@ -390,6 +403,7 @@ def measured_frame(rows: Sequence[Measurement]) -> pd.DataFrame:
             "source": m.source,
             "experiment": m.experiment,
             "options": json.dumps(m.options, sort_keys=True, default=str),
+            "card": json.dumps(m.card),
         })
     frame = pd.DataFrame.from_records(records)
     if frame.empty:
@@ -579,6 +593,126 @@ def protocol_text(frame: pd.DataFrame) -> str:
     return f" FID/KID: {PROTOCOLS.get(protocol, protocol)}."
 
 
+class UsageError(ValueError):
+    """A request that cannot be served as given; the message says what to pass instead."""
+
+
+class ProtocolMismatch(UsageError):
+    """Rows of one model measured under different evaluation protocols (their cards' ``card_key`` differ)."""
+
+
+@dataclass(frozen=True)
+class CardRow:
+    """A measured row's evaluation card and what names the row in notes and errors."""
+
+    model: str
+    method: str
+    source: str
+    card: dict[str, Any]
+
+
+def card_rows(frame: pd.DataFrame) -> list[CardRow]:
+    """The card of every row of a measured frame (rows without one, e.g. frames built by hand, are left out)."""
+    if frame.empty or "card" not in frame:
+        return []
+    return [CardRow(r["model_label"], r["method"], r["source"], json.loads(r["card"]))
+            for _, r in frame.iterrows() if isinstance(r["card"], str)]
+
+
+def by_model(rows: Sequence[CardRow]) -> dict[str, list[CardRow]]:
+    groups: dict[str, list[CardRow]] = {}
+    for row in rows:
+        groups.setdefault(row.model, []).append(row)
+    return groups
+
+
+def protocol_conflicts(rows: Sequence[CardRow]) -> dict[str, list[str]]:
+    """{model: the ``card_key`` fields on which some of its rows disagree} (models without any left out)."""
+    out = {}
+    for model, group in by_model(rows).items():
+        fields = {f for a in group for b in group for f in conflicts(a.card, b.card)}
+        if fields:
+            out[model] = [f for f in KEY_FIELDS if f in fields]
+    return out
+
+
+def mismatch_message(rows: Sequence[CardRow], found: dict[str, list[str]]) -> str:
+    """Which fields differ, with each value's runs and rows, and what to do."""
+    parts = []
+    for model, fields in found.items():
+        group = by_model(rows)[model]
+        for f in fields:
+            where: dict[str, dict[str, list[str]]] = {}
+            for row in group:
+                if known(row.card.get(f)):
+                    where.setdefault(value_text(row.card[f]), {}).setdefault(row.source, []).append(row.method)
+            values = "; ".join(f"{value!r} in " + ", ".join(f"{src} ({', '.join(methods)})"
+                                                              for src, methods in runs.items())
+                               for value, runs in where.items())
+            parts.append(f"{model}, {f}: {values}")
+    return ("rows measured under different evaluation protocols would share a table (their evaluation cards differ; "
+            "eval/card.py says which fields must agree): " + " | ".join(parts) + ". Rerun the odd runs with the "
+            "others' protocol, make separate tables of them (scripts/make_tables.py <their folders> --name <name>), "
+            "or pass --mixed-protocols to keep them in one table with each row's differing fields in its notes.")
+
+
+def check_protocols(frame: pd.DataFrame, mixed: bool = False) -> dict[str, list[str]]:
+    """The fields on which each model's rows disagree ({} when they agree); raises ``ProtocolMismatch`` on any
+    unless ``mixed``."""
+    rows = card_rows(frame)
+    found = protocol_conflicts(rows)
+    if found and not mixed:
+        raise ProtocolMismatch(mismatch_message(rows, found))
+    return found
+
+
+def values_text(f: str, values: Sequence[Any]) -> str | None:
+    """The rows' values of one field: each known value once (``a / b``), noting rows that lack it; None when
+    the field applies to no row."""
+    stated = [v for v in values if known(v)]
+    if not stated:
+        return None if all(v is None for v in values) else field_text(f, NOT_RECORDED)
+    shown = list(dict.fromkeys(value_text(v) for v in stated))
+    text = field_text(f, stated[0]) if len(shown) == 1 else f"{f}: " + " / ".join(shown)
+    return text + (" (not every row)" if len(stated) < len(values) else "")
+
+
+def card_notes(frame: pd.DataFrame, mixed: dict[str, list[str]] | None = None) -> list[str]:
+    """The table's evaluation card: the fields every row shares, then per model the fields that differ between
+    models, then (``mixed``: {model: differing key fields}) each such row's values of them."""
+    rows = card_rows(frame)
+    if not rows:
+        return []
+    mixed = mixed or {}
+    shared, unrecorded = [], []
+    for f in FIELDS:
+        values = [r.card.get(f) for r in rows]
+        if any(v != values[0] for v in values):
+            continue
+        if values[0] == NOT_RECORDED:
+            unrecorded.append(f)
+        elif values[0] is not None:
+            shared.append(field_text(f, values[0]))
+    common = {f for f in FIELDS if all(r.card.get(f) == rows[0].card.get(f) for r in rows)}
+    notes = []
+    text = "; ".join(shared)
+    if unrecorded:
+        text += ("; " if text else "") + ("not recorded by these runs (their run.json lacks the eval or model "
+                                          "config): ") + ", ".join(unrecorded)
+    if text:
+        notes.append(f"Evaluation card of every row (eval/card.py; run.json `evaluation_card`): {text}.")
+    for model, group in by_model(rows).items():
+        own = [values_text(f, [r.card.get(f) for r in group]) for f in FIELDS
+               if f not in common and f not in mixed.get(model, ())]
+        own = [t for t in own if t]
+        if own:
+            notes.append(f"Evaluation card, {model}: " + "; ".join(own) + ".")
+        for row in group if model in mixed else ():
+            own = [field_text(f, row.card.get(f)) for f in mixed[model]]
+            notes.append(f"Evaluation card, {model}, {row.method} ({row.source}): " + "; ".join(own) + ".")
+    return notes
+
+
 def span(values: Sequence[int]) -> str:
     if not values:
         return "?"
@@ -670,10 +804,12 @@ def csv_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_tables(measured: pd.DataFrame, notes: Sequence[str], name: str, wanted: Sequence[str],
-                 published: pd.DataFrame | None = None) -> Tables:
-    """The measured table (and the published one beside it) as markdown, LaTeX and CSV text."""
+                 published: pd.DataFrame | None = None, mixed_protocols: bool = False) -> Tables:
+    """The measured table (and the published one beside it) as markdown, LaTeX and CSV text. Rows of one model
+    with different evaluation cards raise ``ProtocolMismatch`` unless ``mixed_protocols`` (module doc)."""
     md, tex, frames = [], [], []
     if not measured.empty:
+        mixed = check_protocols(measured, mixed_protocols)
         columns = present_columns([measured], wanted)
         rows = layout(measured, columns)
         all_notes = [*notes, INTERVAL_NOTE, BOLD_NOTE]
@@ -684,7 +820,12 @@ def build_tables(measured: pd.DataFrame, notes: Sequence[str], name: str, wanted
         if any(c.text == MISSING for r in rows for c in r.cells):
             all_notes.append("— = not measured (no run of that method on that model, or the metric was not "
                              "computed); no value is filled in.")
+        all_notes += card_notes(measured, mixed)
         title = caption(measured, name)
+        if mixed:
+            fields = ", ".join(dict.fromkeys(f for fs in mixed.values() for f in fs))
+            title += (f" Mixed evaluation protocols (--mixed-protocols): rows of one model differ in {fields}; "
+                      "the notes give each row's values, and those rows are not comparable in those respects.")
         md.append(markdown(rows, columns, title, all_notes))
         tex.append(latex(rows, columns, title, all_notes, name))
         frames.append(measured)
@@ -725,10 +866,6 @@ def default_name(rows: Sequence[Measurement]) -> str:
 # --------------------------------------------------------------------------------------------------- writing
 
 
-class UsageError(ValueError):
-    """A request that cannot be served as given; the message says what to pass instead."""
-
-
 @dataclass(frozen=True)
 class Written:
     """What ``write_tables`` wrote: the tables, the frame of measured rows (for ``eval.plots``), counts."""
@@ -743,9 +880,11 @@ class Written:
 
 def write_tables(paths: Sequence[str | Path], wandb: str | None = None, name: str | None = None,
                  out: str | Path | None = None, published: bool = False,
-                 published_file: str | Path = PUBLISHED_CSV, columns: Sequence[str] = COLUMN_KEYS) -> Written:
+                 published_file: str | Path = PUBLISHED_CSV, columns: Sequence[str] = COLUMN_KEYS,
+                 mixed_protocols: bool = False) -> Written:
     """Read the run records under ``paths`` (and of the W&B project ``wandb``), build the tables and write
-    ``<out>/tables/<name>.{md,tex,csv}`` (``out`` defaults to the input folder, see ``output_folder``)."""
+    ``<out>/tables/<name>.{md,tex,csv}`` (``out`` defaults to the input folder, see ``output_folder``).
+    ``mixed_protocols``: allow rows of one model with different evaluation cards (``build_tables``)."""
     records = find_records(paths)
     if wandb:
         records += wandb_records(wandb)
@@ -760,7 +899,7 @@ def write_tables(paths: Sequence[str | Path], wandb: str | None = None, name: st
     if published_rows is not None and not measured.empty:  # the published rows of the methods measured here
         published_rows = published_rows[published_rows["decoder"].isin(set(measured["decoder"]))]
         published_rows = published_rows.reset_index(drop=True)
-    tables = build_tables(measured, notes, name, columns, published_rows)
+    tables = build_tables(measured, notes, name, columns, published_rows, mixed_protocols)
     folder = output_folder(paths, out)
     if folder is None:
         raise UsageError("no result folder was given (--wandb or --published alone): say where to write with --out")

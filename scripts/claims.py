@@ -2,7 +2,7 @@
 
     python run.py -m experiment=embedded_claims            # about two hours on 2 CPU cores
     python scripts/claims.py results/runs/embedded_claims --out results --export results/claims_data
-    python scripts/claims.py results/claims_data --out results --readme README.md   # page, figures and README summary
+    python scripts/claims.py results/claims_data --out results --readme docs/claims.md   # page, figures and the summary in docs/claims.md
                                                                                     # again, from the committed data alone
     python run.py -m experiment=embedded_claims_quick      # under 10 minutes
     python scripts/claims.py results/runs/embedded_claims_quick

@@ -4,7 +4,9 @@ Reads every ``run.json`` under the given result folders (or the runs of a W&B pr
 ``<out>/tables/<name>.{md,tex,csv}`` (``eval.tables``: rows, intervals, bold only where significant, the
 published table with ``--published``) and ``<out>/figures/<name>_*.{png,pdf}`` (``eval.plots``: quality vs
 speedup with 95 % error bars and Pareto fronts, accepted length vs the swept option, TV vs accepted length).
-``<out>`` is the input folder (several: their common folder) unless ``--out`` is given.
+``<out>`` is the input folder (several: their common folder) unless ``--out`` is given. Every table's notes carry
+the evaluation card of its rows (``eval/card.py``); rows of one model with different cards are refused unless
+``--mixed-protocols`` is given (then the caption says so and the notes list each row's differences).
 
 Examples::
 
@@ -13,6 +15,7 @@ Examples::
     python scripts/make_tables.py results/runs/sweep_coolsd_delta results/runs/sweep_lantern --name tradeoff
     python scripts/make_tables.py --wandb my-entity/coolsd --name wandb_table
     python scripts/make_tables.py --published --out /tmp/published   # the published table alone
+    python scripts/make_tables.py runs/a runs/b --mixed-protocols     # rows of different evaluation cards
 """
 from __future__ import annotations
 
@@ -43,11 +46,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"metric columns, in order (default: all of {', '.join(tables.COLUMN_KEYS)}, "
                              "those no run reports are left out)")
     parser.add_argument("--no-plots", action="store_true", help="write the tables only")
+    parser.add_argument("--mixed-protocols", action="store_true",
+                        help="allow rows of one model whose evaluation cards differ (eval/card.py card_key); the "
+                             "caption says so and the notes list each row's differing fields")
     args = parser.parse_args(argv)
     try:
         written = tables.write_tables(args.paths, wandb=args.wandb, name=args.name, out=args.out,
                                       published=args.published, published_file=args.published_file,
-                                      columns=args.columns)
+                                      columns=args.columns, mixed_protocols=args.mixed_protocols)
     except tables.UsageError as err:
         parser.error(str(err))
     out, name = written.out, written.name

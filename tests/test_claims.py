@@ -501,7 +501,7 @@ def test_agree_allows_another_thread_counts_rounding_and_nothing_more():
 def test_the_committed_claims_page_and_readme_summary_come_from_the_committed_data(tmp_path):
     """The committed page's verdicts, every comparison and dominance pair, the drafter-robustness rows, and the
     README's claims summary are what ``python scripts/claims.py results/claims_data --out results --readme
-    README.md`` makes from the committed data, up to another thread count's rounding (``_agree``: the page was made
+    docs/claims.md`` makes from the committed data, up to another thread count's rounding (``_agree``: the page was made
     on two threads; one thread moved a bootstrap interval's end by 1.1e-5)."""
     committed = _committed_record()
     record = claims.run(CLAIMS_DATA, tmp_path, resamples=10000)
@@ -512,6 +512,6 @@ def test_the_committed_claims_page_and_readme_summary_come_from_the_committed_da
     for key in ("claims", "robustness", "regimes"):
         _agree(mine[key], committed[key], key)
     summary = (tmp_path / "embedded_claims_summary.md").read_text()
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split(claims.README_BEGIN + "\n", 1)[1].split(claims.README_END, 1)[0]
-    _agree(summary.replace('src="figures/', 'src="results/figures/'), block, "README block")
+    page = (ROOT / "docs" / "claims.md").read_text()
+    block = page.split(claims.README_BEGIN + "\n", 1)[1].split(claims.README_END, 1)[0]
+    _agree(summary.replace('src="figures/', 'src="../results/figures/'), block, "docs/claims.md block")

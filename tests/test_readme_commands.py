@@ -157,6 +157,11 @@ def override_sets(args: list[str]) -> tuple[str | None, list[list[str]]]:
             config_name = next(it)
         elif a.startswith("--config-name="):
             config_name = a.split("=", 1)[1]
+        elif a in ("--cfg", "-c"):  # print the config instead of running: job, hydra or all
+            part = next(it)
+            assert part in ("job", "hydra", "all"), f"--cfg {part!r}: Hydra takes job, hydra or all"
+        elif a in ("--resolve",):
+            continue
         elif a.startswith("-"):
             raise AssertionError(f"unknown Hydra flag {a!r}")
         else:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -255,10 +256,7 @@ def summary(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[
     if shown:
         def rel(path: Path) -> str:
             path = path.with_suffix(".png") if path.suffix != ".png" else path
-            try:
-                return path.resolve().relative_to(base.resolve()).as_posix()
-            except ValueError:
-                return path.as_posix()
+            return Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()  # "../" where it must
         lines += ["", " ".join(f'<img src="{rel(f)}" alt="{n}" width="49%">' for n, f in shown)]
     return "\n".join(lines) + "\n"
 

@@ -532,10 +532,26 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
     atomic_write_json(out_dir / "run.json", record)
     atomic_write_bytes(out_dir / "table.md", (table + "\n").encode())
     logger.log_run(record, out_dir)
+    report = run_report(out_dir)
     print(table)
+    if report:
+        print(f"report (tables, evaluation card, images side by side): {report}")
     print(one_line_summary(record))
     shards.finish(counts)  # the ranks waiting for rank 0 may leave
     return record
+
+
+def run_report(out_dir: Path) -> Path | None:
+    """Write the run's ``report.html`` (``eval.html_report``); a failure is reported, never fatal: the run's
+    records, images and table are already written, and ``scripts/report.py`` writes the page again."""
+    from eval.html_report import write_report
+
+    try:
+        return write_report(out_dir)
+    except Exception as err:  # noqa: BLE001 - the run's results stand; the page is derived from them
+        logging.getLogger("coolsd").warning(f"the report page was not written ({type(err).__name__}: {err}); "
+                                            f"`python scripts/report.py {out_dir}` writes it from the run's files")
+        return None
 
 
 def machine_numerics(model, shards: Shards, mismatch: str) -> dict[str, Any]:

@@ -6,7 +6,8 @@ published table with ``--published``) and ``<out>/figures/<name>_*.{png,pdf}`` (
 speedup with 95 % error bars and Pareto fronts, accepted length vs the swept option, TV vs accepted length).
 ``<out>`` is the input folder (several: their common folder) unless ``--out`` is given. Every table's notes carry
 the evaluation card of its rows (``eval/card.py``); rows of one model with different cards are refused unless
-``--mixed-protocols`` is given (then the caption says so and the notes list each row's differences).
+``--mixed-protocols`` is given (then the caption says so and the notes list each row's differences). Each folder
+given gets its ``report.html`` (``eval/html_report.py``: every row, missing ones flagged, the card, the gallery).
 
 Examples::
 
@@ -27,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eval import plots, tables  # noqa: E402
+from eval.html_report import ReportError, write_report  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,7 +66,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         stems = sorted({p.stem for p in figures})
         print(f"figures: {', '.join(stems) if stems else 'none (no run reports the plotted metrics)'} -> "
               f"{out / 'figures'}")
+    for folder in report_folders(args.paths, out):
+        try:
+            print(f"report (every row, its card and the gallery) -> {write_report(folder)}")
+        except ReportError as err:
+            print(f"no report of {folder}: {err}", file=sys.stderr)
     return 0
+
+
+def report_folders(paths: Sequence[str], out: Path) -> list[Path]:
+    """The folders whose report pages to write: each run or sweep folder given, else the output folder."""
+    folders = [Path(p) for p in paths if Path(p).is_dir()]
+    return list(dict.fromkeys(folders)) or ([out] if any(out.rglob("run.json")) else [])
 
 
 if __name__ == "__main__":

@@ -36,7 +36,11 @@ fields. The published rows carry their notes instead and are not checked.
 
 ``--published`` adds the numbers of the COOL-SD paper's main table (``eval/published_numbers.csv``, from
 ``shared/docs/algorithms.md``) as a separate table marked "published"; they are never mixed into the
-measured rows or their bold marks.
+measured rows or their bold marks. The CSV holds two kinds of rows: rows of methods the harness reproduces
+(a ``decoder`` and no ``reason``; kept only for the decoders measured in the folder, all of them when nothing
+is), and rows of methods it cannot implement faithfully from what is public (a ``reason``, no decoder; always
+printed, in a third table marked "reported", with their venue, benchmark, source table and reason). A number a
+paper does not give (or that could not be read) stays "—".
 
 Examples::
 
@@ -68,6 +72,8 @@ from eval.stats import FID_MIN_IMAGES
 PUBLISHED_CSV = Path(__file__).resolve().parent / "published_numbers.csv"
 PUBLISHED_TITLE = ("Published: COOL-SD paper (arXiv 2601.09212) main table, as reported; not measured here "
                    "(FID: LANTERN's evaluation code, i.e. the clean protocol)")
+REPORTED_TITLE = ("Reported, not reproduced: methods this harness cannot implement faithfully from what is public, "
+                  "with their papers' numbers as reported (never measured here; each paper against its own AR)")
 MISSING = "—"
 
 
@@ -98,6 +104,10 @@ COLUMNS = (
     Column("tv_per_step", "TV per step", "{:.4f}", None),
     Column("tv_per_token", "TV per token", "{:.4f}", None),
 )
+#: the text columns of the "reported" table (``published_numbers.csv`` rows with a ``reason``), around its metrics
+REPORTED_BEFORE = (Column("venue", "venue / arXiv", "text", None), Column("benchmark", "benchmark", "text", None))
+REPORTED_AFTER = (Column("source_table", "source", "text", None), Column("reason", "why not reproduced", "text", None))
+REPORTED_TEXT = tuple(c.key for c in (*REPORTED_BEFORE, *REPORTED_AFTER))
 BIASED = "†"
 INTERVAL_KEYS = tuple(c.key for c in COLUMNS if c.fmt != "count")
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
@@ -422,13 +432,24 @@ def interval(value: Any) -> tuple[float, float] | None:
 
 
 def published_frame(path: Path = PUBLISHED_CSV) -> pd.DataFrame:
-    """The published numbers (one row per model and method), in the measured frame's columns."""
+    """The published numbers (one row per model and method), in the measured frame's columns; ``kind`` is
+    "published" (a method the harness reproduces: it names a ``decoder``) or "reported" (it gives a ``reason``
+    why the method is not reproduced)."""
     table = pd.read_csv(path, keep_default_na=True)
     order = list(DECODER_LABELS)
-    table["kind"] = "published"
+    for key in ("decoder", *REPORTED_TEXT):
+        if key not in table:
+            table[key] = None
+    reported = table["reason"].notna()
+    if (reported & table["decoder"].notna()).any() or (~reported & table["decoder"].isna()).any():
+        bad = table.loc[reported == table["decoder"].notna(), "method"].tolist()
+        raise ValueError(f"{path}: a row names either a decoder (a reproduced method) or a reason (reported only), "
+                         f"never both or neither: {bad}")
+    table["kind"] = ["reported" if r else "published" for r in reported]
     table["model_label"] = table["model"]
-    table["_order"] = [(i, order.index(d) if d in order else len(order), d, ())
-                       for i, d in zip(pd.factorize(table["model"])[0], table["decoder"])]
+    decoders = table["decoder"].fillna("")
+    table["_order"] = [(i, order.index(d) if d in order else len(order), d, (j,) if r else ())  # reported: CSV order
+                       for j, (i, d, r) in enumerate(zip(pd.factorize(table["model"])[0], decoders, reported))]
     for key in (*COLUMN_KEYS, *(f"{k}_ci" for k in INTERVAL_KEYS), "num_timed", "fid_num_images"):
         if key not in table:
             table[key] = None
@@ -471,6 +492,8 @@ def format_value(column: Column, row: Any) -> str:
     value = row.get(column.key)
     if missing(value):
         return MISSING
+    if column.fmt == "text":
+        return str(value)
     if column.fmt == "count":
         timed = row.get("num_timed")
         text = f"{int(value):,}"
@@ -726,7 +749,7 @@ def arrow(column: Column) -> str:
 def markdown(rows: Sequence[TableRow], columns: Sequence[Column], title: str, notes: Sequence[str]) -> str:
     lines = [f"**{title}**", "",
              "| model | method | " + " | ".join(c.title + arrow(c) for c in columns) + " |",
-             "|:--|:--|" + "|".join("--:" for _ in columns) + "|"]
+             "|:--|:--|" + "|".join(":--" if c.fmt == "text" else "--:" for c in columns) + "|"]
     for row in rows:
         cells = [f"**{c.text}**" if c.bold else c.text for c in row.cells]
         model = row.model_label if row.first_of_model else ""
@@ -762,7 +785,7 @@ def latex(rows: Sequence[TableRow], columns: Sequence[Column], title: str, notes
              r"% Needs \usepackage{booktabs}.",
              r"\begin{table}[t]", r"\centering", r"\small",
              rf"\caption{{{tex_escape(title)}}}", rf"\label{{tab:{label}}}",
-             rf"\begin{{tabular}}{{l{'r' * len(columns)}}}", r"\toprule",
+             rf"\begin{{tabular}}{{l{''.join('p{3cm}' if c.fmt == 'text' else 'r' for c in columns)}}}", r"\toprule",
              "Method & " + " & ".join(tex_escape(c.title + arrow(c)) for c in columns) + r" \\"]
     for row in rows:
         if row.first_of_model:
@@ -830,18 +853,29 @@ def build_tables(measured: pd.DataFrame, notes: Sequence[str], name: str, wanted
         tex.append(latex(rows, columns, title, all_notes, name))
         frames.append(measured)
     if published is not None:
-        columns = present_columns([published], wanted)
-        rows = layout(published, columns, every_method=False)
-        pub_notes = sorted({str(n) for n in published["note"].dropna()}) if "note" in published else []
-        pub_notes.append("No intervals were published, so nothing is bold.")
-        pub_notes.append("— = not reported in the paper.")
-        md.append(markdown(rows, columns, PUBLISHED_TITLE, pub_notes))
-        tex.append(latex(rows, columns, PUBLISHED_TITLE, pub_notes, f"{name}_published"))
-        frames.append(published)
+        reported = published[published["kind"] == "reported"]
+        published = published[published["kind"] != "reported"]
+        if not published.empty:
+            columns = present_columns([published], wanted)
+            rows = layout(published, columns, every_method=False)
+            pub_notes = sorted({str(n) for n in published["note"].dropna()}) if "note" in published else []
+            pub_notes.append("No intervals were published, so nothing is bold.")
+            pub_notes.append("— = not reported in the paper.")
+            md.append(markdown(rows, columns, PUBLISHED_TITLE, pub_notes))
+            tex.append(latex(rows, columns, PUBLISHED_TITLE, pub_notes, f"{name}_published"))
+            frames.append(published)
+        if not reported.empty:
+            columns = [*REPORTED_BEFORE, *present_columns([reported], wanted), *REPORTED_AFTER]
+            rows = layout(reported, columns, every_method=False)
+            rep_notes = sorted({str(n) for n in reported["note"].dropna()}) if "note" in reported else []
+            rep_notes.append("— = not published, or not readable (abstract only); no value is filled in.")
+            md.append(markdown(rows, columns, REPORTED_TITLE, rep_notes))
+            tex.append(latex(rows, columns, REPORTED_TITLE, rep_notes, f"{name}_reported"))
+            frames.append(reported)
     values = [c for k in COLUMN_KEYS for c in ((k,) if k == "num_images" else (k, f"{k}_lo", f"{k}_hi"))]
     keep = ["kind", "model", "model_label", "method", "decoder", "strength_key", "strength", *values,
             "num_timed", "fid_num_images", "fid_protocol", "hardware", "torch", "started", "source", "experiment",
-            "options", "note"]
+            "options", "note", *REPORTED_TEXT]
     table = pd.concat([csv_frame(f).reindex(columns=keep) for f in frames], ignore_index=True)
     table = table.dropna(axis=1, how="all")
     return Tables("\n".join(md), "\n".join(tex), table.to_csv(index=False, lineterminator="\n"))
@@ -896,9 +930,10 @@ def write_tables(paths: Sequence[str | Path], wandb: str | None = None, name: st
     name = name or default_name(kept)
     measured = measured_frame(kept)
     published_rows = published_frame(Path(published_file)) if published else None
-    if published_rows is not None and not measured.empty:  # the published rows of the methods measured here
-        published_rows = published_rows[published_rows["decoder"].isin(set(measured["decoder"]))]
-        published_rows = published_rows.reset_index(drop=True)
+    if published_rows is not None and not measured.empty:  # the published rows of the methods measured here,
+        # and every reported-only row (a method the harness does not reproduce has no measured decoder)
+        keep = published_rows["decoder"].isin(set(measured["decoder"])) | (published_rows["kind"] == "reported")
+        published_rows = published_rows[keep].reset_index(drop=True)
     tables = build_tables(measured, notes, name, columns, published_rows, mixed_protocols)
     folder = output_folder(paths, out)
     if folder is None:

@@ -42,7 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "(default: the result folder given, several: their common folder; the repository's "
                         "results/ only when named here)")
     parser.add_argument("--published", action="store_true",
-                        help="add the published numbers as a second table")
+                        help="add the published numbers as a second table (the measured decoders' rows) and the "
+                             "methods not reproduced here as a third, marked 'reported', with the reason")
     parser.add_argument("--published-file", default=str(tables.PUBLISHED_CSV), help="the published numbers (CSV)")
     parser.add_argument("--columns", nargs="+", default=list(tables.COLUMN_KEYS), metavar="KEY",
                         help=f"metric columns, in order (default: all of {', '.join(tables.COLUMN_KEYS)}, "

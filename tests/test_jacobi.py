@@ -8,6 +8,9 @@ correct implementation fails for a random choice of seeds, per test and per prom
   (``PROMPTS``; 3 codes on a 1×5 grid: 243 sequences each, known exactly), ``N_EXACT`` images per method and
   option, decoded in batches whose sizes cycle through 1, 3 and 8 with alternating prompts; Pearson chi-square
   per prompt against the exact sequence distribution (cells of expected count < 5 pooled).
+* ``test_sjd_pac_with_a_full_cartesian_k2_d3_tree_is_exact_in_mixed_batches``: the same test on SJD-PAC's K = 2,
+  D = 3 tree with both branching levels full (the second sibling has the same two children as the first), after
+  checking that those shared children were drafted and accepted in the run.
 * ``test_the_reference_code_variant_of_scd_mc_is_not_exact``: the same test on SCD-MC with the published code's
   stored q (``carried_q: reference_code``), on a Markov-chain lookup model, must reject at ``ALPHA``; its power
   (the probability to reject for a random choice of seeds) was measured as 20 of 20 seed ranges (README, "The
@@ -65,7 +68,9 @@ LOSSLESS = {  # every lossless-claimed method and option (SJD-PAC without its tr
     "scd_gs": dict(init="random", carry="gumbel"),
     "scd_gs_repeat_horizon": dict(init="repeat_horizon", carry="gumbel"),
     "sjd_pac_no_tree": dict(init="random_uniform_q", carry="maximal"),
+    # draft_len 4: parents [-1, -1, 0, 0]: level 2 under the first sibling only (the full tree: FULL_TREE)
     "sjd_pac_tree": dict(init="random_uniform_q", carry="maximal", tree_width=2, tree_depth=3),
+    # draft_len 4: parents [-1, -1, -1, 0] (three siblings, one chain node)
     "sjd_pac_tree_k3": dict(init="random_uniform_q", carry="maximal", tree_width=3, tree_depth=2),
 }
 #: each slot's option is tested alone in the default suite; these combine two already-tested options (CI runs
@@ -80,6 +85,56 @@ def test_lossless_jacobi_methods_are_exact_in_mixed_batches(name):
     decoder = jacobi(model, draft_len=4 if "tree" in name else 3, **LOSSLESS[name])
     for prompt, pvalue in sequence_pvalues(decoder, model, N_EXACT).items():
         assert pvalue > ALPHA, (name, prompt, pvalue)
+
+
+#: SJD-PAC's tree with both branching levels full: K = 2 siblings at level 1 (nodes 0, 1), each with the same
+#: K = 2 children at level 2 (nodes 2, 3 under node 0; 4, 5 under node 1: the Cartesian children), then one
+#: chain node (6) under the first-child path
+FULL_TREE = dict(tree_width=2, tree_depth=3)
+FULL_TREE_DRAFT_LEN = 7
+FULL_TREE_PARENTS = [-1, -1, 0, 0, 1, 1, 2]
+
+
+def test_sjd_pac_with_a_full_cartesian_k2_d3_tree_is_exact_in_mixed_batches():
+    """SJD-PAC with K = 2, D = 3 and ``draft_len`` 7 (``FULL_TREE_PARENTS``: every node of level 1 has the same two
+    children, so the second sibling's children are drafted and verified too, plus one chain node), on the lookup
+    targets of ``test_lossless_jacobi_methods_are_exact_in_mixed_batches``: ``N_EXACT`` images, seeds
+    0..N_EXACT − 1, in batches cycling through 1, 3 and 8 with alternating prompts; Pearson chi-square per prompt
+    against the exact sequence distribution, false-alarm probability ``ALPHA`` = 1e-3 per prompt. Before the
+    verdict it checks that the run really used the Cartesian part: the template's layout, drafts whose second
+    sibling has valid children (5,350 of 7,884 tree drafts here) and walks that accepted one of them (1,258). A
+    bug confined to those children (nodes 4 and 5 verified with each other's q) gives p-values below 1e-80 on
+    these seeds."""
+    model = lookup()
+    drafter = JacobiDrafter(model, init="random_uniform_q", carry="maximal", **FULL_TREE)
+    decoder = Decoder("jacobi", model, ExactRule(), draft_len=FULL_TREE_DRAFT_LEN, drafter=drafter)
+    tmpl = drafter.template(FULL_TREE_DRAFT_LEN)
+    assert tmpl.parents.tolist() == FULL_TREE_PARENTS and tmpl.depth == 3
+    assert tmpl.slot.tolist() == [0, 0, 1, 1, 1, 1, 2] and tmpl.rank.tolist() == [0, 1, 0, 1, 0, 1, 0]
+    second_sibling = 1
+    shared = [j for j, par in enumerate(FULL_TREE_PARENTS) if par == second_sibling]
+    assert shared == [4, 5]  # the second sibling has K children
+    seen = {"drafted": 0, "accepted": 0}
+    real_draft, real_observe = drafter.tree_draft, drafter.observe
+
+    def spy_draft(*args):
+        draft = real_draft(*args)
+        seen["drafted"] += int(draft.valid[:, shared].all(-1).sum())
+        return draft
+
+    def spy_observe(out, p, draft, verdict):
+        if not draft.is_chain:
+            n = verdict.num_accepted
+            on_path = (verdict.path[:, :, None] == torch.tensor(shared)).any(-1)  # (B, D)
+            on_path &= torch.arange(verdict.path.shape[1])[None] < n[:, None]
+            seen["accepted"] += int(on_path.any(-1).sum())
+        return real_observe(out, p, draft, verdict)
+
+    drafter.tree_draft, drafter.observe = spy_draft, spy_observe
+    pvalues = sequence_pvalues(decoder, model, N_EXACT)
+    assert seen["drafted"] > 0 and seen["accepted"] > 0, seen  # the shared children were drafted and accepted
+    for prompt, pvalue in pvalues.items():
+        assert pvalue > ALPHA, (prompt, pvalue)
 
 
 def markov_lookup(vocab: int = 2, length: int = 8, seed: int = 0, alpha: float = 0.5) -> LookupModel:

@@ -97,7 +97,7 @@ def test_duplicates_keep_the_newest_and_missing_runs_stay_empty(fixture_tables, 
     # rows, marked
     table = pd.read_csv(fixture_tables / "fixture_table.csv")
     measured_rows = table[table["kind"] == "measured"]
-    assert len(measured_rows) == 12 and set(table["kind"]) == {"measured", "published"}
+    assert len(measured_rows) == 12 and set(table["kind"]) == {"measured", "published", "reported"}
     cool = measured_rows[(measured_rows["model"] == "lumina_mgpt_768")
                          & (measured_rows["decoder"] == "coolsd")]
     assert len(cool) == 1 and np.isnan(cool["clip_score"].iloc[0]) and np.isnan(cool["fid_lo"].iloc[0])
@@ -183,6 +183,78 @@ def test_a_row_made_under_two_arithmetics_is_marked(tmp_path):
     methods = {method for _, method in table_cells(tables.markdown)}
     assert "vanilla SD (EAGLE-1 tree) ‡" in methods and "SJD" in methods and "SJD ‡" not in methods
     assert "several float32 arithmetics" in tables.markdown
+
+
+#: the reported-only methods (``published_numbers.csv`` rows with a ``reason``) and the ones without any number
+REPORTED = {"CSD (content-aware SD)", "CASCADE", "MuLo-SD (2× drafter)", "MuLo-SD (4× drafter)",
+            "SJD2 (SJD2 paper, 592 steps)", "SJD2 (SJD-PAC paper)", "SSD", "SSD, r=2 (80 steps)", "Hawk", "SJD++",
+            "Entropy-aware SJD (535.5 steps)", "Entropy-aware SJD (1,594.5 steps)"}
+NO_NUMBERS = {"CSD (content-aware SD)", "CASCADE", "SJD++"}  # abstracts only: every number stays empty
+
+
+def test_reported_rows_print_apart_marked_reported_with_their_reason(fixture_tables):
+    """Methods the harness does not reproduce print in their own table after the published one, whatever was
+    measured, each with its venue, benchmark, source and reason; a number the paper does not give stays "—" (the
+    CSV: empty), never filled in; they never enter the measured or the published table."""
+    md = (fixture_tables / "fixture_table.md").read_text()
+    assert md.count(mt.REPORTED_TITLE) == 1 and md.index(mt.PUBLISHED_TITLE) < md.index(mt.REPORTED_TITLE)
+    before, reported = md.split(mt.REPORTED_TITLE)
+    header = next(line for line in reported.splitlines() if line.startswith("| model |"))
+    titles = [c.strip() for c in header.strip("|").split("|")]
+    assert titles[2:4] == ["venue / arXiv", "benchmark"] and titles[-2:] == ["source", "why not reproduced"]
+    assert {"FID ↓", "speedup (×) ↑"} <= set(titles)
+    rows = table_cells(reported)
+    assert {method for _, method in rows} == REPORTED
+    assert not any(method in before for method in REPORTED)  # not in the measured nor the published table
+    csv_rows = pd.read_csv(mt.PUBLISHED_CSV)
+    for (_, method), cells in rows.items():
+        row = csv_rows[csv_rows["method"] == method].iloc[0]
+        assert cells[-1] == row["reason"] and cells[-1] != "—" and pd.isna(row["decoder"])  # its reason, no decoder
+        numbers = cells[2:-1]  # between venue/benchmark and source/reason
+        if method in NO_NUMBERS:
+            assert set(numbers) == {"—"}, (method, numbers)
+            assert row[["clip_score", "fid", "mean_accepted_length", "latency_s", "speedup"]].isna().all()
+        else:
+            assert cells[-2] != "—" and any(c != "—" for c in numbers), method  # a cited table, a number from it
+    hawk = rows[("Lumina-mGPT 7B", "Hawk")]
+    assert hawk[titles.index("FID ↓") - 2] == "—" and hawk[titles.index("speedup (×) ↑") - 2] == "1.71×"
+    mulo = rows[("LlamaGen-XL (512 px)", "MuLo-SD (2× drafter)")]
+    assert (mulo[titles.index("FID ↓") - 2], mulo[titles.index("speedup (×) ↑") - 2]) == ("54.30", "1.40×")
+    table = pd.read_csv(fixture_tables / "fixture_table.csv")
+    kept = table[table["kind"] == "reported"]
+    assert set(kept["method"]) == REPORTED and kept["decoder"].isna().all() and kept["reason"].notna().all()
+    assert kept.loc[kept["method"].isin(NO_NUMBERS), ["fid", "speedup"]].isna().all().all()
+    assert "\\caption{Reported, not reproduced" in (fixture_tables / "fixture_table.tex").read_text()
+
+
+def test_published_rows_of_reproduced_methods_follow_the_measured_decoders(fixture_tables, tmp_path):
+    """A reproduced method's published rows print only when its decoder was measured (all of them when nothing
+    was); the reported rows print either way. The fixture measured ar, sd, sjd, lantern_pp and coolsd."""
+    md = (fixture_tables / "fixture_table.md").read_text()
+    published = table_cells(md.split(mt.PUBLISHED_TITLE)[1].split(mt.REPORTED_TITLE)[0])
+    methods = {method for _, method in published}
+    assert {"SJD (SJD-SV paper, MS-COCO, NFE 1058.6)", "AR (VVS paper)",
+            "EAGLE-2, dynamic tree (MuLo-SD paper)"} <= methods  # ar, sjd, sd: measured
+    for absent in ("SJD-SV (SJD-SV paper, MS-COCO, NFE 866.8)", "GSD-SV (SJD-SV paper, PartiPrompts, NFE 721.5)",
+                   "LANTERN-SV in the Jacobi loop (SJD-SV paper, PartiPrompts, NFE 552.9)",
+                   "VVS, uniform skipping (VVS paper)", "LANTERN (VVS paper)"):
+        assert absent not in methods  # sjd_sv, gsd_sv, lantern_sjd, vvs, lantern: not measured here
+    alone = mt.write_tables([], published=True, out=tmp_path).tables.markdown
+    published = table_cells(alone.split(mt.PUBLISHED_TITLE)[1].split(mt.REPORTED_TITLE)[0])
+    frame = mt.published_frame()
+    assert set(frame.loc[frame["kind"] == "published", "decoder"]) >= {"sjd_sv", "gsd_sv", "lantern_sjd", "vvs"}
+    assert {m for _, m in published} == set(frame.loc[frame["kind"] == "published", "method"])
+    assert {m for _, m in table_cells(alone.split(mt.REPORTED_TITLE)[1])} == REPORTED
+    sv = published[("Lumina-mGPT 7B", "SJD-SV (SJD-SV paper, MS-COCO, NFE 866.8)")]
+    assert sv == ["0.3133", "30.76", "—", "2.74", "32.92", "2.63×"]  # CLIP, FID, IR, length, latency, speedup
+    vvs = published[("LlamaGen-XL stage II (512 px)", "VVS, uniform skipping (VVS paper)")]
+    assert vvs[1] == "47.19" and vvs[-1] == "1.76×"
+    bad = tmp_path / "bad.csv"
+    table = pd.read_csv(mt.PUBLISHED_CSV)
+    table.loc[table["method"] == "Hawk", "decoder"] = "sd"  # a row with a decoder and a reason
+    table.to_csv(bad, index=False)
+    with pytest.raises(ValueError, match="never both or neither"):
+        mt.published_frame(bad)
 
 
 def test_published_numbers_match_the_spec():

@@ -23,16 +23,19 @@ Options that differ between the paper and its published code (junhyukso/GSD
   Distances are computed in float32 (the code: in the model's bf16).
 
 Example: ``python run.py decoder=gsd decoder.group_size=25``;
-``python run.py decoder=gsd decoder.window=reference_code`` (the published code's ±7 window).
+``python run.py decoder=gsd decoder.window=reference_code`` (the published code's ±7 window);
+``python run.py decoder=gsd_sv`` (GSD-SV: the grouped ratio in SJD-SV's subsequence test, ``baselines/sv.py``).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
 import torch
 
 from coolsd import validate
-from coolsd.acceptance import AcceptanceRule, ratio_acceptance, vanilla_residual
+from baselines.sv import sv_verifier
+from coolsd.acceptance import AcceptanceRule, unclipped_ratio, vanilla_residual
 from coolsd.decoding import Decoder
 from coolsd.drafters.base import Drafter
 from coolsd.models.base import ImageARModel
@@ -78,8 +81,9 @@ class GroupedRule(AcceptanceRule):
             return self._dense[device][a[..., None], b]
         return ((e[a][..., None, :] - e[b]) ** 2).sum(-1)
 
-    def group_ratio(self, p: torch.Tensor, q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """``min(1, p(G(y)) / q(G(y)))`` for codes ``y`` (N, C) of rows ``p``, ``q`` (N, V) -> (N, C)."""
+    def group_ratio(self, p: torch.Tensor, q: torch.Tensor, y: torch.Tensor, clip: bool = True) -> torch.Tensor:
+        """``min(1, p(G(y)) / q(G(y)))`` for codes ``y`` (N, C) of rows ``p``, ``q`` (N, V) -> (N, C); with
+        ``clip=False`` the ratio itself (what ``ratio`` gives a joint test; clipped, it is the same bits)."""
         v = p.shape[-1]
         order = torch.sort(p, dim=-1, stable=True).indices  # (N, V) ascending
         rank = torch.empty_like(order).scatter_(-1, order, torch.arange(v, device=p.device).expand_as(order))
@@ -94,15 +98,17 @@ class GroupedRule(AcceptanceRule):
         keep &= self.distances(y, g) < self.max_distance
         num = (p_g * keep).sum(-1)
         den = (q_g * keep).sum(-1)
-        ratio = torch.where(den > 0, (num / den.clamp_min(torch.finfo(den.dtype).tiny)).clamp(max=1.0),
-                            torch.ones_like(num))
+        ratio = torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), torch.ones_like(num))
         if self.window == "reference_code":  # the code's empty slice (rank below 7): the plain SJD ratio
-            plain = ratio_acceptance(p_y, q.gather(-1, y))
+            plain = unclipped_ratio(p_y, q.gather(-1, y))
             ratio = torch.where(k < REFERENCE_BELOW, plain, ratio)
-        return ratio
+        return ratio.clamp(max=1.0) if clip else ratio
 
     def accept_prob(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         return self.group_ratio(p, q, x[:, None])[:, 0]
+
+    def ratio(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        return self.group_ratio(p, q, x[:, None], clip=False)[:, 0]
 
     def acceptance(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         n, v = p.shape
@@ -127,11 +133,13 @@ def code_embeddings(model: ImageARModel, embedding: str) -> torch.Tensor:
 
 
 class GSD(Decoder):
-    """GSD: the Jacobi window (``drafter``, a ``baselines.jacobi.JacobiDrafter``) with ``GroupedRule``."""
+    """GSD: the Jacobi window (``drafter``, a ``baselines.jacobi.JacobiDrafter``) with ``GroupedRule``; with
+    ``sv.enabled`` GSD-SV, the grouped ratio in SJD-SV's subsequence test (``baselines.sv``)."""
 
     def __init__(self, name: str, model: ImageARModel, draft_len: int, drafter: Callable[..., Drafter],
                  group_size: int = 25, window: str = "paper", delta_p: float = 0.15, max_distance: float = 0.5,
-                 embedding: str = "input", track_tv: bool = True, sync_phases: bool = False) -> None:
+                 embedding: str = "input", sv: Mapping[str, Any] | None = None, track_tv: bool = True,
+                 sync_phases: bool = False) -> None:
         rule = GroupedRule(code_embeddings(model, embedding), group_size, window, delta_p, max_distance)
         super().__init__(name, model, rule, draft_len=draft_len, drafter=drafter, track_tv=track_tv,
-                         sync_phases=sync_phases)
+                         sync_phases=sync_phases, verifier=sv_verifier(sv, rule))

@@ -23,17 +23,20 @@ float64, where the subtraction ``R − Σ_{y∈Z(x)} r(y)`` cannot leave float32
 empty residual, and a residual counts as empty by ``residual()``'s own test (``coolsd.sampling.EMPTY_MASS``).
 
 Example: ``python run.py decoder=lantern decoder.k=1000 decoder.delta=0.1``;
-``python run.py decoder=lantern_pp decoder.k=10 decoder.lam=5``.
+``python run.py decoder=lantern_pp decoder.k=10 decoder.lam=5``;
+``python run.py decoder=lantern_sjd decoder.sv.enabled=true`` (LANTERN-SV in the Jacobi loop, ``baselines/sv.py``).
 """
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
 import torch
 
+from baselines.sv import sv_verifier
 from coolsd import validate
-from coolsd.acceptance import AcceptanceRule, ratio_acceptance, vanilla_residual
+from coolsd.acceptance import AcceptanceRule, ratio_acceptance, unclipped_ratio, vanilla_residual
 from coolsd.decoding import Decoder
 from coolsd.drafters.base import Drafter
 from coolsd.models.base import ImageARModel
@@ -131,6 +134,11 @@ class LanternRule(AcceptanceRule):
         p_tilde, _ = self.relaxed(p, x)  # (N,)
         return ratio_acceptance(p_tilde, q.gather(-1, x[:, None]).squeeze(-1))
 
+    def ratio(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """``p̃(x)/q(x)`` (N,), not clipped: ``accept_prob`` is its ``min(1, ·)``."""
+        p_tilde, _ = self.relaxed(p, x)  # (N,)
+        return unclipped_ratio(p_tilde, q.gather(-1, x[:, None]).squeeze(-1))
+
     def residual(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
                  depth: torch.Tensor) -> torch.Tensor:
         if self.resample == "optimal" or x is None:
@@ -217,18 +225,22 @@ def lantern_rule(model: ImageARModel, k: int, mode: str, budget: float, resample
 
 
 class Lantern(Decoder):
-    """LANTERN: additive budget δ over the k nearest latent neighbours."""
+    """LANTERN: additive budget δ over the k nearest latent neighbours. With the Jacobi window as its drafter
+    (``configs/decoder/lantern_sjd.yaml``) it is LANTERN inside the Jacobi loop, as GSD's and SJD-SV's papers run
+    it (no drafter network); ``sv.enabled`` puts its relaxed ratio ``p̃/q`` in SJD-SV's subsequence test
+    (LANTERN-SV, ``baselines.sv``; chains only)."""
 
     def __init__(self, name: str, model: ImageARModel, draft_len: int, drafter: Callable[..., Drafter],
                  k: int = 1000, delta: float = 0.1, resample: str = "reference",
                  neighbour_metric: str = "l2_raw", neighbour_cache: str | None = None,
-                 tree: str | None = None, dynamic_tree: dict | None = None,
+                 tree: str | None = None, dynamic_tree: dict | None = None, sv: Mapping[str, Any] | None = None,
                  track_tv: bool = True, sync_phases: bool = False) -> None:
         check_options(name, draft_len, k, resample, neighbour_metric, tree, dynamic_tree, track_tv, sync_phases)
         validate.number("decoder.delta", delta, minimum=0.0, maximum=1.0)
         rule = lantern_rule(model, k, "additive", delta, resample, neighbour_metric, neighbour_cache)
         super().__init__(name=name, model=model, rule=rule, draft_len=draft_len, drafter=drafter, tree=tree,
-                         dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases)
+                         dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases,
+                         verifier=sv_verifier(sv, rule))
 
 
 class LanternPP(Decoder):

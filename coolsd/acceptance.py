@@ -38,6 +38,15 @@ def ratio_acceptance(p: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | fl
     return torch.where(q > 0, ratio.clamp(max=1.0), torch.ones_like(p))
 
 
+def unclipped_ratio(p: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """``weight·p/q`` elementwise, not clipped at 1; 1 where ``q == 0`` (such a token is never drafted).
+
+    ``ratio_acceptance`` is this clipped at 1, bit for bit (the same operations in the same order).
+    """
+    ratio = weight * p / q.clamp_min(torch.finfo(q.dtype).tiny)
+    return torch.where(q > 0, ratio, torch.ones_like(p))
+
+
 def vanilla_residual(p: torch.Tensor, q: torch.Tensor, fallback: torch.Tensor | None = None) -> torch.Tensor:
     """``norm([p − q]_+)`` row-wise, falling back to ``fallback`` (default ``p``) where it has no mass."""
     return normalize((p - q).clamp_min(0.0), fallback=p if fallback is None else fallback)
@@ -56,6 +65,19 @@ class AcceptanceRule(abc.ABC):
     def accept_prob(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         """``f(x)`` of the drafted tokens only: p, q (N, V), x (N,), depth (N,) -> (N,)."""
         return self.acceptance(p, q, depth).gather(-1, x[:, None]).squeeze(-1)
+
+    def ratio(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """The unclipped ratio ``r(x)`` (N,) whose ``min(1, r)`` is ``accept_prob`` (p, q (N, V), x, depth (N,)).
+
+        Joint tests over several tokens (``baselines.sv``) multiply these before clipping. A rule whose
+        acceptance is not ``min(1, r)`` of a ratio does not override it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no unclipped acceptance ratio (AcceptanceRule.ratio)")
+
+    @property
+    def has_ratio(self) -> bool:
+        """Whether the rule defines ``ratio`` (the unclipped ratio a joint test multiplies)."""
+        return type(self).ratio is not AcceptanceRule.ratio
 
     @abc.abstractmethod
     def residual(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
@@ -83,6 +105,10 @@ class ExactRule(AcceptanceRule):
 
     def acceptance(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         return ratio_acceptance(p, q)
+
+    def ratio(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        x = x[:, None]
+        return unclipped_ratio(p.gather(-1, x), q.gather(-1, x)).squeeze(-1)
 
     def residual(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
                  depth: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from coolsd import validate
-from coolsd.acceptance import AcceptanceRule, ratio_acceptance
+from coolsd.acceptance import AcceptanceRule, ratio_acceptance, unclipped_ratio
 from coolsd.decoding import Decoder
 from coolsd.drafters.base import Drafter
 from coolsd.models.base import ImageARModel
@@ -48,6 +48,10 @@ class CoolSDRule(AcceptanceRule):
 
     def acceptance(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         return ratio_acceptance(p, q, self.weight(depth, p.dtype).unsqueeze(-1))
+
+    def ratio(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        x = x[:, None]
+        return unclipped_ratio(p.gather(-1, x), q.gather(-1, x), self.weight(depth, p.dtype)[:, None]).squeeze(-1)
 
     def residual(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
                  depth: torch.Tensor) -> torch.Tensor:

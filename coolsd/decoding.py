@@ -19,6 +19,11 @@ same loop with a batch of one.
 
 ``draft_len = 0`` with the null drafter is plain autoregressive decoding (the speedup denominator).
 
+A decoder that changes what a round does overrides the round hooks (``plan_skips``, ``block_prefix``,
+``end_round``, ``begin_rounds``, ``select_rounds``; the defaults are the plain round): VVS (``baselines/vvs.py``)
+lets some images commit a draft path without a target forward (``Skips``) and feeds those tokens to the target
+before its next block (``BlockPrefix``), untested.
+
 Example: ``python run.py decoder=sd decoder.draft_len=4``.
 """
 from __future__ import annotations
@@ -39,7 +44,100 @@ from coolsd.models.base import ImageARModel
 from coolsd.rng import ACCEPT, SAMPLE, Streams, sample
 from coolsd.sampling import finite_images
 from coolsd.trees import DynamicTree, TreeShape, ancestor_mask, ancestor_masks, depths_of, resolve_tree
-from coolsd.types import DecodeStats, Draft, StatsRecorder
+from coolsd.types import DecodeStats, Draft, StatsRecorder, TargetOutput, Verdict
+
+
+@dataclass(frozen=True)
+class Skips:
+    """Images that commit this round without a target forward, as a verification-skipping decoder plans them
+    (``Decoder.plan_skips``; VVS, ``baselines/vvs.py``).
+
+    ``images[b]`` (host) says whether image ``b`` skips. For those images ``verdict`` is what they commit, in a
+    verification's terms (``num_accepted`` drafts along ``path``, then ``next_token``; no tests), and ``hidden``
+    (S, B, M + 1, H) the features their drafter reads in place of the target's, at the rows the drafter reads
+    for that verdict (row 0 the last committed token, node j at row j + 1). Other images' rows are ignored.
+    """
+
+    images: tuple[bool, ...]
+    verdict: Verdict
+    hidden: torch.Tensor
+
+    def merge(self, verdict: Verdict, out: TargetOutput) -> tuple[Verdict, TargetOutput]:
+        """The verification's verdict and the output the drafter reads, with the skipping images' replaced (their
+        tests dropped: nothing of theirs was tested)."""
+        mask = torch.tensor(self.images, device=verdict.next_token.device)  # (B,)
+        skip = self.verdict
+        tests = tuple((res, q, d, made & ~mask.view(-1, *[1] * (made.dim() - 1)))
+                      for res, q, d, made in verdict.tests)
+        merged = Verdict(num_accepted=torch.where(mask, skip.num_accepted, verdict.num_accepted),
+                         next_token=torch.where(mask, skip.next_token, verdict.next_token),
+                         path=torch.where(mask[:, None], skip.path, verdict.path), tests=tests)
+        hidden = torch.where(mask[None, :, None, None], self.hidden.to(out.hidden.dtype), out.hidden)
+        return merged, dataclasses.replace(out, hidden=hidden)
+
+
+@dataclass(frozen=True)
+class BlockPrefix:
+    """Committed tokens the target has not run yet (a skipped round's), fed as a causal chain before an image's
+    block (``Decoder.block_prefix``): they get their KV entries and features there and are never tested.
+
+    ``counts[b]`` tokens of image ``b`` (its image positions ``t_b − 1 − counts[b] .. t_b − 2``), right-aligned in
+    ``C = max(counts)`` slots; the padding slots in front see only themselves and are never kept.
+    """
+
+    counts: tuple[int, ...]
+    tokens: torch.Tensor  # (B, C)
+    positions: torch.Tensor  # (B, C)
+
+    @classmethod
+    def of(cls, tokens: torch.Tensor, t: list[int], counts: list[int]) -> "BlockPrefix":
+        width = max(counts)
+        cols = [[ti - 1 - width + j if j >= width - c else ti - 1 for j in range(width)]
+                for ti, c in zip(t, counts)]  # padding slots sit at the last committed token's position
+        index = torch.tensor(cols, device=tokens.device)  # (B, C)
+        pad = torch.tensor([[j < width - c for j in range(width)] for c in counts], device=tokens.device)
+        return cls(counts=tuple(counts), tokens=torch.where(pad, 0, tokens.gather(1, index)), positions=index)
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def prepend(self, inputs: torch.Tensor, positions: torch.Tensor,
+                tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The block ``[prefix, inputs]`` (B, C + T), its positions and its (B, C + T, C + T) mask: the prefix
+        causal, the block as ``tree_mask`` (None: causal) after every prefix token of its image."""
+        b, t = inputs.shape
+        c = self.width
+        device = inputs.device
+        counts = torch.tensor(self.counts, device=device)
+        real = torch.arange(c, device=device)[None, :] >= (c - counts)[:, None]  # (B, C)
+        mask = torch.zeros(b, c + t, c + t, dtype=torch.bool, device=device)
+        mask[:, :c, :c] = torch.ones(c, c, dtype=torch.bool, device=device).tril() & real[:, None, :]
+        mask[:, :c, :c] |= torch.eye(c, dtype=torch.bool, device=device)  # a padding slot sees itself only
+        mask[:, c:, :c] = real[:, None, :]
+        block = torch.ones(t, t, dtype=torch.bool, device=device).tril() if tree_mask is None else tree_mask
+        mask[:, c:, c:] = block
+        return (torch.cat([self.tokens, inputs], 1), torch.cat([self.positions, positions], 1), mask)
+
+    def split(self, out: TargetOutput) -> tuple[TargetOutput, TargetOutput]:
+        """The forward's output over the prefix slots (S, B, C, ·) and over the block."""
+        c = self.width
+        return (TargetOutput(logits=out.logits[:, :, :c], hidden=out.hidden[:, :, :c]),
+                TargetOutput(logits=out.logits[:, :, c:], hidden=out.hidden[:, :, c:]))
+
+    def keep(self, kept: list[int], index: torch.Tensor | None) -> tuple[list[int], torch.Tensor]:
+        """``cache.keep`` arguments for the block's kept entries (``kept``, block ``index`` or None: the first
+        ones) with each image's prefix tokens in front."""
+        c = self.width
+        b = len(kept)
+        device = self.tokens.device
+        if index is None:
+            index = torch.arange(max(kept), device=device).expand(b, -1)
+        counts = torch.tensor(self.counts, device=device)[:, None]
+        w = index.shape[1]
+        k = torch.arange(c + w, device=device)[None, :]
+        block = index.gather(1, (k - counts).clamp(0, max(w - 1, 0)).expand(b, -1)) + c if w else k.expand(b, -1)
+        return [x + y for x, y in zip(kept, self.counts)], torch.where(k < counts, c - counts + k, block)
 
 
 class NonFiniteError(FloatingPointError):
@@ -69,6 +167,7 @@ class Decoder:
         track_tv: bool = True,
         sync_phases: bool = False,
         order: Callable[..., Any] | Any | None = None,
+        verifier: Callable[..., Verdict] | None = None,
     ) -> None:
         validate.decoder_options(name=name, draft_len=draft_len, tree=tree, dynamic_tree=dynamic_tree,
                                  track_tv=track_tv, sync_phases=sync_phases)
@@ -118,6 +217,20 @@ class Decoder:
         self._order_plans: dict[torch.device, list[tuple]] = {}
         self.track_tv = track_tv
         self.sync_phases = sync_phases and model.device.type == "cuda"
+        #: cache room for committed tokens fed before a block (``block_prefix``; a skipped round's tokens)
+        self.prefix_room = 0
+        #: the verification of chain drafts (``verify_chain``'s signature; None: ``verify_chain``), e.g. SJD-SV's
+        #: subsequence test (``baselines.sv``); a joint test without an analytic one-step TV sets ``analytic_tv``
+        self.verifier = verifier
+        self.tv_measured = bool(getattr(verifier, "analytic_tv", True))
+        if verifier is not None and (self.tree is not None or self.max_depth != self.max_nodes):
+            raise ValueError(self._tree_refusal())
+
+    def _tree_refusal(self) -> str:
+        option = getattr(self.verifier, "option", "decoder.verifier")
+        return (f"decoder {self.name!r} has {option} ({type(self.verifier).__name__}), which verifies chain drafts "
+                f"only, but it drafts a tree: turn {option} off or draft a chain (decoder.tree=null; a Jacobi "
+                "window: decoder.drafter.tree_width=1)")
 
     def _clock(self) -> float:
         if self.sync_phases:
@@ -147,13 +260,14 @@ class Decoder:
         n_tokens = model.num_image_tokens
         device = model.device
         streams = Streams(seeds, device)
-        recs = [StatsRecorder(max_accept=self.max_commit) for _ in range(b)]
+        recs = [StatsRecorder(max_accept=self.max_commit, tv_measured=self.tv_measured) for _ in range(b)]
         phases = StatsRecorder(max_accept=0)
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
 
-        cache, out = model.prefill(list(prompts), extra_slots=self.max_nodes + 1, streams=streams)
+        cache, out = model.prefill(list(prompts), extra_slots=self.max_nodes + 1 + self.prefix_room,
+                                   streams=streams)
         self._check(finite_images(out.logits).tolist(), "target", labels, prompts, seeds, [0] * b)
         tokens = torch.zeros(b, n_tokens + self.max_nodes + 2, dtype=torch.long, device=device)  # room to write
         zero = torch.zeros(b, dtype=torch.long, device=device)
@@ -162,6 +276,7 @@ class Decoder:
             rec.target_forwards += 1
         with padding_invariant_attention(model.batch_invariant and (self.dynamic_order or not self.plain_ar)):
             self.drafter.begin(list(prompts), out, tokens[:, 0], streams)  # (bits batch-independent)
+            self.begin_rounds(b)
             state = self.order.begin(b, model.codebook_size, device) if self.dynamic_order else None
             t = [1] * b  # committed image tokens per image in the batch
             rows = list(range(b))  # original index of each image in the batch
@@ -206,6 +321,7 @@ class Decoder:
                     index = torch.tensor(keep, device=device)
                     cache.select(keep)
                     self.drafter.select(keep)
+                    self.select_rounds(keep)
                     streams.select(index)
                     tokens = tokens[index]
                     if state is not None:
@@ -361,7 +477,10 @@ class Decoder:
         drafter_draws = self.drafter.iteration_draws(depth, tree)
         u_all = streams.prefetch(t_dev, *drafter_draws, (ACCEPT, self.max_nodes), (SAMPLE, 1))
         draft = self.drafter.propose(last, t_dev, limit, depth, tree=tree)
+        skips = self.plan_skips(draft, t, t_dev, streams)  # images that commit without the target (None: none)
         t1 = self._clock()
+        if skips is not None and all(skips.images):
+            return self._unverified_round(tokens, t, draft, skips, recs, phases, now, t1, rows)
         # 2. verify: the last committed token and the drafts; a tree uses per-node positions and its
         #    ancestor mask (node at depth d sits at image position t - 1 + d)
         inputs = torch.cat([last[:, None], draft.tokens], dim=1)  # (B, M+1)
@@ -375,7 +494,13 @@ class Decoder:
             tree_mask = ancestor_masks(draft.parents)
             offsets = tree_mask.sum(-1) - 1  # a node's depth = its number of proper ancestors
             positions = (t_dev[:, None] - 1 + offsets).clamp(max=n_tokens - 1)  # (B, M+1)
+        prefix = self.block_prefix(tokens, t)  # committed tokens the target has not run yet (None: none)
+        before = None
+        if prefix is not None:
+            inputs, positions, tree_mask = prefix.prepend(inputs, positions, tree_mask)
         out = model.forward_block(cache, inputs, positions, tree_mask)
+        if prefix is not None:
+            before, out = prefix.split(out)
         p = model.probs(out)  # (B, M+1, V)
         t2 = self._clock()
         # 3. accept / resample, with each image's own uniforms (ACCEPT draws 0..m−1 and SAMPLE draw 0, one call)
@@ -384,8 +509,13 @@ class Decoder:
                                f"{self.max_nodes}")
         a0 = sum(count for _, count in drafter_draws)
         u_accept, u_sample = u_all[:, a0: a0 + m], u_all[:, a0 + self.max_nodes]
-        verify = verify_chain if draft.is_chain else verify_tree
+        if not draft.is_chain and self.verifier is not None:
+            raise ValueError(self._tree_refusal())
+        verify = (self.verifier or verify_chain) if draft.is_chain else verify_tree
         verdict = verify(rule, p, draft, u_accept, u_sample)
+        seen = out  # what the drafter reads: the target's output, the skipping images' features in their rows
+        if skips is not None:
+            verdict, seen = skips.merge(verdict, out)
         flags = [verdict.num_accepted, finite_images(out.logits)]  # stack promotes the bools to int64
         if draft.finite is not None:
             flags.append(draft.finite)
@@ -404,18 +534,18 @@ class Decoder:
         verdict = dataclasses.replace(verdict, accepted=tuple(n))
         t3 = self._clock()
         # 4. commit: the accepted path and the next token; keep (and compact) the path's KV entries
-        width = verdict.path.shape[1]
-        if width:  # garbage past n is overwritten; a chain's path is 0..m−1
-            accepted = draft.tokens if draft.is_chain else draft.tokens.gather(1, verdict.path)
-            tokens[[[i] for i in images], [[ti + j for j in range(width)] for ti in t]] = accepted
-        tokens[images, [ti + ni for ti, ni in zip(t, n)]] = verdict.next_token
+        self._write_tokens(tokens, t, draft, verdict, n)
         kept = [x + 1 for x in n]
-        if draft.is_chain:
-            cache.keep(kept)
-        else:
-            cache.keep(kept, torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), verdict.path + 1], 1))
+        index = None if draft.is_chain else \
+            torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), verdict.path + 1], 1)
+        if prefix is not None:
+            kept, index = prefix.keep(kept, index)
+        if skips is not None:  # a skipping image ran no token of its own through the target
+            kept = [0 if s else k for k, s in zip(kept, skips.images)]
+        cache.keep(kept, index)
         # 5. observe
-        self.drafter.observe(out, p, draft, verdict)
+        self.drafter.observe(seen, p, draft, verdict)
+        diagnostics = self.end_round(out, before, p, draft, verdict, skips, prefix, t, rows, recs)
         t4 = self._clock()
         # diagnostics (not part of the method's latency): the exact one-step TV of the tests made
         if self.track_tv:
@@ -425,12 +555,80 @@ class Decoder:
             tv, count = [0.0] * b, [0] * b
         t5 = self._clock()
         for i, r in enumerate(rows):
-            recs[r].iteration(n[i] + 1, tv[i], count[i])
+            if skips is not None and skips.images[i]:
+                recs[r].unverified(n[i] + 1)
+            else:
+                recs[r].iteration(n[i] + 1, tv[i], count[i])
             recs[r].drafter_forwards += forwards[i]
             t[i] += n[i] + 1
-        phases.diagnostics_s += t5 - t4
+        phases.diagnostics_s += t5 - t4 + diagnostics
         phases.draft_s += t1 - now
         phases.verify_s += t2 - t1
         phases.accept_s += t3 - t2
-        phases.observe_s += t4 - t3
+        phases.observe_s += t4 - t3 - diagnostics
         return t5
+
+    def _write_tokens(self, tokens: torch.Tensor, t: list[int], draft: Draft, verdict: Verdict, n: list[int]) -> None:
+        """Commit every image's accepted path and next token at its positions ``t_b ..`` (step 4)."""
+        images = list(range(len(t)))
+        width = verdict.path.shape[1]
+        if width:  # garbage past n is overwritten; a chain's path is 0..m−1
+            accepted = draft.tokens if draft.is_chain else draft.tokens.gather(1, verdict.path)
+            tokens[[[i] for i in images], [[ti + j for j in range(width)] for ti in t]] = accepted
+        tokens[images, [ti + ni for ti, ni in zip(t, n)]] = verdict.next_token
+
+    def _unverified_round(self, tokens: torch.Tensor, t: list[int], draft: Draft, skips: Skips,
+                          recs: list[StatsRecorder], phases: StatsRecorder, now: float, t1: float,
+                          rows: list[int]) -> float:
+        """A round in which every image skips verification: commit ``skips.verdict`` with no target forward (no
+        cache block is opened) and let the drafter read ``skips.hidden``."""
+        verdict = skips.verdict
+        host = [verdict.num_accepted]
+        forwards = draft.forwards
+        if isinstance(forwards, torch.Tensor):
+            host.append(forwards)
+        host = torch.stack(host).tolist()
+        n = host[0]
+        if isinstance(forwards, torch.Tensor):
+            forwards = host[-1]
+        verdict = dataclasses.replace(verdict, accepted=tuple(n))
+        t3 = self._clock()
+        self._write_tokens(tokens, t, draft, verdict, n)
+        seen = TargetOutput(logits=skips.hidden.new_zeros(0), hidden=skips.hidden)
+        self.drafter.observe(seen, None, draft, verdict)
+        diagnostics = self.end_round(None, None, None, draft, verdict, skips, None, t, rows, recs)
+        t4 = self._clock()
+        for i, r in enumerate(rows):
+            recs[r].unverified(n[i] + 1)
+            recs[r].drafter_forwards += forwards[i]
+            t[i] += n[i] + 1
+        phases.diagnostics_s += diagnostics
+        phases.draft_s += t1 - now
+        phases.accept_s += t3 - t1
+        phases.observe_s += t4 - t3 - diagnostics
+        return t4
+
+    # -- hooks of a decoder that changes what a round does (verification skipping: baselines/vvs.py); the
+    #    defaults are the plain round ------------------------------------------------------------------------
+    def begin_rounds(self, batch: int) -> None:
+        """A new batch of ``batch`` images starts (after the prefill and the drafter's ``begin``)."""
+
+    def select_rounds(self, images: list[int]) -> None:
+        """Keep the per-image state of the listed images (positions in the current batch), in order."""
+
+    def plan_skips(self, draft: Draft, t: list[int], t_dev: torch.Tensor, streams: Streams) -> Skips | None:
+        """After the draft: the images that commit this round without a target forward (None: every image is
+        verified). ``t`` (host) and ``t_dev`` are the images' first uncommitted positions."""
+        return None
+
+    def block_prefix(self, tokens: torch.Tensor, t: list[int]) -> BlockPrefix | None:
+        """Committed tokens to run through the target before each image's block (None: none)."""
+        return None
+
+    def end_round(self, out: TargetOutput | None, before: TargetOutput | None, p: torch.Tensor | None,
+                  draft: Draft, verdict: Verdict, skips: Skips | None, prefix: BlockPrefix | None, t: list[int],
+                  rows: list[int], recs: list[StatsRecorder]) -> float:
+        """After the commit: ``out`` / ``p`` the forward over the block (None when no image was verified), ``before``
+        its output over ``prefix``; ``verdict.accepted`` the host counts, ``t`` the positions before the commit.
+        Returns the seconds spent on diagnostics (not part of the method's latency)."""
+        return 0.0

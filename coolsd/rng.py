@@ -32,6 +32,7 @@ HEADER = 7  # Lumina-mGPT: the sampled image header (before image position 0)
 COUPLE = 8  # Jacobi maximal coupling of a carried draft: the keep test and the residual draw
 GUMBEL = 9  # Jacobi Gumbel coupling: one noise vector per absolute image position (its draw index = the code)
 TREE = 10  # SJD-PAC's proactive tree: the extra siblings of each level
+SKIP = 11  # VVS: the draft path a round that skips verification commits (baselines/vvs.py)
 
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # the constants as signed int64 (torch has no uint64 arithmetic)
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)

@@ -84,7 +84,8 @@ class Verdict:
 class DecodeStats:
     """Per-image statistics of one decode.
 
-    ``accepted_hist[k]`` counts the iterations that committed ``k + 1`` tokens. The token that the prefill
+    ``accepted_hist[k]`` counts the iterations that committed ``k + 1`` tokens (and the rounds that skipped
+    verification, ``skipped_rounds``, which are not iterations). The token that the prefill
     forward produces is not counted, so plain AR has ``mean_accepted_length == 1`` exactly. Times are wall
     seconds; ``latency_s`` runs from the start of prefill to the commit of the last image token, minus the
     time spent on diagnostics (``diagnostics_s``: the exact TV computation, which a deployed decoder would
@@ -106,6 +107,13 @@ class DecodeStats:
     tv_sum: float
     tv_steps: int
     batch_size: int = 1  # images decoded together; latency_s and the phase times are the batch's
+    #: False when the decoder's verification makes joint tests with no analytic one-step TV (SJD-SV's subsequence
+    #: test, ``baselines.sv``): its TV is then not measured (``tv_per_step`` None), not 0
+    tv_measured: bool = True
+    #: rounds that committed tokens without a target forward (verification skipping, ``baselines/vvs.py``) and
+    #: the tokens they committed (in ``accepted_hist``, never tested; their TV is measured afterwards, see VVS)
+    skipped_rounds: int = 0
+    skipped_tokens: int = 0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -114,11 +122,18 @@ class DecodeStats:
         return committed / max(self.iterations, 1)
 
     @property
-    def tv_per_step(self) -> float:
-        """Mean exact one-step TV distance over the acceptance steps of this image."""
+    def tv_per_step(self) -> float | None:
+        """Mean exact one-step TV distance over the acceptance steps of this image (0 without any test, as plain
+        AR); None where it is not measured (``tv_measured``)."""
+        if not self.tv_measured:
+            return None
         return self.tv_sum / self.tv_steps if self.tv_steps else 0.0
 
     def as_dict(self) -> dict:
+        """The record's fields; ``tv_measured`` only where it is False (older records lack it: measured)."""
+        extra = {} if self.tv_measured else {"tv_measured": False}
+        if self.skipped_rounds:  # only decoders that skip verification write them
+            extra.update(skipped_rounds=self.skipped_rounds, skipped_tokens=self.skipped_tokens)
         return {
             "num_tokens": self.num_tokens,
             "iterations": self.iterations,
@@ -137,6 +152,7 @@ class DecodeStats:
             "tv_sum": self.tv_sum,
             "tv_steps": self.tv_steps,
             "batch_size": self.batch_size,
+            **extra,
         }
 
 
@@ -167,6 +183,9 @@ class StatsRecorder:
     diagnostics_s: float = 0.0
     tv_sum: float = 0.0
     tv_steps: int = 0
+    tv_measured: bool = True
+    skipped_rounds: int = 0
+    skipped_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.hist = [0] * (self.max_accept + 1)
@@ -177,6 +196,12 @@ class StatsRecorder:
         self.hist[committed - 1] += 1
         self.tv_sum += tv
         self.tv_steps += tv_steps
+
+    def unverified(self, committed: int) -> None:
+        """A round that committed ``committed`` tokens without a target forward (no iteration, no test)."""
+        self.hist[committed - 1] += 1
+        self.skipped_rounds += 1
+        self.skipped_tokens += committed
 
     def freeze(self, num_tokens: int, latency_s: float, batch_size: int = 1) -> DecodeStats:
         return DecodeStats(
@@ -195,4 +220,7 @@ class StatsRecorder:
             tv_sum=self.tv_sum,
             tv_steps=self.tv_steps,
             batch_size=batch_size,
+            tv_measured=self.tv_measured,
+            skipped_rounds=self.skipped_rounds,
+            skipped_tokens=self.skipped_tokens,
         )

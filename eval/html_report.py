@@ -587,10 +587,13 @@ def write_figure(folder: str | os.PathLike, prompts: Sequence[int], decoders: Se
     cell = (width_in - 2 * margin - (len(columns) - 1) * gap) / len(columns)
     line_in = FIGURE_FONT * 1.25 / 72
     chars = max(int((width_in - 2 * margin) * 72 / (FIGURE_FONT * 0.5)), 20)
-    titles = [textwrap.fill(t, max(int(cell * 72 / (FIGURE_FONT * 0.52)), 8)) for t in _column_titles(columns)]
+    # characters per line in a column (bold titles are wider than the average glyph, 0.62 em)
+    titles = [textwrap.fill(t, max(int(cell * 72 / ((FIGURE_FONT + 0.5) * 0.62)), 6)) for t in _column_titles(columns)]
+    stat_chars = int(cell * 72 / ((FIGURE_FONT - 1) * 0.55))  # "τ = 2.09, TV 0.218" on one line where it fits
     head = max(t.count("\n") + 1 for t in titles) * line_in + 0.06
     prompt_lines = [textwrap.wrap(f"“{t}”", chars)[:3] for t in texts]
-    stat_h = line_in + 0.02 if stats else 0.0
+    stat_lines = 2 if stats and stat_chars < len("τ = 0.00, TV 0.000") else 1
+    stat_h = stat_lines * line_in + 0.02 if stats else 0.0
     row_h = [cell * aspect + stat_h + 0.03 + len(lines) * line_in + 0.08 for lines in prompt_lines]
     height = head + sum(row_h) + margin
     fig = plt.figure(figsize=(width_in, height), dpi=dpi)
@@ -618,7 +621,8 @@ def write_figure(folder: str | os.PathLike, prompts: Sequence[int], decoders: Se
             ax.imshow(entry[0], interpolation="none" if entry[0].width < 128 else "antialiased")
             if stats:
                 acc, tv = accepted_length(entry[1]), tv_per_step(entry[1])
-                note = (f"τ = {acc:.2f}" if acc is not None else "") + (f", TV {tv:.3f}" if tv else "")
+                sep = "\n" if stat_lines == 2 else ", "
+                note = (f"τ = {acc:.2f}" if acc is not None else "") + (f"{sep}TV {tv:.3f}" if tv else "")
                 fig.text((margin + k * (cell + gap) + cell / 2) / width_in, (top - cell * aspect - 0.02) / height, note,
                          ha="center", va="top", fontsize=FIGURE_FONT - 1, color="0.25")
         text_top = top - cell * aspect - stat_h - 0.03

@@ -40,6 +40,9 @@ FID_KEYS = ("fid", "fid_classifier", "fid_random_conv")  # marked † below FID_
 BIASED = "†"
 BIAS_NOTE = (f"{BIASED} FID over fewer than {FID_MIN_IMAGES:,} images: strongly biased upwards (the bias falls "
              "like 1/N, so FIDs of different N are not comparable); compare KID, which is unbiased.")
+TV_NOTE = ("TV – = not measured: the decoder verifies subsequences jointly (SJD-SV and its GSD / LANTERN "
+           "variants, baselines/sv.py), and a joint test has no analytic one-step TV; its distance to the target is "
+           "measured by the chi-square test on the lookup model instead (docs/jacobi-and-spatial.md).")
 INTERVAL_NOTE = ("± = half the width of the 95 % interval (run.json `<metric>_ci` holds its ends; intervals of "
                  "ratios, speedup and FID are asymmetric); no ± = fewer than 2 images, or not estimable.")
 
@@ -113,6 +116,8 @@ def markdown_table(per_decoder: dict[str, dict[str, Any]]) -> str:
         lines.append(BIAS_NOTE)
     if any(mixed_numerics(m) for m in per_decoder.values()):
         lines.append(MIXED_NOTE)
+    if any(m.get("tv_measured") is False for m in per_decoder.values()):
+        lines.append(TV_NOTE)
     return "\n".join(lines)
 
 
@@ -152,6 +157,12 @@ def comparison_table(per_decoder: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def tv_text(metrics: dict[str, Any]) -> str:
+    """A decoder's TV per step for one line: ``0.0123``, or ``– (not measured)`` for joint tests (``TV_NOTE``)."""
+    value = metrics.get("tv_per_step")
+    return "– (not measured)" if value is None else f"{value:.4f}"
+
+
 def one_line_summary(record: dict[str, Any]) -> str:
     m = record["metrics"]
     ar = record["per_decoder"]["ar"]
@@ -159,7 +170,7 @@ def one_line_summary(record: dict[str, Any]) -> str:
     interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
     return (f"{record['decoder']} on {record.get('model') or 'model'}: accepted length "
             f"{m['mean_accepted_length']:.2f}, {m['latency_s']:.3f} s/img vs AR {ar['latency_s']:.3f} s/img "
-            f"= {m.get('speedup', float('nan')):.2f}x{interval} (95 %), TV/step {m['tv_per_step']:.4f}, "
+            f"= {m.get('speedup', float('nan')):.2f}x{interval} (95 %), TV/step {tv_text(m)}, "
             f"{record['num_prompts']} prompts -> {record['output_dir']}/run.json")
 
 

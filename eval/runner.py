@@ -208,8 +208,12 @@ def summarize(records: list[dict], ar_records: list[dict] | None = None,
     }
     _mean_ci(out, "target_forwards_per_image", [s["target_forwards"] for s in stats_], level)
     _mean_ci(out, "drafter_forwards_per_image", [s["drafter_forwards"] for s in stats_], level)
-    _mean_ci(out, "tv_per_step", [s["tv_per_step"] for s in stats_], level)
-    if all("tv_sum" in s for s in stats_):
+    measured = all(s.get("tv_measured", True) for s in stats_)
+    if measured:
+        _mean_ci(out, "tv_per_step", [s["tv_per_step"] for s in stats_], level)
+    else:  # joint tests (SJD-SV): no analytic one-step TV; the tables show "–" and a note, never 0
+        out["tv_measured"] = False
+    if measured and all("tv_sum" in s for s in stats_):
         _mean_ci(out, "tv_per_image", [s["tv_sum"] for s in stats_], level)
         out["tv_per_token"] = sum(s["tv_sum"] for s in stats_) / max(tokens, 1)
         out["tv_per_token_ci"] = stats.ratio_interval([s["tv_sum"] for s in stats_],

@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from coolsd.decoding import Decoder
+from coolsd.drafters.eagle import EagleDrafter, EagleHead
 from eval import plots
 from eval import tables as mt
 from tests.helpers import CONFIGS
@@ -528,9 +529,14 @@ def test_every_sweep_point_builds_a_decoder_on_the_tiny_model(name, tiny_model, 
         for key, value in point:
             if key != "row":
                 OmegaConf.update(dec, key.removeprefix("decoder."), value)
-        if dec.get("drafter") is not None and "JacobiDrafter" not in str(dec.drafter.get("_target_")):
+        extra = {}
+        if dec.get("drafter") is not None and "EagleDrafter" in str(dec.drafter.get("_target_")) \
+                and "VVS" in str(dec.get("_target_")):  # VVS feeds target features: an untrained tiny EAGLE head
+            dec.drafter = None
+            extra["drafter"] = EagleDrafter(tiny_model, head=EagleHead(tiny_model))
+        elif dec.get("drafter") is not None and "JacobiDrafter" not in str(dec.drafter.get("_target_")):
             dec.drafter = tiny_drafter
-        decoder = instantiate(dec, model=tiny_model)
+        decoder = instantiate(dec, model=tiny_model, **extra)
         assert isinstance(decoder, Decoder) and decoder.name == dec.name
 
 

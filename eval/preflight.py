@@ -10,7 +10,7 @@ which its build needs anyway:
 1. **The target's stand-in.** The configured adapter class is built from its own config with its weight files
    turned off (``RECIPES``): LlamaGen with its checkpoints unset and LlamaGen T2I with random weights and a
    stand-in T5, both at the run's sizes (on the meta device when the published weights need a GPU,
-   ``requires_cuda: true``, so nothing of their size is allocated); Janus-Pro and Lumina-mGPT at their tiny
+   ``requires_cuda: true``, so nothing of their size is allocated); Janus-Pro, Lumina-mGPT and Emu3-Gen at their tiny
    random-weight sizes (their real sizes live beside the weights), keeping the class traits the decoders read
    (``sjd_init``, ``spatial_orders``) and Lumina-mGPT's grid.
 2. **Every decoder option.** Each decoder config the run compares (``eval.runner.select_decoders``) is
@@ -144,6 +144,32 @@ def _lumina_sizes(node: Mapping[str, Any], model: ImageARModel) -> dict[str, Any
             "num_image_tokens": model.num_image_tokens}
 
 
+def _emu3_sizes(node: Mapping[str, Any], model: ImageARModel) -> dict[str, Any] | str:
+    """Emu3-Gen's draft-layer sizes (its Llama text model's): from its weights' ``config.json`` when pretrained
+    (the codebook: the vision tokenizer's ``codebook_size``), else from ``model.arch``; the grid is the
+    stand-in's (``ratio`` and ``image_area`` as the run's)."""
+    from coolsd.models.emu3 import Emu3Arch
+
+    if not node.get("pretrained", True):
+        arch = Emu3Arch(**dict(node.get("arch") or {}))
+        hidden, heads = arch.hidden_size, arch.num_heads
+        return {"hidden_size": hidden, "num_heads": heads, "num_kv_heads": arch.num_kv_heads,
+                "head_dim": hidden // heads, "intermediate_size": arch.intermediate_size,
+                "vocab_size": arch.codebook_size, "num_image_tokens": model.num_image_tokens}
+    path = _hub_config(node, "repo_id")
+    if path is None:
+        return f"the target's sizes come from {node.get('repo_id')}/config.json, which is not here"
+    from transformers import Emu3Config
+
+    config = Emu3Config.from_json_file(path)
+    text, vq = config.text_config, config.vq_config
+    heads = text.num_attention_heads
+    return {"hidden_size": text.hidden_size, "num_heads": heads, "num_kv_heads": text.num_key_value_heads or heads,
+            "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
+            "intermediate_size": text.intermediate_size, "vocab_size": vq.codebook_size,
+            "num_image_tokens": model.num_image_tokens}
+
+
 @dataclass(frozen=True)
 class Recipe:
     """How to build an adapter class without its weights: ``no_weights(node)`` -> the config keys to change.
@@ -162,6 +188,7 @@ RECIPES: dict[str, Recipe] = {
     "coolsd.models.janus_pro.JanusPro": Recipe(lambda node: {"pretrained": False, "arch": {}}, _janus_sizes),
     "coolsd.models.lumina_mgpt.LuminaMGPT": Recipe(lambda node: {"pretrained": False, "random_init": None},
                                                    _lumina_sizes),
+    "coolsd.models.emu3.Emu3Gen": Recipe(lambda node: {"pretrained": False, "arch": {}}, _emu3_sizes),
     "coolsd.models.lookup.LookupModel": Recipe(lambda node: {}),
 }
 

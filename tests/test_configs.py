@@ -41,6 +41,10 @@ NEEDS = {
     # Lumina-mGPT: random weights of random_init's sizes (no hub, no Meta files); EAGLE from a tiny checkpoint
     ("model", "lumina_mgpt_768"): ["model.pretrained=false"],
     ("drafter", "lumina_mgpt_768"): ["model.pretrained=false", "drafter.checkpoint={lumina_eagle_checkpoint}"],
+    # Emu3-Gen: a random tiny model on a 4x4 grid instead of the hub download; EAGLE from a tiny checkpoint
+    ("model", "emu3_gen"): ["model.pretrained=false", "model.arch={}", "model.image_area=1024"],
+    ("drafter", "emu3_gen"): ["model.pretrained=false", "model.arch={}", "model.image_area=1024",
+                              "drafter.checkpoint={emu3_eagle_checkpoint}"],
 }
 
 
@@ -62,12 +66,18 @@ def made_files(tmp_path_factory) -> dict[str, str]:
 
     lumina = tmp_path_factory.mktemp("eagle_lumina_tiny")  # for lumina_mgpt_768 with pretrained=false
     save_eagle(EagleHead(LuminaMGPT(sampling={"cfg_scale": 3.0}, pretrained=False, device="cpu")), lumina)
+    from coolsd.models.emu3 import Emu3Gen
+
+    emu3 = tmp_path_factory.mktemp("eagle_emu3_tiny")  # for emu3_gen with pretrained=false
+    save_eagle(EagleHead(Emu3Gen(sampling={"cfg_scale": 3.0}, pretrained=False, arch={}, image_area=1024,
+                                 device="cpu")), emu3)
     data = tmp_path_factory.mktemp("prompt_sets")  # tiny COCO captions and PartiPrompts files
     (data / "annotations").mkdir()
     (data / "annotations" / "captions_val2017.json").write_text(
         '{"annotations": [' + ", ".join(f'{{"image_id": {i}, "id": {i}, "caption": "c{i}"}}' for i in range(3)) + "]}")
     (data / "parti.tsv").write_text("Prompt\tCategory\tChallenge\tNote\n" + "".join(f"p{i}\tA\tB\t\n" for i in range(3)))
     return {"eagle_checkpoint": str(path), "eagle_all_checkpoint": str(all_prefix), "janus_eagle_checkpoint": str(janus), "lumina_eagle_checkpoint": str(lumina),
+            "emu3_eagle_checkpoint": str(emu3),
             "coco_captions": str(data / "annotations" / "captions_val2017.json"), "parti": str(data / "parti.tsv")}
 
 

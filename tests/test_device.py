@@ -17,8 +17,8 @@ from tests.helpers import CONFIGS
 pytestmark = pytest.mark.filterwarnings("ignore:CUDA initialization")  # the stand-in's warning, asserted below
 
 REAL = ("janus_pro_1b", "janus_pro_7b", "llamagen_t2i_256", "llamagen_t2i_512", "llamagen_t2i_256_lantern",
-        "llamagen_t2i_512_lantern", "lumina_mgpt_768")
-SMALL = ("embedded", "tiny", "janus_tiny", "llamagen_t2i_tiny", "lumina_tiny", "lookup")
+        "llamagen_t2i_512_lantern", "lumina_mgpt_768", "emu3_gen")
+SMALL = ("embedded", "tiny", "janus_tiny", "llamagen_t2i_tiny", "lumina_tiny", "emu3_tiny", "lookup")
 DRIVER_WARNING = ("CUDA initialization: The NVIDIA driver on your system is too old (found version 11040). "
                   "Please update your GPU driver")
 
@@ -73,6 +73,7 @@ def test_the_embedded_and_tiny_models_keep_auto(no_cuda, name):
 
 def test_the_adapters_stop_before_reading_a_file(no_cuda, monkeypatch):
     """The constructors apply the rule first: no file is looked up (the lookups raise if reached)."""
+    import coolsd.models.emu3 as emu3
     import coolsd.models.janus_pro as janus
     import coolsd.models.lumina_mgpt as lumina
     from coolsd.models.llamagen_t2i import LlamaGenT2I
@@ -81,9 +82,11 @@ def test_the_adapters_stop_before_reading_a_file(no_cuda, monkeypatch):
         raise AssertionError("a weights file was looked up")
 
     monkeypatch.setattr(janus, "load_pretrained", reached)
+    monkeypatch.setattr(emu3, "load_pretrained", reached)
     monkeypatch.setattr(lumina, "chameleon_tokenizer_files", reached)
     monkeypatch.setattr(LlamaGenT2I, "_look_up", reached)
     for name, cls in (("janus_pro_7b", janus.JanusPro), ("lumina_mgpt_768", lumina.LuminaMGPT),
+                      ("emu3_gen", emu3.Emu3Gen),
                       ("llamagen_t2i_512", LlamaGenT2I)):
         cfg = model_cfg(name)
         cfg.pop("_target_")

@@ -305,7 +305,7 @@ def test_gsd_one_step_tv_is_the_exact_tv():
 
 
 # -- every method on every model --------------------------------------------------------------------------------
-MODELS = {"tiny": [], "embedded": [], "lumina_tiny": [], "janus_tiny": [], "llamagen_t2i_tiny": []}
+MODELS = {"tiny": [], "embedded": [], "lumina_tiny": [], "janus_tiny": [], "llamagen_t2i_tiny": [], "emu3_tiny": []}
 METHODS = ("scd_mc", "scd_gs", "sjd_pac", "gsd")
 
 

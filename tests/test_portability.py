@@ -220,7 +220,7 @@ def test_a_prompt_file_that_is_not_utf8_names_the_file_the_byte_and_the_key(tmp_
         PartiPrompts(str(tsv)).load(None, 1)
 
 
-@pytest.mark.parametrize("model", ["tiny", "janus_tiny", "lumina_tiny"])
+@pytest.mark.parametrize("model", ["tiny", "janus_tiny", "lumina_tiny", "emu3_tiny"])
 @pytest.mark.parametrize("value", ["maybe", "off", "no"])
 def test_model_batch_invariant_must_be_a_boolean(model, value):
     """``bool("off")`` is True: a string must not switch the option on in silence."""

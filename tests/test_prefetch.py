@@ -241,6 +241,24 @@ def test_a_bad_decoder_value_is_caught_without_building_the_target(no_weights_re
     assert torch.equal(torch.get_rng_state(), state)
 
 
+def test_the_jacobi_decoders_of_emu3_gen_are_checked_on_its_stand_in(no_weights_read):
+    """Emu3-Gen has a stand-in recipe (eval.preflight.RECIPES): the Jacobi family of its presets is checked without
+    its weights (nothing left unchecked), and a bad value is named."""
+    from eval.preflight import DecoderConfigError, stand_in, validate_decoders
+    from eval.runner import select_decoders
+
+    cfg = compose_run("model=emu3_gen", "decoder=sjd", "compare=jacobi", "model.device=cpu", "eval=quick",
+                      "logger=none")
+    assert validate_decoders(cfg, select_decoders(cfg, decoder_overridden=True)) == []
+    small = stand_in(OmegaConf.to_container(cfg.model, resolve=True))
+    assert small.model.num_image_tokens == 90 * 90 and not small.exact  # the run's grid, tiny widths
+    assert small.sizes is None and "BAAI/Emu3-Gen-hf/config.json" in small.why  # real sizes: beside the weights
+    cfg = compose_run("model=emu3_gen", "decoder=sjd_sv", "decoder.sv.alpha=2", "model.device=cpu", "eval=quick",
+                      "logger=none")
+    with pytest.raises(DecoderConfigError, match="decoder.sv.alpha"):
+        validate_decoders(cfg, select_decoders(cfg, decoder_overridden=True))
+
+
 def test_a_drafter_that_does_not_fit_the_target_is_caught_from_its_config(tmp_path, hub, no_weights_read):
     """A drafter folder whose config.json (this project's format) is 128 wide for the 256-wide embedded target,
     and LANTERN's stage-I drafter (a 16x16 RoPE grid) for the 32x32 stage-II T2I model: each is named with the

@@ -15,6 +15,7 @@ meta tensors: ``torch.save`` keeps their shapes and no storage).
 | ``deepseek-community/Janus-Pro-1B`` / ``-7B`` | deepseek-ai/Janus-Pro-{1B,7B} ``config.json`` + deepseek-ai/Janus ``janus/models/{modeling_vlm,siglip_vit,projector,vq_model}.py``, renamed as transformers' ``convert_janus_weights_to_hf.py`` does | ``strict_load`` into ``JanusForConditionalGeneration`` (``load_pretrained`` refuses missing / unexpected / mismatched keys) |
 | ``Alpha-VLLM/Lumina-mGPT-7B-768`` | Chameleon-7B's ``config.json`` values + Lumina-mGPT ``model/chameleon/modeling_chameleon.py`` (qk-norm per model-parallel shard) and ``convert_chameleon_weights_to_hf.py`` (``model.vqmodel.*`` = the VQGAN's non-decoder keys) | ``build_lumina_lm`` |
 | ``vqgan.ckpt`` (Meta's Chameleon tokenizer) | its ``vqgan.yaml`` + Meta's ``chameleon/vqgan.py`` (taming layout; ``tests/test_lumina.py: meta_decoder_shapes``) | ``load_vqgan`` |
+| ``BAAI/Emu3-Gen-hf`` (language model) | BAAI/Emu3-Gen ``config.json`` values + baaivision/Emu3 ``emu3/mllm/modeling_emu3.py`` (``Emu3ForCausalLM``), renamed as transformers' ``conversion_mapping.py`` loads it | ``strict_load`` into ``Emu3ForConditionalGeneration`` (the vision tokenizer: sizes only, see its test) |
 | ``google/flan-t5-xl`` as ``T5EncoderModel`` | its ``config.json`` + the T5 layout of its HF checkpoint (encoder half; ``encoder.embed_tokens`` is the tied alias of ``shared``) | ``strict_load`` into ``T5EncoderModel`` |
 
 Published values that could not be re-read here (no network) are Janus-Pro's and Lumina-mGPT's
@@ -751,3 +752,97 @@ def test_chameleon_vqgan_ckpt_loads_strictly_through_load_vqgan(tmp_path):
         )
         with torch.device("meta"), pytest.raises((ValueError, RuntimeError)):
             load_vqgan(tmp_path / "vqgan.yaml", tmp_path / "bad.ckpt")
+
+
+# -- Emu3-Gen (BAAI/Emu3-Gen + BAAI/Emu3-VisionTokenizer, converted to transformers' layout as BAAI/Emu3-Gen-hf) -------
+EMU3_GEN = {
+    "vocab_size": 184622,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 9216,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0,
+    "image_area": 518400,
+}  # BAAI/Emu3-Gen config.json (not re-read here: no network; the values transformers' Emu3TextConfig defaults to)
+EMU3_VISION_TOKENIZER = {
+    "codebook_size": 32768,
+    "embed_dim": 4,
+    "z_channels": 4,
+    "ch": 256,
+    "ch_mult": [1, 2, 2, 4],
+    "num_res_blocks": 2,
+    "attn_resolutions": [3],
+    "temporal_downsample_factor": 4,
+}  # BAAI/Emu3-VisionTokenizer config.json (the defaults of baaivision/Emu3 emu3/tokenizer/configuration_emu3visionvq.py)
+
+
+def emu3_lm_keys(c: dict) -> Shapes:
+    """The language model's state dict as baaivision/Emu3 ``emu3/mllm/modeling_emu3.py`` ``Emu3ForCausalLM`` writes
+    it (Llama layout with grouped K/V), under the ``text_model.`` prefix of the transformers-format checkpoint."""
+    h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
+    keys: Shapes = {"text_model.model.embed_tokens.weight": (v, h), "text_model.model.norm.weight": (h,),
+                    "text_model.lm_head.weight": (v, h)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"text_model.model.layers.{i}."
+        keys.update({p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (kv, h),
+                     p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, h),
+                     p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                     p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,),
+                     p + "post_attention_layernorm.weight": (h,)})
+    return keys
+
+
+def emu3_hf_name(key: str) -> str:
+    """transformers' load-time renames of an Emu3 checkpoint (``conversion_mapping.py`` ``"emu3"``), restated."""
+    for pattern, new in ((r"^text_model\.lm_head", "lm_head"), (r"^text_model\.model", "model.text_model"),
+                         (r"^vqmodel", "model.vqmodel")):
+        key = re.sub(pattern, new, key)
+    return key
+
+
+def emu3_config():
+    from transformers import Emu3Config
+
+    c, vq = EMU3_GEN, EMU3_VISION_TOKENIZER
+    text = {k: c[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                              "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps")}
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": c["rope_theta"]}
+    vq_config = {"codebook_size": vq["codebook_size"], "embed_dim": vq["embed_dim"],
+                 "latent_channels": vq["z_channels"], "base_channels": vq["ch"], "channel_multiplier": vq["ch_mult"],
+                 "num_res_blocks": vq["num_res_blocks"], "attn_resolutions": vq["attn_resolutions"],
+                 "temporal_downsample_factor": vq["temporal_downsample_factor"],
+                 "hidden_size": vq["ch"] * vq["ch_mult"][-1]}
+    return Emu3Config(text_config=text, vq_config=vq_config, vocabulary_map={})
+
+
+def test_emu3_gen_language_model_loads_strictly_at_full_size():
+    """Emu3-Gen's 8B language model (key names and shapes from the original Emu3ForCausalLM, renamed as transformers
+    loads the -hf checkpoint) fits transformers' Emu3 classes at the published sizes; the vision tokenizer built
+    from the published config has Emu3's codebook, 8x spatial factor and decoder output."""
+    from transformers import Emu3ForConditionalGeneration
+
+    from coolsd.models.emu3 import generate_size
+
+    with torch.device("meta"):
+        model = Emu3ForConditionalGeneration(emu3_config())
+    shapes = {emu3_hf_name(k): s for k, s in emu3_lm_keys(EMU3_GEN).items()}
+    lm = {k: tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith("model.vqmodel.")}
+    assert lm == shapes
+    assert sum(int(torch.tensor(s).prod()) for s in shapes.values()) == 8_492_011_520  # "8B": 2 x 184,622 x 4,096 + 32 x 218,112,000 + 4,096
+    vq = model.model.vqmodel
+    assert tuple(vq.quantize.embedding.weight.shape) == (32768, 4) and vq.spatial_scale_factor == 8
+    assert tuple(vq.decoder.conv_out.weight.shape) == (3, 256, 3, 3)
+    assert generate_size("1:1", EMU3_GEN["image_area"], vq.spatial_scale_factor) == (90, 90)
+    for corrupt in broken(shapes):
+        with pytest.raises(ValueError, match="does not match"):
+            strict_load(model, {**meta_state(corrupt), **{k: v for k, v in model.state_dict().items()
+                                                          if k.startswith("model.vqmodel.")}}, "corrupt")
+    strict_load(model, {**meta_state(shapes), **{k: v for k, v in model.state_dict().items()
+                                                 if k.startswith("model.vqmodel.")}}, "BAAI/Emu3-Gen-hf")
+    cfg = OmegaConf.load(CONFIGS / "model" / "emu3_gen.yaml")
+    assert cfg.repo_id == "BAAI/Emu3-Gen-hf" and cfg.image_area == EMU3_GEN["image_area"]
+    assert cfg.sampling.cfg_scale == 3.0 and cfg.sampling.top_k == 2048 and cfg.requires_cuda

@@ -83,7 +83,7 @@ def test_rows_start_at_the_window_and_keep_their_lag():
     assert firsts == [7]  # row 1 waits for a complete row 0 (the LlamaGen port)
 
 
-@pytest.mark.parametrize("model_name", ["embedded", "tiny", "llamagen_t2i_tiny", "janus_tiny", "lumina_tiny"])
+@pytest.mark.parametrize("model_name", ["embedded", "tiny", "llamagen_t2i_tiny", "janus_tiny", "lumina_tiny", "emu3_tiny"])
 def test_a_window_of_the_grid_width_gives_plain_ar_tokens(model_name):
     model, _ = build(model_name)
     _, ar = build(model_name, "ar")
@@ -100,7 +100,7 @@ def test_a_window_of_the_grid_width_gives_plain_ar_tokens(model_name):
         assert z.stats.target_forwards == a.stats.target_forwards == model.num_image_tokens
 
 
-@pytest.mark.parametrize("model_name", ["embedded", "llamagen_t2i_tiny", "janus_tiny", "lumina_tiny"])
+@pytest.mark.parametrize("model_name", ["embedded", "llamagen_t2i_tiny", "janus_tiny", "lumina_tiny", "emu3_tiny"])
 def test_zipar_runs_in_fewer_forwards_and_an_image_is_the_same_alone_and_in_a_batch(model_name):
     model, dec = build(model_name, overrides=["decoder.order.window=2"])
     prompts = prompts_for(model)
@@ -211,7 +211,7 @@ def test_pjd_with_a_context_of_the_grid_width_is_exact():
     assert forwards < N_EXACT * model.num_image_tokens  # drafts were accepted
 
 
-@pytest.mark.parametrize("model_name", ["embedded", "llamagen_t2i_tiny", "janus_tiny", "lumina_tiny"])
+@pytest.mark.parametrize("model_name", ["embedded", "llamagen_t2i_tiny", "janus_tiny", "lumina_tiny", "emu3_tiny"])
 def test_pjd_runs_in_fewer_forwards_and_an_image_is_the_same_alone_and_in_a_batch(model_name):
     model, _ = build(model_name)
     dec = pjd(model, context=2, window=3)
@@ -302,7 +302,7 @@ def test_pjd_caches_only_committed_tokens_and_masks_drafts_of_other_rows(monkeyp
 
 
 # -- ZipAR on the dynamic engine: the fixed window as RowWindow, the adaptive window ------------------------------
-@pytest.mark.parametrize("model_name", ["embedded", "llamagen_t2i_tiny", "janus_tiny", "lumina_tiny"])
+@pytest.mark.parametrize("model_name", ["embedded", "llamagen_t2i_tiny", "janus_tiny", "lumina_tiny", "emu3_tiny"])
 def test_the_dynamic_engine_gives_the_fixed_window_s_tokens_and_the_adaptive_window_of_the_grid_width_is_ar(
         model_name):
     """``AdaptiveRowWindow(adaptive=False)`` feeds the same tokens at the same cells with the same visibility as

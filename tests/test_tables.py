@@ -208,8 +208,8 @@ def test_reported_rows_print_apart_marked_reported_with_their_reason(fixture_tab
     assert {method for _, method in rows} == REPORTED
     assert not any(method in before for method in REPORTED)  # not in the measured nor the published table
     csv_rows = pd.read_csv(mt.PUBLISHED_CSV)
-    for (_, method), cells in rows.items():
-        row = csv_rows[csv_rows["method"] == method].iloc[0]
+    for (model, method), cells in rows.items():  # a method may be reported for several models (SJD2, SSD)
+        row = csv_rows[(csv_rows["method"] == method) & (csv_rows["model"] == model)].iloc[0]
         assert cells[-1] == row["reason"] and cells[-1] != "—" and pd.isna(row["decoder"])  # its reason, no decoder
         numbers = cells[2:-1]  # between venue/benchmark and source/reason
         if method in NO_NUMBERS:

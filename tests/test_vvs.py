@@ -269,14 +269,15 @@ def test_vvs_refuses_a_chain_and_a_drafter_without_features(model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["janus", "lumina"])
+@pytest.mark.parametrize("which", ["janus", "lumina", "emu3"])
 def test_vvs_runs_on_janus_pro_and_lumina_mgpt_batch_equal_alone(which):
     """The harness's own extension (no reference numbers): the tiny random-weight Janus-Pro and Lumina-mGPT
-    (Lumina's end-of-row slots inside the prefix chain) skip rounds, and a batch equals its images alone."""
+    (Lumina's and Emu3's end-of-row slots inside the prefix chain) skip rounds, and a batch equals its images alone."""
+    from tests.test_emu3 import tiny_emu3
     from tests.test_janus import tiny_janus
     from tests.test_lumina import tiny_lumina
 
-    model = tiny_janus() if which == "janus" else tiny_lumina()
+    model = {"janus": tiny_janus, "lumina": tiny_lumina, "emu3": tiny_emu3}[which]()
     dec = build(model, skip_interval=3)
     prompts = ["a cat", "a dog"]
     batch = dec.generate_batch(prompts, [0, 1])

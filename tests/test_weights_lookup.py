@@ -26,10 +26,10 @@ PEAK_GROWTH_LIMIT_MB = 200  # the smallest model here (GPT-XL) would add > 3000 
 SCRIPT = r"""
 import json, resource, sys
 import torch, transformers  # noqa: F401  (import costs stay outside the measurement)
-from transformers import ChameleonConfig, JanusForConditionalGeneration, T5EncoderModel  # noqa: F401
+from transformers import ChameleonConfig, Emu3ForConditionalGeneration, JanusForConditionalGeneration, T5EncoderModel  # noqa: F401
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-import coolsd.models.janus_pro, coolsd.models.llamagen_t2i, coolsd.models.lumina_mgpt  # noqa: F401
+import coolsd.models.emu3, coolsd.models.janus_pro, coolsd.models.llamagen_t2i, coolsd.models.lumina_mgpt  # noqa: F401
 from coolsd.models.checkpoints import MissingWeightsError
 
 with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
@@ -78,8 +78,13 @@ print("RESULT " + json.dumps(result))
             ],
             marks=pytest.mark.slow,
         ),
+        pytest.param(
+            ["model=emu3_gen"],
+            ["BAAI/Emu3-Gen-hf", "hf download BAAI/Emu3-Gen-hf", "model.safetensors.index.json", "looked in"],
+            marks=pytest.mark.slow,
+        ),
     ],
-    ids=["llamagen_t2i_512", "janus_pro_7b", "lumina_mgpt_768"],
+    ids=["llamagen_t2i_512", "janus_pro_7b", "lumina_mgpt_768", "emu3_gen"],
 )
 def test_missing_weights_fail_before_the_model_is_built(tmp_path, overrides, expected):
     empty = tmp_path / "empty"

@@ -1,0 +1,333 @@
+"""Emu3 adapter on a tiny random ``Emu3Config`` (no download): exact agreement with ``transformers``' own Emu3
+generation under the reference's logits processors (baaivision/Emu3 ``image_generation.py``: unbatched CFG with
+the negative prompt, the prefix constraint, top-k), its sampled tokens and decoded pixels; the reference's
+prompt and header; cached == uncached; trees and KV compaction across end-of-line tokens; missing weights; and
+every decoder through ``run.py``.
+
+Comparisons are identities on float64 models (tolerances of rounding error only); the shared sampling
+pipeline works in float32, so guided distributions agree to float32 rounding. About 15 s on one core plus
+the ``run.py`` run (slow).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import (
+    PrefixConstrainedLogitsProcessor,
+    UnbatchedClassifierFreeGuidanceLogitsProcessor,
+)
+
+from baselines.exact import ExactRule
+from baselines.jacobi import JacobiDrafter
+from coolsd.decoding import Decoder
+from coolsd.drafters.eagle import EagleDrafter, EagleHead
+from coolsd.drafters.model_drafter import ModelDrafter
+from coolsd.models import emu3 as E
+from coolsd.models.checkpoints import MissingWeightsError
+from coolsd.models.emu3 import Emu3Gen, layer_skip_copy
+from coolsd.trees import TreeShape, ancestor_mask, depths_of
+from tests.helpers import CONFIGS, default_run_decoders, forward1, keep1, prefill1
+
+ROOT = CONFIGS.parent
+EXACT = {"rtol": 1e-9, "atol": 1e-9}
+PROMPT = "a red cat"
+TINY_AREA = 1024  # 32 x 32 px: a 4 x 4 grid at Emu3's 8x down-sampling
+
+
+def tiny_emu3(dtype: str = "float64", **sampling) -> Emu3Gen:
+    return Emu3Gen(sampling={"cfg_scale": 3.0, **sampling}, pretrained=False, arch={}, image_area=TINY_AREA,
+                   device="cpu", dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def model() -> Emu3Gen:
+    return tiny_emu3()
+
+
+# -- the reference recipe, restated ------------------------------------------------------------------------
+def reference_prefix_constraint(model: Emu3Gen):
+    """The allowed next tokens of baaivision/Emu3 ``emu3/mllm/utils_emu3.py`` ``Emu3PrefixConstrainedLogitsHelper``
+    (one image of ``model.grid``): visual tokens; end of line where the offset from ``<|image token|>`` is a
+    multiple of W + 1; then end of frame, end of image, EOS, padding."""
+    h, w = model.grid
+    vocab = model.tokenizer.get_vocab()
+    visual = list(range(int(model.code_to_bpe[0]), int(model.code_to_bpe[-1]) + 1))  # the reference's id range
+    img = vocab[E.IMAGE_TOKEN]
+
+    def allowed(batch_id, input_ids):
+        offset = input_ids.shape[0] - int(torch.nonzero(input_ids == img)[0, 0])
+        if offset % (w + 1) == 0:
+            return [vocab[E.END_OF_LINE]]
+        for k, name in enumerate((E.END_OF_FRAME, E.IMAGE_END, E.EOS), start=1):
+            if offset == (w + 1) * h + k:
+                return [vocab[name]]
+        return [vocab[E.PAD]] if offset > (w + 1) * h + 3 else visual
+
+    return allowed
+
+
+class Record(LogitsProcessor):
+    def __init__(self) -> None:
+        self.scores: list[torch.Tensor] = []
+
+    def __call__(self, input_ids, scores):
+        self.scores.append(scores.clone())
+        return scores
+
+
+def hf_generate(model: Emu3Gen, prompt: str, seed: int, top_k: int):
+    """``transformers``' Emu3 ``generate`` with image_generation.py's processors: the new tokens (L,), the raw
+    conditional and unconditional logits (L, vocab) and the processed scores before top-k (L, vocab)."""
+    h, w = model.grid
+    cond = torch.tensor([model.prompt_ids(prompt)])
+    cfg = UnbatchedClassifierFreeGuidanceLogitsProcessor(3.0, model.emu3,
+                                                         unconditional_ids=torch.tensor([model.negative_ids()]))
+    uncond: list[torch.Tensor] = []
+    inner = cfg.get_unconditional_logits
+    cfg.get_unconditional_logits = lambda ids: uncond.append(inner(ids)[:, -1].clone()) or uncond[-1][:, None]
+    raw, processed = Record(), Record()
+    processors = LogitsProcessorList([raw, cfg, PrefixConstrainedLogitsProcessor(reference_prefix_constraint(model),
+                                                                                  num_beams=1), processed])
+    config = GenerationConfig(do_sample=True, top_k=top_k, max_new_tokens=h * (w + 1) + 3,
+                              eos_token_id=model.tokenizer.eos_token_id, pad_token_id=model.tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    out = model.emu3.generate(cond, config, logits_processor=processors, attention_mask=torch.ones_like(cond))
+    return (out[0, cond.shape[1]:], torch.cat(raw.scores), torch.cat(uncond), torch.cat(processed.scores))
+
+
+def image_steps(model: Emu3Gen) -> list[int]:
+    """Indices of the visual tokens among the generated tokens (the end-of-line steps left out)."""
+    h, w = model.grid
+    return [r * (w + 1) + c for r in range(h) for c in range(w)]
+
+
+def top_k_probs(scores: torch.Tensor, k: int) -> torch.Tensor:
+    if k:
+        kth = scores.topk(k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    return scores.softmax(-1)
+
+
+# -- prompt, header, grid ----------------------------------------------------------------------------------
+def test_prompt_header_and_grid_follow_the_reference_processor(model):
+    from transformers.models.emu3.processing_emu3 import Emu3Processor
+
+    # processing_emu3.py calculate_generate_size (ratio "W:H"), the same in transformers' Emu3Processor
+    for ratio in ("1:1", "16:9", "4:3"):
+        assert E.generate_size(ratio, 518400, 8) == Emu3Processor.calculate_generate_size(None, ratio, 518400, 8)
+    assert E.generate_size("1:1", 518400, 8) == (90, 90)  # Emu3-Gen's 720 px images
+    assert E.generate_size("16:9", 518400, 8) == (68, 120)
+    assert model.grid == (4, 4)
+    # BOS + prompt + positive prompt + <|image start|> H*W <|image token|> (processing_emu3.py l.177-183)
+    text = model.tokenizer.decode(model.prompt_ids(PROMPT))
+    assert text.replace(" ", "") == ("<|extra_203|>" + PROMPT + E.POSITIVE_PROMPT + "<|image start|>4*4"
+                                     "<|image token|>").replace(" ", "")
+    negative = model.tokenizer.convert_ids_to_tokens(model.negative_ids())
+    assert negative[0] == E.BOS and negative[-5:] == [E.IMAGE_START, "4", "*", "4", E.IMAGE_TOKEN]
+    assert "lowres" in negative and "masterpiece" not in negative
+    assert model.tokenizer.unk_token_id not in model.prompt_ids(PROMPT) + model.negative_ids()
+
+
+def test_visual_codes_come_from_the_token_names(model):
+    vocab = model.tokenizer.get_vocab()
+    for code in (0, 17, model.codebook_size - 1):
+        assert int(model.code_to_bpe[code]) == vocab[f"<|visual token {code:06d}|>"]
+    mapping = model.emu3.model.vocabulary_mapping.img2bpe  # transformers' own reading of the names
+    assert [mapping[c] for c in range(model.codebook_size)] == model.code_to_bpe.tolist()
+    with pytest.raises(ValueError, match="visual tokens"):
+        E.visual_code_ids({"<|visual token 000001|>": 5})
+
+
+# -- parity with transformers' Emu3 generation ------------------------------------------------------------
+@pytest.mark.parametrize("seed,top_k", [(0, 0), (1, 40)])
+def test_logits_tokens_and_pixels_equal_transformers_generation(model, seed, top_k):
+    """HF's generate with the reference's processors: its grid has end-of-line tokens after every row and then
+    end of frame / image / EOS; teacher-forcing its visual tokens through the adapter gives HF's raw logits of
+    both streams at every step; the guided top-k distributions agree; replaying HF's draws on ours gives HF's
+    tokens; the decoded pixels are HF's ``decode_image_tokens`` and the recipe's uint8 postprocess."""
+    rule = tiny_emu3(top_k=top_k)
+    new, cond, uncond, processed = hf_generate(rule, PROMPT, seed, top_k)
+    h, w = rule.grid
+    vocab = rule.tokenizer.get_vocab()
+    assert new.shape[0] == h * (w + 1) + 3
+    assert new[[r * (w + 1) + w for r in range(h)]].eq(vocab[E.END_OF_LINE]).all()
+    assert new[-3:].tolist() == [vocab[E.END_OF_FRAME], vocab[E.IMAGE_END], vocab[E.EOS]]
+    steps = image_steps(rule)
+    bpe = new[steps]
+    codes = torch.tensor([{b: c for c, b in enumerate(rule.code_to_bpe.tolist())}[int(t)] for t in bpe])
+    cache, first = prefill1(rule, PROMPT)
+    out = forward1(rule, cache, codes[:-1], torch.arange(len(codes) - 1))
+    ours = torch.cat([first.logits, out.logits], dim=1)  # (S, N, V)
+    visual = rule.code_to_bpe
+    # generate hands its processors float32 copies of the conditional logits; the unconditional ones are the
+    # model's own (float64)
+    torch.testing.assert_close(ours[0].float(), cond[steps][:, visual], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(ours[1], uncond[steps][:, visual], **EXACT)
+    # guided distributions: the reference's log-softmax CFG + constraint + top-k vs the shared float32 pipeline
+    expected = top_k_probs(processed[steps], top_k)[:, visual]  # (N, V); everything else is masked
+    from coolsd.types import TargetOutput
+
+    probs = rule.probs(TargetOutput(logits=ours[:, None], hidden=ours[:, None]))[0]
+    torch.testing.assert_close(probs.double(), expected, rtol=1e-5, atol=1e-7)
+    # HF's draws replayed on our distributions (forced steps consume their draw too)
+    torch.manual_seed(seed)
+    replay, k = [], 0
+    for j in range(len(new)):
+        full = torch.zeros(len(vocab), dtype=torch.float64)
+        if j in steps:
+            full[visual] = probs[k].double()
+            k += 1
+        else:
+            full[int(new[j])] = 1.0
+        replay.append(int(torch.multinomial(full[None], 1)[0, 0]))
+    assert replay == new.tolist()
+    # decoded pixels
+    with torch.no_grad():
+        theirs = rule.emu3.model.decode_image_tokens(image_tokens=new[None], height=h, width=w).float()
+    torch.testing.assert_close(rule.decode_pixels(codes[None]), theirs, **EXACT)
+    recipe = np.clip((theirs[0].numpy() + 1) / 2 * 255, 0, 255).astype(np.uint8)  # postprocess: clip, cast
+    assert torch.equal(rule.decode_image(codes), torch.from_numpy(recipe))
+    assert torch.equal(rule.decode_images(codes[None])[0], rule.decode_image(codes))
+
+
+def full_sequence_logits(model: Emu3Gen, prompt: str, codes: torch.Tensor) -> torch.Tensor:
+    """One uncached ``Emu3ForConditionalGeneration`` forward per stream over prefix + codes with end-of-line
+    tokens after each row: the visual-token logits (S, N, V) that predict each code."""
+    h, w = model.grid
+    eol = model.tokenizer.get_vocab()[E.END_OF_LINE]
+    body, at = [], []
+    for i, c in enumerate(codes[:-1].tolist()):
+        body.append(int(model.code_to_bpe[c]))
+        if i % w == w - 1:
+            body.append(eol)
+        at.append(len(body) - 1)
+    out = []
+    for prefix in (model.prompt_ids(prompt), model.negative_ids()):
+        ids = torch.tensor([prefix + body])
+        with torch.no_grad():
+            logits = model.emu3(input_ids=ids).logits[0]  # (L, vocab)
+        rows = [len(prefix) - 1] + [len(prefix) + a for a in at]
+        out.append(logits[rows][:, model.code_to_bpe])
+    return torch.stack(out)
+
+
+def test_cached_blocks_equal_an_uncached_forward(model):
+    codes = torch.randint(model.codebook_size, (model.num_image_tokens,), generator=torch.Generator().manual_seed(2))
+    reference = full_sequence_logits(model, PROMPT, codes)
+    cache, first = prefill1(model, PROMPT)
+    logits, start = [first.logits], 0
+    for size in (1, 3, 4, 2, 5):  # blocks crossing row ends
+        logits.append(forward1(model, cache, codes[start: start + size], torch.arange(start, start + size)).logits)
+        start += size
+    torch.testing.assert_close(torch.cat(logits, dim=1), reference, **EXACT)
+
+
+def test_batched_prefill_gives_each_image_its_alone_output(model):
+    prompts = ["a red cat", "a photo of the blue sky on a table", "a dog"]
+    cache, out = model.prefill(prompts)
+    codes = torch.randint(model.codebook_size, (3, 6), generator=torch.Generator().manual_seed(3))
+    block = model.forward_block(cache, codes, torch.arange(6).expand(3, -1))
+    for b, prompt in enumerate(prompts):
+        c1, o1 = prefill1(model, prompt)
+        torch.testing.assert_close(out.logits[:, b], o1.logits, **EXACT)
+        torch.testing.assert_close(block.logits[:, b], forward1(model, c1, codes[b], torch.arange(6)).logits, **EXACT)
+
+
+def test_tree_attention_and_compaction_across_row_ends(model):
+    parents = TreeShape.load("mc_sim_7b_63").parents()
+    gen = torch.Generator().manual_seed(4)
+    prefix = torch.randint(model.codebook_size, (3,), generator=gen)  # the tree starts at a row's last cell
+    nodes = torch.randint(model.codebook_size, (len(parents),), generator=gen)
+    cache, _ = prefill1(model, PROMPT)
+    forward1(model, cache, prefix, torch.arange(3))
+    cache.keep(3)
+    root = torch.tensor([7])
+    positions = torch.tensor([3] + [3 + d for d in depths_of(parents)])
+    tree = forward1(model, cache, torch.cat([root, nodes]), positions, ancestor_mask(parents))
+    for j in (0, 1, 5, 13, 21, len(parents) - 1):
+        path, node = [], j
+        while node >= 0:
+            path.insert(0, node)
+            node = parents[node]
+        seq = torch.cat([prefix, root, nodes[path]])
+        ref_cache, _ = prefill1(model, PROMPT)
+        ref = forward1(model, ref_cache, seq, torch.arange(len(seq)))
+        torch.testing.assert_close(tree.logits[:, j + 1], ref.logits[:, -1], **EXACT)
+    keep1(cache, torch.tensor([0, 1, 5, 13]))  # root and the path [0], [0, 0], [0, 0, 0]
+    nxt = torch.tensor([42, 43])
+    after = forward1(model, cache, nxt, torch.arange(7, 9))
+    committed = torch.cat([prefix, root, nodes[[0, 4, 12]], nxt, torch.tensor([0])])
+    torch.testing.assert_close(after.logits, full_sequence_logits(model, PROMPT, committed)[:, -2:], **EXACT)
+
+
+def test_greedy_speculative_decoders_reproduce_greedy_ar():
+    """Temperature 0: exact decoders emit AR's tokens (cache, keep, rollback, trees, end-of-line slots)."""
+    greedy = tiny_emu3(temperature=0.0)
+    eagle = EagleDrafter(greedy, head=EagleHead(greedy, init_seed=4))
+    decoders = [
+        Decoder("sd", greedy, ExactRule(), draft_len=3, drafter=ModelDrafter(greedy, layer_skip_copy(greedy, 1))),
+        Decoder("sd_tree", greedy, ExactRule(), draft_len=4, drafter=eagle, tree="mc_sim_7b_63"),
+        Decoder("sjd", greedy, ExactRule(), draft_len=5, drafter=JacobiDrafter(greedy)),
+    ]
+    for prompt in ("a red cat", "a blue sky"):
+        ar = Decoder("ar", greedy, ExactRule()).generate(prompt, 0).tokens
+        for decoder in decoders:
+            assert torch.equal(decoder.generate(prompt, 1).tokens, ar), decoder.name
+
+
+# -- configuration, weights ---------------------------------------------------------------------------------
+def test_bad_settings_and_missing_weights_name_what_to_do(monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match="model.arch"):
+        Emu3Gen(sampling={}, pretrained=False, device="cpu")
+    with pytest.raises(ValueError, match="model.arch=null"):
+        Emu3Gen(sampling={}, repo_id="BAAI/Emu3-Gen-hf", arch={}, device="cpu")
+    with pytest.raises(ValueError, match="model.ratio"):
+        E.generate_size("square", 518400, 8)
+    import huggingface_hub.constants as hub
+
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path))  # an empty cache
+    with pytest.raises(MissingWeightsError, match="hf download BAAI/Emu3-Gen-hf"):
+        Emu3Gen(sampling={}, repo_id="BAAI/Emu3-Gen-hf", device="cpu")
+
+
+def test_pretrained_loading_reads_a_saved_checkpoint(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    source = tiny_emu3("float32")
+    source.emu3.save_pretrained(tmp_path)
+    source.tokenizer.save_pretrained(tmp_path)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **kwargs: str(tmp_path))
+    loaded = Emu3Gen(sampling={"cfg_scale": 3.0}, repo_id="BAAI/Emu3-Gen-hf", image_area=TINY_AREA, device="cpu",
+                     dtype="float32")
+    assert loaded.prompt_ids(PROMPT) == source.prompt_ids(PROMPT)
+    assert torch.equal(prefill1(loaded, PROMPT)[1].logits, prefill1(source, PROMPT)[1].logits)
+
+
+def test_required_files_name_the_hub_snapshot():
+    files = Emu3Gen.required_files({"pretrained": True, "repo_id": "BAAI/Emu3-Gen-hf"})
+    assert [f.repo_id for f in files] == ["BAAI/Emu3-Gen-hf"]
+    assert "model.safetensors.index.json" in files[0].must_have and "tokenizer.json" in files[0].must_have
+    assert Emu3Gen.required_files({"pretrained": False}) == []
+
+
+@pytest.mark.slow  # an end-to-end run (CI's -m slow pass)
+def test_every_decoder_runs_through_run_py(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    args = ["model=emu3_tiny", "logger=none", "compare=all", "eval.num_prompts=1", "eval.warmup=0",
+            f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run([sys.executable, "run.py", *args], check=False, cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert set(record["per_decoder"]) == default_run_decoders()
+    assert record["per_decoder"]["ar"]["target_forwards_per_image"] == 16  # prefill + 15 steps, 4 x 4 grid
+    for name in record["per_decoder"]:
+        assert len(list((tmp_path / "images" / name).glob("*.png"))) == 1

@@ -317,7 +317,7 @@ def test_the_readme_summary_is_the_pages_verdicts_and_replaces_only_its_block(tm
         row = next(line for line in text.splitlines() if line.startswith(f"| {c.key}: "))
         assert f"**{c.verdict}**" in row
     c4f = next(line for line in text.splitlines() if line.startswith("| C4 (fitted μ): "))
-    assert "accepted length: vanilla SD − COOL-SD δ=1.1: -0.3" in c4f and "Holm p = " in c4f  # 2.42 − 2.73
+    assert "accepted length: vanilla SD − COOL-SD δ=1.1 (μ=0.2): -0.3" in c4f and "Holm p " in c4f  # 2.42 − 2.73
     assert '<img src="figures/embedded_claims_fid.png"' in text and '"figures/embedded_claims_tv.png"' in text
     assert "gstar" not in text  # the FID and TV figures only, side by side
     # the README one folder up links the same figures through their path from there
@@ -515,3 +515,87 @@ def test_the_committed_claims_page_and_readme_summary_come_from_the_committed_da
     page = (ROOT / "docs" / "claims.md").read_text()
     block = page.split(claims.README_BEGIN + "\n", 1)[1].split(claims.README_END, 1)[0]
     _agree(summary.replace('src="figures/', 'src="../results/figures/'), block, "docs/claims.md block")
+
+
+def test_power_margin_and_images_of_a_non_inferiority_test_by_hand():
+    """At the one-sided 2.5 % level (z = 1.95996) and a true difference of 0: a standard error of margin / z gives
+    power 0.5, margin / (z + z_0.8) gives 0.8; the margin with power 0.8 is (1.95996 + 0.84162) se; with se 0.05
+    at 2,000 images and a margin 0.1, power 0.8 needs 2,000 (0.05 · 2.80158 / 0.1)² = 3,924.4 -> 4,000 images."""
+    from eval.claims.statistics import _z, margin_for_power, n_for_power, ni_power
+
+    assert _z(0.975) == pytest.approx(1.959964, abs=1e-6) and _z(0.8) == pytest.approx(0.841621, abs=1e-6)
+    assert ni_power(0.1 / 1.959964, 0.1) == pytest.approx(0.5, abs=1e-6)
+    assert ni_power(0.1 / (1.959964 + 0.841621), 0.1) == pytest.approx(0.8, abs=1e-6)
+    assert margin_for_power(1.0) == pytest.approx(2.801585, abs=1e-6)
+    assert n_for_power(2000, 0.05, 0.1) == 4000
+    # the brief's chain numbers: margin 0.93, one-sided 5 % half-width 0.85 -> power 0.56 at 5 %
+    assert ni_power(0.85 / 1.644854, 0.93, alpha=0.05) == pytest.approx(0.56, abs=0.01)
+
+
+def _ni(estimate, sd, margin=0.1, n=2000, ratio=True):
+    """Replicates with exactly standard deviation ``sd`` around ``estimate`` (evenly spaced normal quantiles)."""
+    from eval.claims.statistics import _z
+
+    q = np.array([_z((i + 0.5) / 4000) for i in range(4000)])
+    return claims.non_inferior("x", estimate, estimate + sd * q / q.std(ddof=1), margin, n, "FID", ratio)
+
+
+def test_the_ratio_non_inferiority_test_shown_worse_and_underpowered():
+    """Ratio 1.00 ± 0.01 against 1 + 0.1: shown (upper end 1.0196 < 1.1), power ≈ 1; ratio 1.30 ± 0.01: worse than
+    the margin; ratio 1.00 ± 0.1: not shown, power Φ(0.1 / 0.1 − 1.96) = 0.168 < 0.8, so the metric is
+    "underpowered", with the images for power 0.8: 2,000 (0.1 · 2.80158 / 0.1)² = 15,697 -> 15,700."""
+    shown, worse, weak = _ni(1.0, 0.01), _ni(1.3, 0.01), _ni(1.0, 0.1)
+    assert shown.null == pytest.approx(1.1) and shown.favours == "claim" and shown.ci[1] == pytest.approx(1.0196, abs=1e-3)
+    assert shown.power > 0.999 and shown.p_floor
+    assert worse.favours == "against" and claims.verdict([worse]) == claims.NOT_HELD
+    assert weak.favours is None and weak.power == pytest.approx(0.168, abs=0.002) and weak.n_80 == 15700
+    assert claims.verdict([weak]) == claims.UNDERPOWERED
+    well = _ni(1.0, 0.03)  # power Φ(0.1 / 0.03 − 1.96) = 0.915: a failure to show is a real "inconclusive"
+    assert well.power == pytest.approx(0.915, abs=0.002)
+    absolute = _ni(0.0, 0.001, margin=0.01, ratio=False)  # TV: a difference, its margin absolute
+    assert absolute.null == 0.01 and absolute.favours == "claim"
+
+
+def test_one_verdict_rule_per_metric_for_every_claim():
+    """A claim is held only where every metric it names is held; one metric against makes it not held; an
+    underpowered non-inferiority metric leaves it inconclusive and says so; Holm runs over all its comparisons."""
+    def diff(p, d, metric):
+        return claims.Comparison(metric, d, [d - 0.1, d + 0.1], p, None, metric=metric)
+    held = claims.decide_claim("X", "x", {"TV": [diff(0.001, -1, "TV")], "FID": [diff(0.001, -1, "FID")]})
+    assert held.verdict == claims.HELD and held.metric_verdicts == {"TV": claims.HELD, "FID": claims.HELD}
+    half = claims.decide_claim("X", "x", {"TV": [diff(0.001, -1, "TV")], "FID": [diff(0.5, -1, "FID")]})
+    assert half.verdict == claims.INCONCLUSIVE and half.note == "TV: held; FID: inconclusive"
+    against = claims.decide_claim("X", "x", {"TV": [diff(0.001, -1, "TV")], "FID": [diff(0.001, +1, "FID")]})
+    assert against.verdict == claims.NOT_HELD
+    # Holm over both metrics: 0.03 and 0.04 alone are significant, together (0.06, 0.06) neither
+    family = claims.decide_claim("X", "x", {"TV": [diff(0.03, -1, "TV")], "FID": [diff(0.04, -1, "FID")]})
+    assert family.verdict == claims.INCONCLUSIVE and [c.p_holm for c in family.comparisons] == [0.06, 0.06]
+    under = claims.decide_claim("X", "x", {"speed": [diff(0.001, -1, "speed")], "FID": [_ni(1.0, 0.1)]})
+    assert under.verdict == claims.INCONCLUSIVE and under.metric_verdicts["FID"] == claims.UNDERPOWERED
+    assert "FID: underpowered at N = 2,000 (power 0.17 at no difference; power 0.8 needs N ≈ 15,700)" in under.note
+
+
+def test_p_at_the_bootstrap_floor_is_printed_as_a_bound():
+    from eval.claims.page import _p
+
+    assert _p("p", 2 / 10001, True) == "p ≤ 0.0002" and _p("p", 0.0123, False) == "p = 0.0123"
+    c = claims.compare("d", -1.0, np.full(9999, -1.0) + np.linspace(-0.01, 0.01, 9999))
+    assert c.p_floor and c.p == pytest.approx(2 / 10000)
+
+
+def test_load_compact_refuses_points_on_other_images_and_subset_slices(tmp_path):
+    """``load_compact`` checks that every point holds the same image indices; ``subset`` keeps the named points on
+    the given images (their per-image values sliced by position)."""
+    n = 6
+    pts = {name: claims.Point(name, name, {"name": name}, list(range(n)), np.arange(n, dtype=float) + k,
+                              np.full(n, 2.0), np.arange(n, dtype=float) / 10, {0: 1.0, 4: 2.0})
+           for k, name in enumerate(("ar", "sd"))}
+    regime = claims.Regime("r", tmp_path, {"config": {"decoder": {"name": "sd"}, "suite": {}}}, pts)
+    small = claims.subset(regime, ["sd"], [0, 1, 2], "r0")
+    assert list(small.points) == ["sd"] and small.indices == [0, 1, 2]
+    assert small.points["sd"].committed.tolist() == [1.0, 2.0, 3.0] and small.points["sd"].latency == {0: 1.0}
+    path = claims.save_compact(regime, tmp_path)
+    assert claims.load_compact(path).indices == list(range(n))
+    pts["sd"].indices = [i + 1 for i in range(n)]
+    with pytest.raises(ValueError, match="same image indices"):
+        claims.load_compact(claims.save_compact(regime, tmp_path))

@@ -39,10 +39,13 @@ def _errorbar(ax, p: Point, key: str, **kw) -> None:
 
 
 def _curves(regime: Regime, fams: Sequence[tuple[int, str, Callable[[Point], bool]]], key: str):
-    """(colour index, curve index within its family, label, points by strength) of every curve drawn: one per
+    """(colour index, curve index within its family, label, points by strength; the every-μ exponential family by
+    accepted length) of every curve drawn: one per
     family, and one per (method, k) for LANTERN and LANTERN++, whose strength runs along a curve at fixed k."""
     for k, name, test in fams:
         members = curve([p for p in regime.points.values() if test(p) and key in p.est])
+        if "every μ" in name:  # δ orders each μ's points, not the family: joined in τ, as the analysis interpolates
+            members.sort(key=lambda p: p.est["tau"])
         ks = sorted({p.config.get("k") for p in members if p.method in ("lantern", "lantern_pp")} - {None})
         groups = [(f"{name}, k={kk}", [p for p in members if p.config.get("k") == kk]) for kk in ks] \
             if ks else [(name, members)]

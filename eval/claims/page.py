@@ -7,10 +7,14 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from coolsd.io import atomic_write_bytes
 from eval.claims.data import (
     COMPACT_SUFFIX,
+    MARGIN_RATIONALE,
     MARGINS,
+    UNDERPOWERED,
     Regime,
     _ci_text,
     compute,
@@ -18,13 +22,18 @@ from eval.claims.data import (
     load_compact,
     load_regime,
     save_compact,
+    subset,
 )
+from eval.labels import RESAMPLING
 from eval.claims.figures import frontier_figure, gstar_figure, mu_figure
 from eval.claims.statistics import (
     FITTED_REGIME,
     Claim,
+    POWER_TARGET,
+    VERDICT_RULE,
     Comparison,
     decide,
+    lossless_calibration,
     fit_mu,
     fitted_command,
     fitted_points,
@@ -56,7 +65,9 @@ def verdict_table(regimes: Sequence[Regime], claims: dict[str, list[Claim]], hea
 
 def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str, Any], figures: dict[str, Path],
          out: Path, command: str, seconds: dict[str, float] | None = None,
-         robustness: Sequence[dict[str, Any]] = (), seeds: Sequence[Regime] = ()) -> str:
+         robustness: Sequence[dict[str, Any]] = (), seeds: Sequence[Regime] = (),
+         calibration: dict[str, Any] | None = None, bias: dict[str, Any] | None = None,
+         spread: Sequence[dict[str, Any]] = ()) -> str:
     """The claims page: verdict table, figures, μ fit, every point with its intervals, every comparison."""
     experiment = regimes[0].record.get("config", {}).get("experiment_name") or "?"
     quick = experiment.endswith("_quick")
@@ -75,14 +86,39 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
                      "what it generated and scored): " + "; ".join(f"{k} {v / 60:.1f} min" for k, v in seconds.items())
                      + ".")
     lines += ["", *verdict_table(regimes, claims, [r.name for r in regimes])]
-    lines += ["", "Verdicts: held = at least one comparison significantly in the claim's favour and none against "
-              "it; not held = one significantly against it; inconclusive = compared, none significant; not compared "
-              "= no comparison could be made (e.g. no point inside the other curve's range). Significance is "
-              "Holm-corrected at 5 % within each claim and regime (the family: that claim's comparisons listed "
-              "below; C1 and C2 on TV per token and FID together). \"Comparable quality\" (C4) is a one-sided "
-              "non-inferiority test with a margin fixed before the run: ΔFID < "
-              f"{MARGINS['fid_relative']:.0%} of vanilla SD's FID (`eval/claims/data.py` MARGINS says why). τ ranges give where along the accepted length a frontier "
-              "comparison is for, against or not significant (n.s.).", ""]
+    lines += ["", "**The verdict rule.** " + VERDICT_RULE + " τ ranges give where along the accepted length a "
+              "frontier comparison is for, against or not significant (n.s.).", "",
+              "**Tests, seeds and false alarms.** Every interval and test uses the same paired bootstrap "
+              f"({regimes[0].resamples:,} resamples of the images, seed 0; `eval.stats.Bootstrap`): differences and "
+              "non-inferiority as the verdict rule says (5 % two-sided, Holm within each claim and regime); the "
+              "direct dominance pairs of C1 are uncorrected (each pair: both 95 % intervals exclude 0; no "
+              "multiplicity correction, so with many pairs some can be false alarms); the μ fit's intervals are 95 % "
+              "percentile intervals (same seed). Powers are normal approximations from the replicates' standard "
+              "deviation at the test's one-sided 2.5 %.", "",
+              "**Margins.** " + MARGIN_RATIONALE, ""]
+    if calibration:
+        cal = calibration
+        lines += ["**What the FID non-inferiority test does at no difference.** The lossless decoders ("
+                  + ", ".join(f"{k} {v:.2f}" for k, v in cal["decoders"].items())
+                  + f"; the same {cal['n']:,} prompts) sample one distribution, yet their FIDs spread by "
+                  f"{cal['spread']:.2f} ({cal['relative_spread']:.1%} of the lowest), against a margin of "
+                  f"{cal['margin']:.0%}. Tested against each other as COOL-SD is against vanilla SD, "
+                  f"{cal['shown']} of {len(cal['pairs'])} ordered pairs are shown non-inferior (mean power at no "
+                  f"difference {cal['mean_power']:.2f}): at this N a failure to show non-inferiority is what the "
+                  "test does most of the time when there is nothing to find, hence \"underpowered at N\".", "",
+                  "| decoder ÷ baseline | FID ratio [95 %] | shown (upper end < "
+                  f"{1 + cal['margin']:g}) | power at no difference |", "|---|--:|--:|--:|"]
+        lines += [f"| {x['a']} ÷ {x['b']} | {_ci_text(x['ratio'], x['ci'])} | {'yes' if x['shown'] else 'no'} | "
+                  f"{x['power']:.2f} |" for x in cal["pairs"]]
+        lines.append("")
+    if bias:
+        lines += [f"**FID's bias at N.** FID is biased upward at finite N; by 1/N extrapolation from the first "
+                  f"{bias['n_small']:,} images to all {bias['n']:,} (bias at {bias['n']:,} ≈ FID({bias['n_small']:,}) "
+                  f"− FID({bias['n']:,})), it is about {bias['lo']:.1f}–{bias['hi']:.1f} at {bias['n']:,} images "
+                  f"(median {bias['median']:.1f} over weak_tree's points), against a fixed reference of 2,000 test "
+                  "images; a paired difference carries only the difference of its two points' biases (small beside "
+                  "the intervals for points of similar FID), but no FID here is comparable with an FID at another N "
+                  "or reference.", ""]
     for name, path in figures.items():
         lines += [f"![{name}]({path.relative_to(out).as_posix() if path.is_relative_to(out) else path})", ""]
     lines += ["## The μ question", ""]
@@ -137,12 +173,28 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
                   "with other seeds (the same pipeline, `configs/regime/weak_tree_seed.yaml`; "
                   + "; ".join(f"{r.name}: {r.num_images:,} images per point, vanilla SD accepts "
                               f"{r.points['sd'].est['tau']:.2f}" for r in seeds if "sd" in r.points)
-                  + "). The claims with fewer points are decided as in weak_tree (same rules, Holm within each claim "
-                  "and regime).", "", "| claim | " + " | ".join(names) + " | the same for every drafter |",
+                  + f"). {SEED0} is the shipped drafter (seed 0, weak_tree's run) decided on exactly the seed runs' "
+                  "images and points, so the three drafters are compared at equal N; weak_tree (all its images and "
+                  "points) is shown beside them. Every column is decided by the same rule (Holm within each claim and "
+                  "regime); \"the same for every drafter\" compares the three equal-N columns.", "",
+                  "| claim | " + " | ".join(names) + " | the same for every drafter (equal N) |",
                   "|---|" + "---|" * (len(names) + 1)]
         for row in robustness:
             lines.append(f"| {row['claim']} | " + " | ".join(str(v) if v else "—" for v in row["verdicts"].values())
                          + f" | {'yes' if row['same'] else '**no**'} |")
+        if spread:
+            heads = list(spread[0]["values"])
+            lines += ["", "The deciding comparison of each claim (chosen on seed 0 as in the summary; the same "
+                      "comparison, at each drafter's own accepted length, for the others) with its estimate per "
+                      "drafter, their spread and the mean half-width of their 95 % intervals:", "",
+                      "| claim | comparison | " + " | ".join(heads) + " | spread (max − min) | mean 95 % half-width |",
+                      "|---|---|" + "--:|" * (len(heads) + 2)]
+            for x in spread:
+                fmt = "{:.4f}" if x["metric"] != "FID" else "{:.3f}"
+                lines.append(f"| {x['claim']} | {x['what']} | " + " | ".join(
+                    _ci_text(v, ci, fmt) for v, ci in zip(x["values"].values(), x["cis"].values()))
+                             + f" | {fmt.format(x['spread'])} | {fmt.format(x['half_width'])} |")
+            lines += ["", robustness_conclusion(robustness, spread)]
     lines += ["", "## Every point", ""]
     for r in [*regimes, *seeds]:
         lines += [f"### {r.name}", "", "| point | N | accepted length | TV per token | FID (classifier features) | speedup (batch 1) |",
@@ -154,21 +206,27 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
                          f"{_ci_text(p.est.get('speedup', math.nan), interval(p, 'speedup'), '{:.2f}')} |")
         lines.append("")
     lines += ["## Every comparison", "", "Differences oriented as written; [95 % interval], two-sided bootstrap p "
-              "(and Holm-adjusted within its claim); non-inferiority rows give the one-sided upper bound and the "
-              "p of Δ ≥ margin.", ""]
+              "(and Holm-adjusted within its claim; \"p ≤ 0.0002\": no replicate beyond the null, the floor of a "
+              f"bootstrap p at {regimes[0].resamples:,} resamples); non-inferiority rows test Δ = margin (a ratio: "
+              "the ratio = 1 + margin) and give the power at no difference, the smallest margin with power 0.8 at "
+              "this N and the images that would give power 0.8 at the margin (normal approximation, standard error "
+              "∝ 1/√N).", ""]
     for r in [*regimes, *seeds]:
         lines.append(f"### {r.name}")
         lines.append("")
         for c in claims[r.name]:
             lines.append(f"- **{c.key}** ({c.verdict})")
             for comp in c.comparisons:
-                words = ({"claim": "non-inferior: shown", "against": "worse by more than the margin", None: "not shown"}
+                words = ({"claim": "non-inferior: shown", "against": "worse than the margin", None: "not shown"}
                          if comp.kind == "non-inferiority" else
                          {"claim": "for the claim", "against": "against the claim", None: "not significant"})
                 side = "not compared" if not comp.made else words[comp.favours]
-                p_text = "" if comp.p is None else f", p = {comp.p:.4f}" + (
-                    "" if comp.p_holm is None else f", Holm p = {comp.p_holm:.4f}")
-                lines.append(f"  - {comp.what}: {_ci_text(comp.difference, comp.ci, '{:.4f}')}{p_text} ({side})")
+                if comp.made and comp.kind == "non-inferiority" and comp.favours is None and comp.power < POWER_TARGET:
+                    side = f"underpowered at N = {comp.n:,}"
+                p_text = "" if comp.p is None else f", {_p('p', comp.p, comp.p_floor)}" + (
+                    "" if comp.p_holm is None else f", Holm {_p('p', comp.p_holm, comp.p_floor)}")
+                extra = f"; {_ni_text(comp)}" if comp.made and comp.kind == "non-inferiority" else ""
+                lines.append(f"  - {comp.what}: {_ci_text(comp.difference, comp.ci, '{:.4f}')}{p_text}{extra} ({side})")
             if not c.comparisons:
                 lines.append("  - no comparison could be made")
             for d in c.dominance:
@@ -197,20 +255,56 @@ def _deciding(c: Claim) -> list[Comparison]:
     return pick + [x for x in c.comparisons if x.made and x.kind == "non-inferiority"]
 
 
+def _p(name: str, p: float | None, floor: bool) -> str:
+    """``p = 0.0123``, or ``p ≤ 0.0002`` where the bootstrap p is at its floor (no replicate beyond the null)."""
+    return "" if p is None else f"{name} {'≤' if floor else '='} {p:.4f}"
+
+
+def _ni_text(x: Comparison) -> str:
+    """A non-inferiority test's numbers: estimate, its interval's upper end against the null, the power at no
+    difference, the smallest margin with power 0.8, the images for power 0.8."""
+    ratio = x.null > 0.5 and x.metric == "FID"
+    fmt = "{:.3f}" if ratio else "{:+.4f}"
+    unit = (lambda v: f"{v:.1%}") if ratio else (lambda v: f"{v:.4f}")
+    return (f"{fmt.format(x.difference)} (95 % upper end {fmt.format(x.ci[1])} vs {x.null:g}); power at no "
+            f"difference {x.power:.2f}; margin with power {POWER_TARGET:g} at this N: {unit(x.margin_80)}; "
+            f"power {POWER_TARGET:g} at the margin needs N ≈ {x.n_80:,}")
+
+
 def _comparison_text(x: Comparison) -> str:
-    what = x.what.split(" (one-sided")[0]
+    what = x.what
     if x.kind == "non-inferiority":
-        return f"{what}: Δ {x.difference:+.2f}, one-sided upper bound {x.ci[1]:.2f}"
+        return f"{what}: {_ni_text(x)}" + (f", Holm {_p('p', x.p_holm, x.p_floor)}" if x.p_holm is not None else "")
     fmt = "{:+.3f}" if abs(x.difference) < 0.1 else "{:+.2f}"
     text = f"{what}: {_ci_text(x.difference, x.ci, fmt)}"
     if x.p_holm is not None:
-        return text + f", Holm p = {x.p_holm:.4f}"
-    return text + ("" if x.p is None else f", p = {x.p:.4f}")
+        return text + f", Holm {_p('p', x.p_holm, x.p_floor)}"
+    return text + ("" if x.p is None else f", {_p('p', x.p, x.p_floor)}")
+
+
+def magnitudes(regimes: Sequence[Regime], claims: dict[str, list[Claim]]) -> list[str]:
+    """Per claim, regime, metric and side: how many differences are significant (Holm) and their range, from the
+    comparisons the page prints (the text quotes no number by hand)."""
+    out = []
+    for r in regimes:
+        for c in claims[r.name]:
+            parts = []
+            for metric in dict.fromkeys(x.metric for x in c.comparisons if x.made and x.kind == "difference"):
+                for side, word in (("against", "against"), ("claim", "for")):
+                    ds = sorted(x.difference for x in c.comparisons
+                                if x.made and x.kind == "difference" and x.metric == metric and x.favours == side)
+                    if ds:
+                        fmt = "{:+.4f}" if metric == "TV/token" else "{:+.2f}"
+                        parts.append(f"{metric} {word} ×{len(ds)}: " + (fmt.format(ds[0]) if len(ds) == 1 else
+                                                                        f"{fmt.format(ds[0])} to {fmt.format(ds[-1])}"))
+            if parts:
+                out.append(f"{r.name} {c.key}: " + ", ".join(parts))
+    return out
 
 
 def summary(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str, Any],
             figures: dict[str, Path], out: Path, robustness: Sequence[dict[str, Any]] = (),
-            relative_to: Path | None = None) -> str:
+            relative_to: Path | None = None, spread: Sequence[dict[str, Any]] = ()) -> str:
     """The page's verdicts in short (for the README): per claim and regime the verdict, where along the accepted
     length it holds or fails, and the comparison that decides it with its interval; the μ answer; whether the
     verdicts hold for every drafter; the FID and TV figures side by side. Paths are relative to ``relative_to``
@@ -218,9 +312,14 @@ def summary(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[
     base = relative_to or out
     lines = verdict_table(regimes, claims, [f"{r.name} ({r.num_images:,} images per point)" for r in regimes],
                           numbers=True)
-    lines += ["", "Held / not held / inconclusive (compared, nothing significant) / not compared (no overlap); "
-              "Holm-corrected within each claim and regime; C4's quality is a non-inferiority test (ΔFID below "
-              f"{MARGINS['fid_relative']:.0%} of vanilla SD's FID). τ: accepted length."]
+    lines += ["", "Held / not held / inconclusive (compared, nothing significant) / underpowered at N (a "
+              "non-inferiority test with power below 0.8 at no difference) / not compared (no overlap), per metric "
+              "by one rule (the page's \"verdict rule\"): a claim is held only where every metric it names is held; "
+              "5 % two-sided, Holm-corrected within each claim and regime, bootstrap seed 0. Non-inferiority: FID "
+              f"as the ratio ≤ {1 + MARGINS['fid_relative']:g} on paired replicates (C4, C2b), TV per token within "
+              f"{MARGINS['tv_per_token']:g} (C2b), one-sided false alarm 2.5 %. τ: accepted length.",
+              "", "Every significant difference (Holm), by claim, regime, metric and side, with its range: "
+              + "; ".join(magnitudes(regimes, claims)) + "."]
     pairs = []
     for r in regimes:
         for c in claims[r.name]:
@@ -229,8 +328,8 @@ def summary(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[
                     f"{m} COOL-SD {n['ours']}, LANTERN++ {n['theirs']}" for m, n in c.dominance_counts.items()))
     if pairs:
         lines += ["", "Direct dominance pairs (a point better on accepted length and on the metric than a point of "
-                  "the other method, both paired 95 % intervals excluding 0; no interpolation), pairs won by each "
-                  "side: " + "; ".join(pairs) + ". The page lists them."]
+                  "the other method, both paired 95 % intervals excluding 0; no interpolation; uncorrected for the "
+                  "number of pairs), pairs won by each side: " + "; ".join(pairs) + ". The page lists them."]
     fits = mu.get("fits") or {}
     words = []
     for delta, fit in fits.items():
@@ -248,10 +347,17 @@ def summary(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[
     if robustness:
         same = [r["claim"] for r in robustness if r["same"]]
         differ = [r["claim"] for r in robustness if not r["same"]]
-        names = list(robustness[0]["verdicts"])  # weak_tree (the shipped drafter, seed 0), then the seed regimes
-        numbers = ["0"] + [n[len(SEED_REGIME):] for n in names[1:]]
-        lines += ["", f"Across {len(names)} weak drafters (seeds {', '.join(numbers)}): the same verdict for every "
-                  "drafter in " + (", ".join(same) or "none") + (f"; different in {', '.join(differ)}" if differ else "") + "."]
+        names = [n for n in robustness[0]["verdicts"] if n.startswith(SEED_REGIME)]  # seed 0 on the seeds' images, 1, 2
+        numbers = [n[len(SEED_REGIME):] for n in names]
+        lines += ["", f"Across {len(names)} weak drafters (seeds {', '.join(numbers)}) on the same images and points "
+                  "(seed 0 decided on the seed runs' images): the same verdict for every drafter in "
+                  + (", ".join(same) or "none") + (f"; different in {', '.join(differ)}" if differ else "") + "."]
+        if spread:
+            big = max(spread, key=lambda x: x["spread"] / max(x["half_width"], 1e-12))
+            tail = robustness_conclusion(robustness, spread).split("; ", 1)[-1].rstrip(".")
+            lines[-1] += (f" {tail[0].upper()}{tail[1:]} (largest relative to "
+                          f"its interval: {big['claim']}, {big['what'].split(':')[0]}, spread {big['spread']:.4g} "
+                          f"against a half-width of {big['half_width']:.4g}).")
     shown = [(n, f) for n, f in figures.items() if n in ("FID vs accepted length", "TV per token vs accepted length")]
     if shown:
         def rel(path: Path) -> str:
@@ -280,16 +386,65 @@ SEED_REGIME = "weak_tree_seed"
 ROBUST_CLAIMS = ("C1", "C1 (fitted μ)", "C2a", "C2b", "C4", "C4 (fitted μ)")
 
 
+#: the shipped weak drafter (seed 0) on the seed runs' images and points (``run``: a ``subset`` of weak_tree)
+SEED0 = SEED_REGIME + "0"
+
+
 def robustness_rows(weak: Regime, seeds: Sequence[Regime], claims: dict[str, list[Claim]]) -> list[dict[str, Any]]:
-    """Per decisive claim: its verdict with the shipped weak drafter (seed 0) and with each other seed's, and
-    whether all agree."""
+    """Per decisive claim: its verdict with the shipped weak drafter (seed 0; weak_tree, and ``SEED0`` when given)
+    and with each other seed's, and whether the seed regimes (equal N) agree."""
     rows = []
     for key in ROBUST_CLAIMS:
         verdicts = {r.name: next((c.verdict for c in claims[r.name] if c.key == key), None) for r in [weak, *seeds]}
         if verdicts[weak.name] is None:
             continue
-        rows.append({"claim": key, "verdicts": verdicts, "same": len(set(verdicts.values())) == 1})
+        equal_n = [v for k, v in verdicts.items() if k.startswith(SEED_REGIME)] if any(
+            r.name == SEED0 for r in seeds) else list(verdicts.values())
+        rows.append({"claim": key, "verdicts": verdicts, "same": len(set(equal_n)) == 1})
     return rows
+
+
+def drafter_spread(seeds: Sequence[Regime], claims: dict[str, list[Claim]]) -> list[dict[str, Any]]:
+    """Per decisive claim and deciding comparison (``_deciding`` on the first of ``seeds``, seed 0): its estimate
+    and interval with every drafter, their spread (max − min) and the mean half-width of the intervals."""
+    out = []
+    for key in ROBUST_CLAIMS:
+        per = {r.name: next((c for c in claims[r.name] if c.key == key), None) for r in seeds}
+        first = per[seeds[0].name]
+        if first is None or any(c is None or len(c.comparisons) != len(first.comparisons) for c in per.values()):
+            continue
+        for x in _deciding(first):
+            j = first.comparisons.index(x)
+            comps = {n: c.comparisons[j] for n, c in per.items()}
+            if not all(c.made for c in comps.values()):
+                continue
+            values = {n: c.difference for n, c in comps.items()}
+            what = x.what.split(" at accepted length")[0]
+            out.append({"claim": key, "what": what, "metric": x.metric, "values": values,
+                        "cis": {n: c.ci for n, c in comps.items()},
+                        "spread": max(values.values()) - min(values.values()),
+                        "half_width": sum((c.ci[1] - c.ci[0]) / 2 for c in comps.values() if math.isfinite(c.ci[0]))
+                        / len(comps) if all(math.isfinite(c.ci[0]) for c in comps.values())
+                        else sum(c.ci[1] - c.difference for c in comps.values()) / len(comps)})
+    return out
+
+
+def robustness_conclusion(robustness: Sequence[dict[str, Any]], spread: Sequence[dict[str, Any]]) -> str:
+    """The robustness section's conclusion, worded from its data."""
+    differ = [r["claim"] for r in robustness if not r["same"]]
+    # two independent drafters' estimates differ by chance within √2 × their 95 % half-width
+    wide = [f"{x['claim']} ({x['what'].split(':')[0]})" for x in spread if x["spread"] > math.sqrt(2) * x["half_width"]]
+    text = ("At equal N the verdicts " + (f"differ between drafters in {', '.join(differ)}" if differ else
+                                         "are the same for every drafter"))
+    if wide:
+        text += ("; the deciding differences spread between drafters by more than the 95 % half-width of a "
+                 "difference between two drafters (√2 × their own) in " + ", ".join(wide)
+                 + ", so at equal N the drafter, not the sample size, moves them")
+    else:
+        text += ("; every deciding difference spreads between drafters by less than the 95 % half-width of a "
+                 "difference between two drafters (√2 × their own), so these data do not separate the drafter's "
+                 "effect from sampling")
+    return text + "."
 
 
 def load_regimes(folder: Path, device: str = "cpu") -> list[Regime]:
@@ -337,8 +492,35 @@ def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = N
             mu["fitted_folder"] = str(extra.folder)
     elif extra is not None:
         raise ValueError(f"{extra.folder}: a {FITTED_REGIME} run needs the weak_tree run beside it")
+    for r in seeds:  # the seed runs' labels name LANTERN++'s resampling as weak_tree's do
+        for p in r.points.values():
+            if p.method == "lantern_pp" and "resampling" not in p.label:
+                p.label += f" ({RESAMPLING.get(p.config.get('resample', 'reference'), 'reference resampling')})"
+    bias = None
+    if weak is not None and seeds:
+        # the shipped drafter (seed 0) on exactly the seed runs' images and points: the drafters at equal N
+        names = [n for n in seeds[0].points if n in weak.points]
+        seed0 = subset(weak, names, seeds[0].indices, SEED0)
+        if extra is not None:  # the fitted points with their own run's AR (as in weak_tree)
+            fitted_names = [n for n in seeds[0].points if n in extra.points and n not in ("ar", "sd")]
+            sub_extra = subset(extra, [n for n in extra.points if n in ("ar", "sd", *fitted_names)],
+                               seeds[0].indices, extra.name)
+            compute(sub_extra, resamples=resamples, device=device)
+            for n in fitted_names:
+                seed0.points.pop(n, None)
+        compute(seed0, resamples=resamples, device=device)
+        if extra is not None:
+            merge_fitted(seed0, sub_extra)
+        seeds = [seed0, *seeds]
+        diffs = sorted(seed0.points[n].est["fid"] - weak.points[n].est["fid"] for n in seed0.points
+                       if "fid" in seed0.points[n].est and "(μ fitted)" not in seed0.points[n].label)
+        if diffs:
+            bias = {"n": weak.num_images, "n_small": seed0.num_images, "lo": diffs[0], "hi": diffs[-1],
+                    "median": float(np.median(diffs))}
     claims = {r.name: decide(r) for r in regimes + seeds}
     robustness = robustness_rows(weak, seeds, claims) if weak is not None and seeds else []
+    spread = drafter_spread(seeds, claims) if robustness else []
+    calibration = lossless_calibration(regimes)
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     figures = {
@@ -357,18 +539,20 @@ def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = N
     seconds = {r.name: float(r.record["wall_s"]) for r in regimes + ([extra] if extra else []) + seeds
                if r.record.get("wall_s")}
     text = page(regimes, claims, mu, figures, out, command or f"python scripts/claims.py {folder} --out {out}", seconds,
-                robustness, seeds)
+                robustness, seeds, calibration, bias, spread)
     atomic_write_bytes(out / "embedded_claims.md", text.encode())
     # the same summary twice: its figure paths relative to the file it is written into
     atomic_write_bytes(out / "embedded_claims_summary.md",
-                       summary(regimes, claims, mu, figures, out, robustness, relative_to=out).encode())
+                       summary(regimes, claims, mu, figures, out, robustness, relative_to=out, spread=spread).encode())
     if readme is not None:
         write_readme_block(Path(readme), summary(regimes, claims, mu, figures, out, robustness,
-                                                 relative_to=Path(readme).parent))
+                                                 relative_to=Path(readme).parent, spread=spread))
     record = {"claims": {r: [{"key": c.key, "text": c.text, "verdict": c.verdict, "note": c.note,
                               "comparisons": [vars(x) for x in c.comparisons], "dominance": c.dominance,
-                              "dominance_counts": c.dominance_counts} for c in cs] for r, cs in claims.items()},
-              "mu": mu, "robustness": robustness,
+                              "dominance_counts": c.dominance_counts, "metric_verdicts": c.metric_verdicts}
+                             for c in cs] for r, cs in claims.items()},
+              "mu": mu, "robustness": robustness, "drafter_spread": spread, "lossless_calibration": calibration,
+              "fid_bias": bias,
               "regimes": {r.name: {"folder": str(r.folder), "num_images": r.num_images,
                                    "points": {p.name: {"label": p.label, **p.est} for p in r.points.values()}}
                           for r in regimes + seeds}}

@@ -148,6 +148,28 @@ def check_reference_options(attention_kernel: str, pixel_rounding: str) -> None:
         raise ValueError(f"model.pixel_rounding must be one of {PIXEL_ROUNDINGS}, got {pixel_rounding!r}")
 
 
+def hf_weights(name: str, model: Any, tokenizer: Any, pretrained: bool, arch: Any, repo_id: str | None,
+               example_repo: str, arch_class: str, load: Any, build_random: Any) -> tuple[Any, Any]:
+    """The (model, tokenizer) of a transformers-based adapter: a prebuilt pair as given, the hub checkpoint
+    ``repo_id`` (``load()``) with ``pretrained``, else random weights of ``arch`` sizes (``build_random()``);
+    every wrong combination of ``model.*`` keys is refused before anything is read."""
+    if model is not None:
+        if tokenizer is None:
+            raise ValueError(f"a prebuilt {name} model needs its tokenizer (tokenizer=...)")
+        return model, tokenizer
+    if pretrained:
+        if arch is not None:
+            raise ValueError("model.arch sizes a random-weight model; with model.pretrained=true the "
+                             "checkpoint's config.json is used: set model.arch=null")
+        if not repo_id:
+            raise ValueError(f"model.repo_id is required with model.pretrained=true, e.g. {example_repo}")
+        return load()
+    if arch is None:
+        raise ValueError("model.pretrained=false builds random weights of model.arch sizes: set "
+                         f"model.arch={{}} (tiny defaults) or a dict of {arch_class} fields")
+    return build_random()
+
+
 def set_tf32(device: torch.device, tf32: bool) -> None:
     """``model.tf32`` on CUDA: ``true`` = LlamaGen's ``sample_t2i.py`` (TF32 for float32 matmuls and cuDNN
     convolutions); ``false`` = PyTorch's defaults (matmul TF32 off, cuDNN TF32 on), which the Janus and

@@ -76,6 +76,7 @@ from coolsd.models.base import (
     check_reference_options,
     check_row_block,
     eager_only,
+    hf_weights,
     per_stream,
     pixels_to_uint8,
     set_tf32,
@@ -327,22 +328,11 @@ class Emu3Gen(ImageARModel):
         self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
         self.positive_prompt, self.negative_prompt = positive_prompt, negative_prompt
         torch_dtype = resolve_dtype(dtype, target_device)
-        if model is not None:
-            if tokenizer is None:
-                raise ValueError("a prebuilt Emu3 model needs its tokenizer (tokenizer=...)")
-        elif pretrained:
-            if arch is not None:
-                raise ValueError("model.arch sizes a random-weight model; with model.pretrained=true the "
-                                 "checkpoint's config.json is used: set model.arch=null")
-            if not repo_id:
-                raise ValueError("model.repo_id is required with model.pretrained=true, e.g. BAAI/Emu3-Gen-hf")
-            model, tokenizer = load_pretrained(repo_id, revision, torch_dtype)
-        else:
-            if arch is None:
-                raise ValueError("model.pretrained=false builds random weights of model.arch sizes: set "
-                                 "model.arch={} (tiny defaults) or a dict of Emu3Arch fields")
-            arch = arch if isinstance(arch, Emu3Arch) else Emu3Arch(**dict(arch))
-            model, tokenizer = random_emu3(arch, init_seed, torch_dtype)
+        model, tokenizer = hf_weights(
+            "Emu3", model, tokenizer, pretrained, arch, repo_id, "BAAI/Emu3-Gen-hf", "Emu3Arch",
+            lambda: load_pretrained(repo_id, revision, torch_dtype),
+            lambda: random_emu3(arch if isinstance(arch, Emu3Arch) else Emu3Arch(**dict(arch)), init_seed,
+                                torch_dtype))
         self.emu3 = model
         self.tokenizer = tokenizer
         self.lm = model.model.text_model  # Emu3TextModel

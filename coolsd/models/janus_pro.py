@@ -58,6 +58,7 @@ from coolsd.models.base import (
     batch_invariant_linears,
     check_row_block,
     eager_only,
+    hf_weights,
     check_reference_options,
     per_stream,
     pixels_to_uint8,
@@ -418,22 +419,10 @@ class JanusPro(ImageARModel):
             raise ValueError(f"model.prompt_template must contain '{{prompt}}', got {prompt_template!r}")
         self.prompt_template = prompt_template
         torch_dtype = resolve_dtype(dtype, target_device)
-        if model is not None:
-            if tokenizer is None:
-                raise ValueError("a prebuilt Janus model needs its tokenizer (tokenizer=...)")
-        elif pretrained:
-            if arch is not None:
-                raise ValueError("model.arch sizes a random-weight model; with model.pretrained=true the "
-                                 "checkpoint's config.json is used: set model.arch=null")
-            if not repo_id:
-                raise ValueError("model.repo_id is required with model.pretrained=true, e.g. "
-                                 "deepseek-community/Janus-Pro-1B")
-            model, tokenizer = load_pretrained(repo_id, revision, torch_dtype)
-        else:
-            if arch is None:
-                raise ValueError("model.pretrained=false builds random weights of model.arch sizes: set "
-                                 "model.arch={} (tiny defaults) or a dict of JanusArch fields")
-            model, tokenizer = self._random_model(arch, tokenizer, init_seed, torch_dtype)
+        model, tokenizer = hf_weights(
+            "Janus", model, tokenizer, pretrained, arch, repo_id, "deepseek-community/Janus-Pro-1B", "JanusArch",
+            lambda: load_pretrained(repo_id, revision, torch_dtype),
+            lambda: self._random_model(arch, tokenizer, init_seed, torch_dtype))
         self.janus = model
         self.tokenizer = tokenizer
         self.lm = model.model.language_model  # LlamaModel

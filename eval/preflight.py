@@ -111,12 +111,15 @@ def _janus_sizes(node: Mapping[str, Any], model: ImageARModel) -> dict[str, Any]
     from transformers import JanusConfig
 
     config = JanusConfig.from_json_file(path)
-    text, vq = config.text_config, config.vq_config
+    return _text_sizes(config.text_config, config.vq_config.num_embeddings, config.vq_config.num_patches ** 2)
+
+
+def _text_sizes(text: Any, codes: int, image_tokens: int) -> dict[str, Any]:
+    """The draft-layer sizes of a transformers text config (a Llama-like model's) over ``codes`` image codes."""
     heads = text.num_attention_heads
     return {"hidden_size": text.hidden_size, "num_heads": heads, "num_kv_heads": text.num_key_value_heads or heads,
             "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
-            "intermediate_size": text.intermediate_size, "vocab_size": vq.num_embeddings,
-            "num_image_tokens": vq.num_patches ** 2}
+            "intermediate_size": text.intermediate_size, "vocab_size": codes, "num_image_tokens": image_tokens}
 
 
 def _lumina_sizes(node: Mapping[str, Any], model: ImageARModel) -> dict[str, Any] | str:
@@ -162,12 +165,7 @@ def _emu3_sizes(node: Mapping[str, Any], model: ImageARModel) -> dict[str, Any] 
     from transformers import Emu3Config
 
     config = Emu3Config.from_json_file(path)
-    text, vq = config.text_config, config.vq_config
-    heads = text.num_attention_heads
-    return {"hidden_size": text.hidden_size, "num_heads": heads, "num_kv_heads": text.num_key_value_heads or heads,
-            "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
-            "intermediate_size": text.intermediate_size, "vocab_size": vq.codebook_size,
-            "num_image_tokens": model.num_image_tokens}
+    return _text_sizes(config.text_config, config.vq_config.codebook_size, model.num_image_tokens)
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from coolsd import validate
@@ -86,7 +85,7 @@ from coolsd.models.base import (
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.janus_pro import JanusDraftLayer, attention
 from coolsd.models.llamagen import resolve_device, resolve_dtype
-from coolsd.models.lumina_mgpt import LuminaCache, rotary_cos_sin
+from coolsd.models.lumina_mgpt import CodesInVocabulary, LuminaCache, rotary_cos_sin
 from coolsd.required_files import RequiredFile
 from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
@@ -278,7 +277,7 @@ class Emu3DraftLayer(JanusDraftLayer):
 
 
 # -- the adapter -----------------------------------------------------------------------------------------
-class Emu3Gen(ImageARModel):
+class Emu3Gen(CodesInVocabulary, ImageARModel):
     """Emu3-Gen text-to-image adapter (see the module docstring); prompts are free text."""
 
     sjd_init = "random"
@@ -455,19 +454,11 @@ class Emu3Gen(ImageARModel):
         return TargetOutput(logits=out.logits.gather(2, gather.expand(s, -1, -1, out.logits.shape[-1])),
                             hidden=out.hidden.gather(2, gather.expand(s, -1, -1, out.hidden.shape[-1])))
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.lm.embed_tokens(self.code_to_bpe[tokens])
+    def token_embedding(self) -> nn.Module:
+        return self.lm.embed_tokens
 
-    def image_head_weight(self) -> torch.Tensor:
-        """The ``lm_head`` rows of the visual tokens in code order (V, H); a view when the ids are contiguous."""
-        weight = self.emu3.lm_head.weight
-        if self.contiguous_codes:
-            return weight[self.first_code_bpe: self.first_code_bpe + self.codebook_size]
-        return weight.index_select(0, self.code_to_bpe)
-
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.image_head_weight())
-        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> float32; float64 stays
+    def output_weight(self) -> torch.Tensor:
+        return self.emu3.lm_head.weight
 
     def codebook(self) -> torch.Tensor:
         """The VQ codebook ``quantize.embedding.weight`` (V, embed_dim)."""

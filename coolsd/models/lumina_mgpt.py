@@ -560,7 +560,27 @@ def chameleon_tokenizer_files(tokenizer_dir: str | None) -> dict[str, Path]:
     return files
 
 
-class LuminaMGPT(ImageARModel):
+class CodesInVocabulary:
+    """The image codes of a model whose text vocabulary holds them as tokens (Lumina-mGPT, Emu3): ``code_to_bpe``
+    (V,) maps code -> token id (``first_code_bpe`` + code when ``contiguous_codes``); the adapter gives its
+    ``token_embedding()`` and ``output_weight()`` (the ``lm_head`` weight)."""
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.token_embedding()(self.code_to_bpe[tokens])
+
+    def image_head_weight(self) -> torch.Tensor:
+        """The ``lm_head`` rows of the image codes in code order (V, H); a view if the ids are contiguous."""
+        weight = self.output_weight()
+        if self.contiguous_codes:
+            return weight[self.first_code_bpe: self.first_code_bpe + self.codebook_size]
+        return weight.index_select(0, self.code_to_bpe)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.image_head_weight())
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> float32; float64 stays
+
+
+class LuminaMGPT(CodesInVocabulary, ImageARModel):
     """Lumina-mGPT text-to-image adapter (see the module docstring); prompts are free text."""
 
     sjd_init = "random"  # the SJD reference's Lumina-mGPT demo setting
@@ -817,19 +837,11 @@ class LuminaMGPT(ImageARModel):
         return TargetOutput(logits=out.logits.gather(2, gather.expand(s, -1, -1, out.logits.shape[-1])),
                             hidden=out.hidden.gather(2, gather.expand(s, -1, -1, out.hidden.shape[-1])))
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.lm.model.embed_tokens(self.code_to_bpe[tokens])
+    def token_embedding(self) -> nn.Module:
+        return self.lm.model.embed_tokens
 
-    def image_head_weight(self) -> torch.Tensor:
-        """The ``lm_head`` rows of the image codes in code order (V, H); a view if the ids are contiguous."""
-        weight = self.lm.lm_head.weight
-        if self.contiguous_codes:
-            return weight[self.first_code_bpe: self.first_code_bpe + self.codebook_size]
-        return weight.index_select(0, self.code_to_bpe)
-
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.image_head_weight())
-        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> float32; float64 stays
+    def output_weight(self) -> torch.Tensor:
+        return self.lm.lm_head.weight
 
     def codebook(self) -> torch.Tensor:
         return self.vqgan.codebook()

@@ -63,7 +63,6 @@ Examples::
 """
 from __future__ import annotations
 
-import collections
 import datetime as dt
 import json
 import statistics
@@ -77,7 +76,6 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from torch.overrides import TorchFunctionMode
 
 import coolsd  # noqa: F401  (registers the ${asset:} resolver)
 from coolsd.decoding import Decoder
@@ -87,10 +85,9 @@ from coolsd.io import atomic_write_bytes
 from coolsd.models.base import ImageARModel
 from coolsd.sampling import sample, stream_probs
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
+from eval.call_counts import call_anatomy, decode_counts
 from eval.records import environment, git_commit
 
-#: the repository root: torch calls are attributed to the innermost function of a file below it
-ROOT = str(Path(__file__).resolve().parent.parent)
 WARMUP_SEED = 2**31 - 1
 DRAFTER_WEIGHTS = ("config", "random")
 
@@ -154,172 +151,6 @@ class Probes:
 
     def median(self, key: str) -> float:
         return statistics.median(self.samples[key])
-
-
-class CallCounter(TorchFunctionMode):
-    """Counts torch API calls (functions, tensor methods and attributes) by the innermost function of this
-    repository that made them: where a forward's per-op overhead (on GPU: its kernel launches) comes from."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        frame = sys._getframe(1)
-        while frame is not None and not frame.f_code.co_filename.startswith(ROOT):
-            frame = frame.f_back
-        self.counts[getattr(frame.f_code, "co_qualname", frame.f_code.co_name) if frame else "other"] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def call_anatomy(fn: Callable[[], Any], top: int = 8) -> dict[str, Any]:
-    """Torch API calls of one ``fn()``: the total and the ``top`` functions that make most of them."""
-    with CallCounter() as counter:
-        fn()
-    return {"total": sum(counter.counts.values()), "by_function": dict(counter.counts.most_common(top))}
-
-
-# -- torch calls and host synchronisations of a decode, by phase -------------------------------------------
-#: the phases of ``decode_counts``: ``prefill`` (the target's prefill and the drafter's ``begin``), ``target``
-#: (``forward_block`` of the target: its network forwards), ``drafter`` (the drafter's network: an EAGLE head's
-#: forward and output head, a draft model's ``forward_block``) and ``loop`` (everything else an iteration does:
-#: draft bookkeeping, sampling pipelines, acceptance, commit, observe)
-PHASES = ("prefill", "target", "drafter", "loop")
-#: tensor methods and torch functions that wait for the device (a GPU → host copy of a value): ``.item()``,
-#: ``.tolist()``, ``bool()``/``int()``/``float()``/``index()`` of a tensor, ``nonzero``, ``torch.equal``, …
-SYNC_FUNCTIONS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero",
-                            "argwhere", "equal", "cpu", "numpy", "masked_select", "unique", "unique_consecutive",
-                            "allclose"})
-
-
-def _is_sync(func: Any, args: tuple, kwargs: dict | None) -> bool:
-    """Whether one torch API call makes the host wait for the device (``SYNC_FUNCTIONS``, a copy to the CPU
-    of a tensor that is not there, or indexing with a boolean tensor, which needs its ``nonzero``)."""
-    name = getattr(func, "__name__", "")
-    if name in SYNC_FUNCTIONS:
-        return True
-    if name == "to" and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu":
-        target = [a for a in (*args[1:], *(kwargs or {}).values()) if isinstance(a, (str, torch.device))]
-        return any(torch.device(a).type == "cpu" for a in target)
-    if name in ("__getitem__", "__setitem__") and len(args) > 1:
-        index = args[1] if isinstance(args[1], tuple) else (args[1],)
-        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
-    return False
-
-
-class PhaseCounter(TorchFunctionMode):
-    """Counts torch API calls (functions, tensor methods and attributes, as ``CallCounter``) and host
-    synchronisations (``_is_sync``) into the phase that is current (``phase``; set by ``phase_hooks``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.phase = "loop"
-        self.calls: collections.Counter[str] = collections.Counter()
-        self.syncs: collections.Counter[str] = collections.Counter()
-        self.entries: collections.Counter[str] = collections.Counter()  # network forwards per phase
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.calls[self.phase] += 1
-        if _is_sync(func, args, kwargs):
-            self.syncs[self.phase] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def phase_hooks(decoder: Decoder) -> list[tuple[Any, str, str, bool]]:
-    """(object, method name, phase, whether a call is one network forward) of the calls ``decode_counts``
-    attributes to a phase; calls made inside them belong to that phase (the innermost hook wins)."""
-    model, drafter = decoder.model, decoder.drafter
-    hooks = [(model, "prefill", "prefill", False), (drafter, "begin", "prefill", False),
-             (model, "forward_block", "target", True)]
-    if isinstance(drafter, EagleDrafter):
-        hooks += [(drafter.head, "forward", "drafter", True), (drafter.head, "logits", "drafter", False)]
-    elif isinstance(drafter, ModelDrafter):
-        hooks += [(drafter.model, "prefill", "prefill", False), (drafter.model, "forward_block", "drafter", True)]
-    return hooks
-
-
-@dataclass(frozen=True)
-class DecodeCounts:
-    """Torch API calls and host synchronisations of one decode, by phase (``PHASES``); ``forwards`` counts the
-    network forwards of the target and drafter phases; ``tokens`` = image tokens committed by the iterations
-    (the prefill's first token excluded)."""
-
-    decoder: str
-    seed: int
-    batch: int
-    tokens: int
-    iterations: int
-    calls: dict[str, int]
-    syncs: dict[str, int]
-    forwards: dict[str, int]
-
-    def per_token(self, phase: str) -> float:
-        return self.calls[phase] / max(self.tokens, 1)
-
-    def per_forward(self, phase: str) -> float:
-        return self.calls[phase] / max(self.forwards[phase], 1)
-
-    @property
-    def loop_per_iteration(self) -> float:
-        return self.calls["loop"] / max(self.iterations, 1)
-
-    @property
-    def syncs_per_iteration(self) -> float:
-        """Host synchronisations of the iterations (prefill excluded) per iteration."""
-        return sum(v for k, v in self.syncs.items() if k != "prefill") / max(self.iterations, 1)
-
-    def summary(self) -> dict[str, float]:
-        """The figures the bench reports and ``tests/test_call_counts.py`` holds under ceilings."""
-        return {
-            "target_per_token": self.per_token("target"), "drafter_per_token": self.per_token("drafter"),
-            "loop_per_token": self.per_token("loop"), "target_per_forward": self.per_forward("target"),
-            "drafter_per_forward": self.per_forward("drafter"), "loop_per_iteration": self.loop_per_iteration,
-            "syncs_per_iteration": self.syncs_per_iteration,
-        }
-
-
-def decode_counts(decoder: Decoder, prompt: str, seed: int, batch: int = 1, warm: bool = True) -> DecodeCounts:
-    """Count the torch calls and host synchronisations of ``decoder`` generating ``batch`` images of ``prompt``
-    (seeds ``seed..seed + batch − 1``), by phase. Counts are deterministic for fixed tokens; ``warm`` decodes
-    the same images once uncounted first, so lazily built tables (device copies, masks) are not counted."""
-    prompts, seeds = [prompt] * batch, list(range(seed, seed + batch))
-    if warm:
-        decoder.generate_batch(prompts, seeds)
-    counter = PhaseCounter()
-    patched = []
-
-    def hook(obj: Any, name: str, phase: str, forward: bool) -> None:
-        original = getattr(obj, name)
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            outer, counter.phase = counter.phase, phase
-            if forward:
-                counter.entries[phase] += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                counter.phase = outer
-
-        own = name in vars(obj)
-        object.__setattr__(obj, name, wrapper)
-        patched.append((obj, name, original if own else None))
-
-    for spec in phase_hooks(decoder):
-        hook(*spec)
-    try:
-        with counter:
-            gens = decoder.generate_batch(prompts, seeds)
-    finally:
-        for obj, name, original in reversed(patched):
-            if original is None:
-                object.__delattr__(obj, name)
-            else:
-                object.__setattr__(obj, name, original)
-    return DecodeCounts(
-        decoder=decoder.name, seed=seed, batch=batch,
-        tokens=sum(g.stats.num_tokens - 1 for g in gens), iterations=max(g.stats.iterations for g in gens),
-        calls={p: counter.calls[p] for p in PHASES}, syncs={p: counter.syncs[p] for p in PHASES},
-        forwards={p: counter.entries[p] for p in PHASES})
 
 
 # -- the cost model ----------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,12 @@ from tqdm import tqdm
 
 from coolsd import validate
 from coolsd.decoding import Decoder
-from coolsd.device import check_model_device
+from coolsd.device import DeviceError, check_model_device
 from coolsd.fingerprint import TOKEN_CODE_VERSION, weights_digest
 from coolsd.io import atomic_write_bytes
 from coolsd.launch import launch_environment
 from coolsd.numerics import check_batch_invariance
+from coolsd.required_files import MissingFilesError
 from coolsd.types import pooled_accepted_length
 from eval import stats
 from eval.ar_cache import ARCache
@@ -348,6 +350,21 @@ UNCERTAINTY = {  # run.json's description of each interval (eval/stats.py has th
 }
 
 
+def check_device_then_files(cfg: DictConfig, decoder_cfgs: Mapping[str, Any]) -> None:
+    """No silent CPU fallback (``coolsd.device``), then every file the run needs (model, drafters, prompts,
+    metrics), both before the target is built. A device error also names the files that are missing, with their
+    fetch commands, so one message says everything that stands between this machine and the run."""
+    try:
+        check_model_device(OmegaConf.to_container(cfg.model, resolve=True))
+    except DeviceError as device_error:
+        try:
+            check_run_files(cfg, decoder_cfgs, run_overrides())
+        except MissingFilesError as missing:
+            raise DeviceError(f"{device_error}\n\nOn top of that, {missing}") from None
+        raise
+    check_run_files(cfg, decoder_cfgs, run_overrides())
+
+
 def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: bool = True,
                    choices: dict[str, Any] | None = None, job: dict[str, Any] | None = None) -> dict[str, Any]:
     """Generate, measure and score on every rank (``eval.distributed.Shards``: torchrun, SLURM tasks or one
@@ -441,8 +458,7 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
     fingerprints = {name: decoder_fingerprint(cfg, name, dc) for name, dc in decoder_cfgs.items()}
     torch.manual_seed(suite.seed)
 
-    check_model_device(OmegaConf.to_container(cfg.model, resolve=True))  # no silent CPU fallback (coolsd.device)
-    check_run_files(cfg, decoder_cfgs, run_overrides())  # model, drafters, prompts, metrics: before the target
+    check_device_then_files(cfg, decoder_cfgs)
     for note in validate_decoders(cfg, decoder_cfgs):  # option values and drafter fit on a weightless stand-in
         log.info(note)
     model = instantiate(cfg.model)

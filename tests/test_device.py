@@ -94,14 +94,23 @@ def test_the_adapters_stop_before_reading_a_file(no_cuda, monkeypatch):
             cls(**cfg)
 
 
-def test_run_stops_on_the_device_before_files_and_model(no_cuda, tmp_path, monkeypatch):
-    """``run.py model=janus_pro_1b`` without CUDA: the device error, not a missing-weights one, and no build."""
-    from coolsd.models.janus_pro import JanusPro
+@pytest.mark.parametrize("name", ["janus_pro_1b", "emu3_gen"])
+def test_run_stops_on_the_device_before_the_model_and_names_the_missing_files(no_cuda, tmp_path, monkeypatch,
+                                                                               name):
+    """``run.py model=janus_pro_1b`` (or emu3_gen) without CUDA and without weights: the device error, with the
+    missing files and their fetch commands appended, and no build."""
+    import importlib
+
     from eval.runner import run_experiment
 
-    monkeypatch.setattr(JanusPro, "__init__", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["model=janus_pro_1b", "decoder=sd", "logger=none",
+        cfg = compose(config_name="config", overrides=[f"model={name}", "decoder=ar", "logger=none",
                                                         "eval.num_prompts=1", "eval.warmup=0"])
-    with pytest.raises(DeviceError, match="model.device=auto found no usable CUDA device"):
+    module, cls = cfg.model._target_.rsplit(".", 1)
+    monkeypatch.setattr(getattr(importlib.import_module(module), cls), "__init__",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(DeviceError, match="(?s)model.device=auto found no usable CUDA device.*On top of that, "
+                                          r"\d file\(s\) this run needs are missing.*hf download"):
         run_experiment(cfg, output_dir=tmp_path / "run", decoder_overridden=True)

@@ -1,23 +1,39 @@
 """Emu3 adapter on a tiny random ``Emu3Config`` (no download): exact agreement with ``transformers``' own Emu3
 generation under the reference's logits processors (baaivision/Emu3 ``image_generation.py``: unbatched CFG with
 the negative prompt, the prefix constraint, top-k), its sampled tokens and decoded pixels; the reference's
-prompt and header; cached == uncached; trees and KV compaction across end-of-line tokens; missing weights; and
-every decoder through ``run.py``.
+prompt and header; cached == uncached; trees and KV compaction across end-of-line tokens; the lossless
+decoders' exactness; missing weights; and every decoder through ``run.py``.
 
 Comparisons are identities on float64 models (tolerances of rounding error only); the shared sampling
-pipeline works in float32, so guided distributions agree to float32 rounding. About 15 s on one core plus
-the ``run.py`` run (slow).
+pipeline works in float32, so guided distributions agree to float32 rounding.
+
+Statistical tests (seeds fixed, so each outcome is deterministic; ``ALPHA`` = 1e-3 is the probability that a
+correct implementation fails for a random choice of seeds, per test and per prompt):
+
+* ``test_lossless_decoders_are_exact_on_an_enumerable_emu3``: on ``emu3_tiny`` (float32) shrunk to 4 codes on
+  a 2 x 2 grid (``enumerable_emu3``: 256 grids, 81 of them in the top-k support, per prompt), the exact grid
+  distribution by teacher forcing the adapter (``exact_grid_probs``); ``N_QUICK`` images per lossless decoder
+  (``N_FULL`` in the ``-m slow`` pass), seeds 0..n-1, in batches of ``BATCH`` mixing two prompts of different
+  lengths; Pearson chi-square per prompt (cells of expected count < 5 pooled).
+* ``test_the_exactness_test_rejects_a_broken_residual_on_emu3``: the same test must reject SD that resamples
+  from p after a rejection (p-values 9e-7 and 4e-5 on these seeds).
+
+About 20 s on one core (the exactness tests 14 s of it; up to 1.6x that on a loaded machine) plus the
+``-m slow`` pass: the ``run.py`` run and the exactness tests at ``N_FULL`` (90 s; 3 minutes under load).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import (
     PrefixConstrainedLogitsProcessor,
@@ -33,7 +49,9 @@ from coolsd.models import emu3 as E
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.emu3 import Emu3Gen, layer_skip_copy
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
-from tests.helpers import CONFIGS, default_run_decoders, forward1, keep1, prefill1
+from coolsd.types import TargetOutput
+from tests.helpers import CONFIGS, chi_square_pvalue, default_run_decoders, forward1, keep1, prefill1
+from tests.test_lossless import ResampleFromTarget
 
 ROOT = CONFIGS.parent
 EXACT = {"rtol": 1e-9, "atol": 1e-9}
@@ -172,8 +190,6 @@ def test_logits_tokens_and_pixels_equal_transformers_generation(model, seed, top
     torch.testing.assert_close(ours[1], uncond[steps][:, visual], **EXACT)
     # guided distributions: the reference's log-softmax CFG + constraint + top-k vs the shared float32 pipeline
     expected = top_k_probs(processed[steps], top_k)[:, visual]  # (N, V); everything else is masked
-    from coolsd.types import TargetOutput
-
     probs = rule.probs(TargetOutput(logits=ours[:, None], hidden=ours[:, None]))[0]
     torch.testing.assert_close(probs.double(), expected, rtol=1e-5, atol=1e-7)
     # HF's draws replayed on our distributions (forced steps consume their draw too)
@@ -280,6 +296,151 @@ def test_greedy_speculative_decoders_reproduce_greedy_ar():
         ar = Decoder("ar", greedy, ExactRule()).generate(prompt, 0).tokens
         for decoder in decoders:
             assert torch.equal(decoder.generate(prompt, 1).tokens, ar), decoder.name
+
+
+# -- exactness: chi-square on an enumerable Emu3 ------------------------------------------------------------
+ALPHA = 1e-3
+N_QUICK = 1000  # images per decoder in the default suite (500 per prompt)
+N_FULL = 8000  # in CI's -m slow pass
+BATCH = 100
+EXACT_PROMPTS = ("a red cat", "a photo of the blue sky on a table")  # prefixes of two lengths: left padding
+
+
+def enumerable_emu3() -> Emu3Gen:
+    """``configs/model/emu3_tiny.yaml`` shrunk until its images can be enumerated: 4 codes on a 2 x 2 grid (an
+    end-of-line token forced after the first row), 256 grids of which top-k 3 leaves 81 per prompt; CFG 3 with
+    the reference's negative-prompt stream, shortened to keep the prefill cheap; weights N(0, 0.1) so the
+    grid distribution is neither flat nor one spike (entropies 2.7 and 2.6 nats of at most log 81 = 4.4,
+    largest cell 0.24)."""
+    cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / "emu3_tiny.yaml"))
+    cfg.pop("_target_")
+    cfg.pop("defaults", None)
+    cfg["arch"].update(codebook_size=4, init_std=0.1)
+    cfg["sampling"].update(top_k=3)
+    cfg.update(image_area=256, negative_prompt="lowres, blurry.", device="cpu")  # 16 x 16 px: 2 x 2 codes
+    return Emu3Gen(**cfg)
+
+
+def grid_index(model: Emu3Gen, tokens: torch.Tensor) -> int:
+    """Base-V index of a complete code grid in raster order (matches ``exact_grid_probs``)."""
+    index = 0
+    for code in tokens.tolist():
+        index = index * model.codebook_size + int(code)
+    return index
+
+
+def exact_grid_probs(model: Emu3Gen, prompt: str) -> torch.Tensor:
+    """Probability of every complete code grid (V^N,), base-V raster order, as the decoders see the model: the
+    product over the N steps of the guided distributions (CFG with the unconditional stream, top-k, visual
+    tokens only) of the adapter teacher-forced on the grid's first N - 1 codes, end-of-line token included
+    (one prefill and one block per prefix, each alone)."""
+    v, n = model.codebook_size, model.num_image_tokens
+    step = {}
+    for prefix in itertools.product(range(v), repeat=n - 1):
+        cache, first = prefill1(model, prompt)
+        out = forward1(model, cache, torch.tensor(prefix), torch.arange(n - 1))
+        logits = torch.cat([first.logits, out.logits], dim=1)  # (S, N, V)
+        out = TargetOutput(logits=logits[:, None], hidden=logits[:, None])
+        probs = model.probs(out)[0].double()  # (N, V)
+        for i in range(n):
+            step[prefix[:i]] = probs[i]
+    return torch.stack([torch.prod(torch.stack([step[grid[:i]][grid[i]] for i in range(n)]))
+                        for grid in itertools.product(range(v), repeat=n)])
+
+
+def lossless_decoders(model: Emu3Gen) -> dict[str, Decoder]:
+    """Every decoder README marks lossless, on ``model``: AR; SD with the layer-skip drafter and with an EAGLE
+    drafter of random weights on a chain, the EAGLE-1 static tree and an EAGLE-2 dynamic tree; SJD, SJD-PAC
+    (its K = 2, D = 3 tree, both branching levels full), SCD-MC and SCD-GS. Windows and trees span the end of
+    the first row."""
+    def eagle():
+        return EagleDrafter(model, head=EagleHead(model, init_seed=4))
+
+    def jacobi(**options):
+        return JacobiDrafter(model, **options)
+
+    return {
+        "ar": Decoder("ar", model, ExactRule()),
+        "sd_layer_skip": Decoder("sd", model, ExactRule(), draft_len=2,
+                                 drafter=ModelDrafter(model, layer_skip_copy(model, 1))),
+        "sd_eagle_chain": Decoder("sd", model, ExactRule(), draft_len=3, drafter=eagle()),
+        "sd_eagle_tree": Decoder("sd", model, ExactRule(), drafter=eagle(), tree="mc_sim_7b_63"),
+        "sd_eagle_dynamic_tree": Decoder("sd", model, ExactRule(), drafter=eagle(), tree="dynamic",
+                                         dynamic_tree=dict(top_k=2, depth=3, total_tokens=6)),
+        "sjd": Decoder("sjd", model, ExactRule(), draft_len=3, drafter=jacobi(init="random")),
+        "sjd_pac": Decoder("sjd_pac", model, ExactRule(), draft_len=7, drafter=jacobi(
+            init="random_uniform_q", carry="maximal", tree_width=2, tree_depth=3)),
+        "scd_mc": Decoder("scd_mc", model, ExactRule(), draft_len=3,
+                          drafter=jacobi(init="random", carry="maximal")),
+        "scd_gs": Decoder("scd_gs", model, ExactRule(), draft_len=3,
+                          drafter=jacobi(init="random", carry="gumbel")),
+    }
+
+
+@pytest.fixture(scope="module")
+def enumerable() -> tuple[Emu3Gen, dict[str, torch.Tensor]]:
+    model = enumerable_emu3()
+    assert model.grid == (2, 2) and model.codebook_size == 4
+    return model, {prompt: exact_grid_probs(model, prompt) for prompt in EXACT_PROMPTS}
+
+
+def grid_pvalues(decoder: Decoder, model: Emu3Gen, exact: dict[str, torch.Tensor],
+                 n: int) -> dict[str, float]:
+    """Chi-square p-value per prompt of ``n`` images (seeds 0..n-1, prompts alternating) decoded in batches of
+    ``BATCH``; the first images of a few batches must equal their alone decodes, and no image may fall outside
+    the top-k support."""
+    counts = {prompt: torch.zeros(model.codebook_size ** model.num_image_tokens) for prompt in EXACT_PROMPTS}
+    for start in range(0, n, BATCH):
+        seeds = list(range(start, min(start + BATCH, n)))
+        prompts = [EXACT_PROMPTS[s % 2] for s in seeds]
+        images = decoder.generate_batch(prompts, seeds)
+        if start < 3 * BATCH:
+            for b in (0, 1):
+                assert torch.equal(decoder.generate(prompts[b], seeds[b]).tokens, images[b].tokens), seeds[b]
+        for prompt, image in zip(prompts, images):
+            counts[prompt][grid_index(model, image.tokens)] += 1
+    for prompt in EXACT_PROMPTS:
+        assert counts[prompt][exact[prompt] == 0].sum() == 0, "an image outside the top-k support"
+    return {prompt: chi_square_pvalue(counts[prompt], exact[prompt]) for prompt in EXACT_PROMPTS}
+
+
+@pytest.mark.parametrize("n", [N_QUICK, pytest.param(N_FULL, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["ar", "sd_layer_skip", "sd_eagle_chain", "sd_eagle_tree",
+                                  "sd_eagle_dynamic_tree", "sjd", "sjd_pac", "scd_mc", "scd_gs"])
+def test_lossless_decoders_are_exact_on_an_enumerable_emu3(enumerable, name, n):
+    """Pearson chi-square of ``n`` images per lossless decoder (``lossless_decoders``) on ``enumerable_emu3``
+    against the exact grid distribution of each prompt (``exact_grid_probs``; cells of expected count < 5
+    pooled). Seeds are fixed (0..n-1, so the outcome is deterministic); the test fails when a p-value is below
+    ``ALPHA`` = 1e-3, which for a correct implementation and a random choice of seeds happens with probability
+    0.001 per prompt (the false-alarm probability). Images are decoded in batches of ``BATCH`` mixing both
+    prompts (different prefix lengths); each checked image equals its alone decode."""
+    model, exact = enumerable
+    for prompt in EXACT_PROMPTS:
+        assert float(exact[prompt].sum()) == pytest.approx(1.0, abs=1e-6)
+        assert int((exact[prompt] > 0).sum()) == 3 ** model.num_image_tokens  # top-k: 3 of 4 codes a step
+    decoder = lossless_decoders(model)[name]
+    assert decoder.rule.lossless
+    pvalues = grid_pvalues(decoder, model, exact, n)
+    assert min(pvalues.values()) > ALPHA, pvalues
+
+
+def test_the_exactness_test_covers_every_decoder_readme_marks_lossless(enumerable):
+    """The decoders table of README.md: every decoder whose "lossless" cell says yes is among
+    ``lossless_decoders`` (a decoder added there as lossless must be added here)."""
+    rows = [line.split("|") for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
+    readme = {name for row in rows if row[-2].strip() == "yes" for name in re.findall(r"`(\w+)`", row[1])}
+    assert {"ar", "sd", "sjd"} <= readme
+    assert readme <= {decoder.name for decoder in lossless_decoders(enumerable[0]).values()}
+
+
+def test_the_exactness_test_rejects_a_broken_residual_on_emu3(enumerable):
+    """Power check of the test above on the same model, seeds and ``N_QUICK``: SD (EAGLE chain)
+    resampling from p instead of norm([p - q]_+) after a rejection must give a p-value below ``ALPHA`` for
+    each prompt."""
+    model, exact = enumerable
+    decoder = Decoder("broken", model, ResampleFromTarget(), draft_len=3,
+                      drafter=EagleDrafter(model, head=EagleHead(model, init_seed=4)))
+    assert max(grid_pvalues(decoder, model, exact, N_QUICK).values()) < ALPHA
 
 
 # -- configuration, weights ---------------------------------------------------------------------------------

@@ -15,12 +15,14 @@ meta tensors: ``torch.save`` keeps their shapes and no storage).
 | ``deepseek-community/Janus-Pro-1B`` / ``-7B`` | deepseek-ai/Janus-Pro-{1B,7B} ``config.json`` + deepseek-ai/Janus ``janus/models/{modeling_vlm,siglip_vit,projector,vq_model}.py``, renamed as transformers' ``convert_janus_weights_to_hf.py`` does | ``strict_load`` into ``JanusForConditionalGeneration`` (``load_pretrained`` refuses missing / unexpected / mismatched keys) |
 | ``Alpha-VLLM/Lumina-mGPT-7B-768`` | Chameleon-7B's ``config.json`` values + Lumina-mGPT ``model/chameleon/modeling_chameleon.py`` (qk-norm per model-parallel shard) and ``convert_chameleon_weights_to_hf.py`` (``model.vqmodel.*`` = the VQGAN's non-decoder keys) | ``build_lumina_lm`` |
 | ``vqgan.ckpt`` (Meta's Chameleon tokenizer) | its ``vqgan.yaml`` + Meta's ``chameleon/vqgan.py`` (taming layout; ``tests/test_lumina.py: meta_decoder_shapes``) | ``load_vqgan`` |
-| ``BAAI/Emu3-Gen-hf`` (language model) | BAAI/Emu3-Gen ``config.json`` values + baaivision/Emu3 ``emu3/mllm/modeling_emu3.py`` (``Emu3ForCausalLM``), renamed as transformers' ``conversion_mapping.py`` loads it | ``strict_load`` into ``Emu3ForConditionalGeneration`` (the vision tokenizer: sizes only, see its test) |
+| ``BAAI/Emu3-Gen-hf`` (language model) | BAAI/Emu3-Gen ``config.json`` values + baaivision/Emu3 ``emu3/mllm/modeling_emu3.py`` (``Emu3ForCausalLM``), renamed as transformers' ``conversion_mapping.py`` loads it | ``strict_load`` into ``Emu3ForConditionalGeneration`` |
+| ``BAAI/Emu3-Gen-hf`` (vision tokenizer, ``model.vqmodel.*``) | BAAI/Emu3-VisionTokenizer's config (the defaults of baaivision/Emu3 ``emu3/tokenizer/configuration_emu3visionvq.py``) + ``emu3/tokenizer/modeling_emu3visionvq.py`` (``Emu3VisionVQModel``), renamed as transformers' ``convert_emu3_weights_to_hf.py`` wrote the -hf checkpoint (attention 1x1 convolutions as linear weights) and as ``conversion_mapping.py`` loads it | the same ``strict_load``; exact layout of ``Emu3ForConditionalGeneration.model.vqmodel`` |
 | ``google/flan-t5-xl`` as ``T5EncoderModel`` | its ``config.json`` + the T5 layout of its HF checkpoint (encoder half; ``encoder.embed_tokens`` is the tied alias of ``shared``) | ``strict_load`` into ``T5EncoderModel`` |
 
-Published values that could not be re-read here (no network) are Janus-Pro's and Lumina-mGPT's
+Published values that could not be re-read here (no network) are Janus-Pro's, Lumina-mGPT's and Emu3's
 ``config.json`` sizes; they are the DeepSeek-LLM 1.3B / 7B and Chameleon-7B sizes those repositories and
-their papers state (noted where used). About 20 s on 2 CPU cores.
+their papers state, and for Emu3 the defaults of transformers' ``Emu3TextConfig`` and of baaivision/Emu3's
+vision-tokenizer configuration class (noted where used). About 20 s on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -776,6 +778,9 @@ EMU3_VISION_TOKENIZER = {
     "num_res_blocks": 2,
     "attn_resolutions": [3],
     "temporal_downsample_factor": 4,
+    "in_channels": 3,
+    "out_channels": 3,
+    "double_z": False,
 }  # BAAI/Emu3-VisionTokenizer config.json (the defaults of baaivision/Emu3 emu3/tokenizer/configuration_emu3visionvq.py)
 
 
@@ -794,6 +799,122 @@ def emu3_lm_keys(c: dict) -> Shapes:
                      p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,),
                      p + "post_attention_layernorm.weight": (h,)})
     return keys
+
+
+def emu3_vision_tokenizer_keys(c: dict) -> Shapes:
+    """BAAI/Emu3-VisionTokenizer's state dict as baaivision/Emu3 ``emu3/tokenizer/modeling_emu3visionvq.py``
+    ``Emu3VisionVQModel`` writes it: a 2-D encoder (``down.{level}.block/attn``, ``mid``) followed by temporal
+    down-sampling convolutions and temporal residual blocks (BatchNorm3d and causal Conv3d), the mirrored
+    decoder whose norms are spatial norms conditioned on the quantised codes (GroupNorm + 1x1 ``conv_y`` /
+    ``conv_b`` from ``embed_dim`` channels), attention as 1x1 convolutions ``q k v proj_out`` at the stage
+    indices ``attn_resolutions``, the codebook, and the (3, 1, 1) causal ``quant_conv`` /
+    ``post_quant_conv``."""
+    ch, mult, blocks, z, e = c["ch"], c["ch_mult"], c["num_res_blocks"], c["z_channels"], c["embed_dim"]
+    keys: Shapes = {}
+
+    def conv(name: str, c_in: int, c_out: int, *kernel: int) -> None:
+        keys.update({f"{name}.weight": (c_out, c_in, *kernel), f"{name}.bias": (c_out,)})
+
+    def norm(name: str, channels: int, spatial: bool) -> None:
+        if spatial:  # Emu3VisionVQSpatialNorm (add_conv off)
+            norm(f"{name}.norm_layer", channels, False)
+            conv(f"{name}.conv_y", e, channels, 1, 1)
+            conv(f"{name}.conv_b", e, channels, 1, 1)
+        else:  # GroupNorm
+            keys.update({f"{name}.weight": (channels,), f"{name}.bias": (channels,)})
+
+    def resnet(name: str, c_in: int, c_out: int, spatial: bool) -> None:
+        norm(f"{name}.norm1", c_in, spatial)
+        conv(f"{name}.conv1", c_in, c_out, 3, 3)
+        norm(f"{name}.norm2", c_out, spatial)
+        conv(f"{name}.conv2", c_out, c_out, 3, 3)
+        if c_in != c_out:
+            conv(f"{name}.nin_shortcut", c_in, c_out, 1, 1)
+
+    def attention(name: str, channels: int, spatial: bool) -> None:
+        norm(f"{name}.norm", channels, spatial)
+        for proj in ("q", "k", "v", "proj_out"):
+            conv(f"{name}.{proj}", channels, channels, 1, 1)
+
+    def temporal_resnet(name: str, channels: int) -> None:  # as many channels in as out: no shortcut
+        for i in (1, 2):
+            stats = ("weight", "bias", "running_mean", "running_var")
+            keys.update({f"{name}.norm{i}.{w}": (channels,) for w in stats})
+            keys[f"{name}.norm{i}.num_batches_tracked"] = ()
+            conv(f"{name}.conv{i}.conv", channels, channels, 3, 3, 3)
+
+    temporal = (c["temporal_downsample_factor"] - 1).bit_length()  # log2: one temporal conv per factor 2
+    z_out = 2 * z if c["double_z"] else z
+    # encoder
+    conv("encoder.conv_in", c["in_channels"], ch, 3, 3)
+    block_in = ch
+    for level, m in enumerate(mult):
+        for b in range(blocks):
+            resnet(f"encoder.down.{level}.block.{b}", block_in, ch * m, False)
+            block_in = ch * m
+            if level in c["attn_resolutions"]:
+                attention(f"encoder.down.{level}.attn.{b}", block_in, False)
+        if level != len(mult) - 1:
+            conv(f"encoder.down.{level}.downsample.conv", block_in, block_in, 3, 3)
+    resnet("encoder.mid.block_1", block_in, block_in, False)
+    attention("encoder.mid.attn_1", block_in, False)
+    resnet("encoder.mid.block_2", block_in, block_in, False)
+    norm("encoder.norm_out", block_in, False)
+    conv("encoder.conv_out", block_in, z_out, 3, 3)
+    for i in range(temporal):
+        conv(f"encoder.time_conv.{i}.conv.conv", z_out, z_out, 4, 3, 3)
+    for i in range(blocks):
+        temporal_resnet(f"encoder.time_res_stack.{i}", z_out)
+    # decoder
+    for i in range(blocks):
+        temporal_resnet(f"decoder.time_res_stack.{i}", z)
+    for i in range(temporal):
+        conv(f"decoder.time_conv.{i}.conv.conv", z, z, 3, 3, 3)
+    block_in = ch * mult[-1]
+    conv("decoder.conv_in", z, block_in, 3, 3)
+    resnet("decoder.mid.block_1", block_in, block_in, True)
+    attention("decoder.mid.attn_1", block_in, True)
+    resnet("decoder.mid.block_2", block_in, block_in, True)
+    for level in reversed(range(len(mult))):
+        for b in range(blocks + 1):
+            resnet(f"decoder.up.{level}.block.{b}", block_in, ch * mult[level], True)
+            block_in = ch * mult[level]
+            if level in c["attn_resolutions"]:
+                attention(f"decoder.up.{level}.attn.{b}", block_in, True)
+        if level != 0:
+            conv(f"decoder.up.{level}.upsample.conv", block_in, block_in, 3, 3)
+    norm("decoder.norm_out", block_in, True)
+    conv("decoder.conv_out", block_in, c["out_channels"], 3, 3)
+    # codebook and the causal (3, 1, 1) convolutions around it
+    keys["quantize.embedding.weight"] = (c["codebook_size"], e)
+    conv("quant_conv.conv", z, e, 3, 1, 1)
+    conv("post_quant_conv.conv", e, z, 3, 1, 1)
+    return keys
+
+
+#: transformers' ``convert_emu3_weights_to_hf.py`` (which wrote BAAI/Emu3-Gen-hf), restated: its renames of
+#: the vision tokenizer's keys, applied in this order after the ``vqmodel.`` prefix. Attention runs as linear
+#: layers (SigLIP's attention), so ``q k v proj_out`` are renamed and their (C, C, 1, 1) weights squeezed to
+#: (C, C); the attention norms move out of the attention modules; down / mid / up get a module of their own.
+EMU3_VQ_CONVERSION = (
+    (r"\.q\.", ".q_proj."), (r"\.k\.", ".k_proj."), (r"\.v\.", ".v_proj."), (r"\.proj_out\.", ".out_proj."),
+    (r"mid\.attn_1\.norm\.", "mid.attn_norm."), (r"attn\.(\d)\.norm\.", r"attn_norms.\1."),
+    (r"\.down\.", ".down_block.down."), (r"\.up\.", ".up_block.up."), (r"\.mid\.", ".middle_block."),
+)
+
+
+def emu3_vq_hf_layout(keys: Shapes) -> Shapes:
+    """The vision tokenizer's keys and shapes as BAAI/Emu3-Gen-hf stores them (``vqmodel.*``, converted by
+    ``EMU3_VQ_CONVERSION``)."""
+    out: Shapes = {}
+    for key, shape in keys.items():
+        if re.search(r"\.(q|k|v|proj_out)\.weight$", key) and len(shape) == 4:
+            shape = shape[:2]  # 1x1 convolution -> linear
+        key = "vqmodel." + key
+        for pattern, new in EMU3_VQ_CONVERSION:
+            key = re.sub(pattern, new, key)
+        out[key] = shape
+    return out
 
 
 def emu3_hf_name(key: str) -> str:
@@ -819,17 +940,27 @@ def emu3_config():
     return Emu3Config(text_config=text, vq_config=vq_config, vocabulary_map={})
 
 
+def emu3_gen_hf_shapes() -> Shapes:
+    """Every key of BAAI/Emu3-Gen-hf as transformers loads it: the language model and the vision tokenizer."""
+    keys = {**emu3_lm_keys(EMU3_GEN), **emu3_vq_hf_layout(emu3_vision_tokenizer_keys(EMU3_VISION_TOKENIZER))}
+    return {emu3_hf_name(k): s for k, s in keys.items()}
+
+
 def test_emu3_gen_language_model_loads_strictly_at_full_size():
-    """Emu3-Gen's 8B language model (key names and shapes from the original Emu3ForCausalLM, renamed as transformers
-    loads the -hf checkpoint) fits transformers' Emu3 classes at the published sizes; the vision tokenizer built
-    from the published config has Emu3's codebook, 8x spatial factor and decoder output."""
+    """Emu3-Gen's 8B language model (key names and shapes from the original Emu3ForCausalLM, renamed as
+    transformers loads the -hf checkpoint) fits transformers' Emu3 classes at the published sizes, and the
+    whole checkpoint (with the vision tokenizer of ``test_emu3_vision_tokenizer_loads_strictly_at_full_size``)
+    loads strictly; the vision tokenizer built from the published config has Emu3's codebook, 8x spatial
+    factor and decoder output."""
     from transformers import Emu3ForConditionalGeneration
 
     from coolsd.models.emu3 import generate_size
 
     with torch.device("meta"):
         model = Emu3ForConditionalGeneration(emu3_config())
-    shapes = {emu3_hf_name(k): s for k, s in emu3_lm_keys(EMU3_GEN).items()}
+    full = emu3_gen_hf_shapes()
+    shapes = {k: s for k, s in full.items() if not k.startswith("model.vqmodel.")}
+    vq_state = meta_state({k: s for k, s in full.items() if k.startswith("model.vqmodel.")})
     lm = {k: tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith("model.vqmodel.")}
     assert lm == shapes
     assert sum(int(torch.tensor(s).prod()) for s in shapes.values()) == 8_492_011_520  # "8B": 2 x 184,622 x 4,096 + 32 x 218,112,000 + 4,096
@@ -839,10 +970,37 @@ def test_emu3_gen_language_model_loads_strictly_at_full_size():
     assert generate_size("1:1", EMU3_GEN["image_area"], vq.spatial_scale_factor) == (90, 90)
     for corrupt in broken(shapes):
         with pytest.raises(ValueError, match="does not match"):
-            strict_load(model, {**meta_state(corrupt), **{k: v for k, v in model.state_dict().items()
-                                                          if k.startswith("model.vqmodel.")}}, "corrupt")
-    strict_load(model, {**meta_state(shapes), **{k: v for k, v in model.state_dict().items()
-                                                 if k.startswith("model.vqmodel.")}}, "BAAI/Emu3-Gen-hf")
+            strict_load(model, {**meta_state(corrupt), **vq_state}, "corrupt")
+    strict_load(model, meta_state(full), "BAAI/Emu3-Gen-hf")
     cfg = OmegaConf.load(CONFIGS / "model" / "emu3_gen.yaml")
     assert cfg.repo_id == "BAAI/Emu3-Gen-hf" and cfg.image_area == EMU3_GEN["image_area"]
     assert cfg.sampling.cfg_scale == 3.0 and cfg.sampling.top_k == 2048 and cfg.requires_cuda
+
+
+def test_emu3_vision_tokenizer_loads_strictly_at_full_size():
+    """BAAI/Emu3-VisionTokenizer inside BAAI/Emu3-Gen-hf: the key names and shapes of the original
+    ``Emu3VisionVQModel`` at the published config (``emu3_vision_tokenizer_keys``), renamed as transformers'
+    conversion script wrote the -hf checkpoint (``EMU3_VQ_CONVERSION``) and as its ``conversion_mapping.py``
+    loads it, are exactly the ``model.vqmodel.*`` state dict of ``Emu3ForConditionalGeneration`` built from
+    the published config (no key missing or extra either way, every shape equal); a renamed or reshaped key
+    is refused."""
+    from transformers import Emu3ForConditionalGeneration
+
+    original = emu3_vision_tokenizer_keys(EMU3_VISION_TOKENIZER)
+    assert len(original) == 495
+    assert original["encoder.down.3.attn.1.q.weight"] == (1024, 1024, 1, 1)  # attention at stage 3 only
+    assert original["decoder.up.0.block.2.norm2.conv_y.weight"] == (256, 4, 1, 1)  # spatial norm: codes
+    assert original["encoder.time_conv.1.conv.conv.weight"] == (4, 4, 4, 3, 3)  # 2 temporal halvings: 4x
+    with torch.device("meta"):
+        model = Emu3ForConditionalGeneration(emu3_config())
+    full = emu3_gen_hf_shapes()
+    shapes = {k: s for k, s in full.items() if k.startswith("model.vqmodel.")}
+    assert len(shapes) == len(original)  # the renames are one-to-one
+    assert shapes["model.vqmodel.encoder.down_block.down.3.attn.1.q_proj.weight"] == (1024, 1024)
+    assert shapes["model.vqmodel.decoder.up_block.up.3.attn_norms.0.norm_layer.weight"] == (1024,)
+    assert shapes["model.vqmodel.decoder.middle_block.attn_norm.conv_b.bias"] == (1024,)
+    assert_layout(model.model.vqmodel, {k.removeprefix("model.vqmodel."): s for k, s in shapes.items()})
+    lm_state = meta_state({k: s for k, s in full.items() if not k.startswith("model.vqmodel.")})
+    for corrupt in broken(shapes):
+        with pytest.raises(ValueError, match="does not match"):
+            strict_load(model, {**lm_state, **meta_state(corrupt)}, "corrupt")

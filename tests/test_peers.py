@@ -60,6 +60,13 @@ def test_patches_send_cuda_calls_to_the_cpu_count_them_and_are_removed_afterward
     assert (torch.Tensor.cuda, torch.zeros, torch.cuda.synchronize, torch.Tensor.to) == original
     assert any("(2 calls)" in line for line in patches.describe())
     assert torch.zeros(1).to(torch.float64).dtype == torch.float64   # non-device .to untouched while installed
+    timers = DevicePatches(["cuda_event"])
+    with timers:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        end.record()
+        end.synchronize()
+    assert 0 <= start.elapsed_time(end) < 1000 and timers.hits == {"cuda_event": 2}
     with pytest.raises(ValueError, match="unknown device patches.*known"):
         DevicePatches(["cuda_graphs"])
 

@@ -768,7 +768,9 @@ EMU3_GEN = {
     "rms_norm_eps": 1e-5,
     "rope_theta": 1000000.0,
     "image_area": 518400,
-}  # BAAI/Emu3-Gen config.json (not re-read here: no network; the values transformers' Emu3TextConfig defaults to)
+}  # BAAI/Emu3-Gen config.json as transformers' Emu3TextConfig defaults to it; cross-read (2026-12-05, search index) against
+#   BAAI/Emu3-Chat's published config.json (same vocab, widths, heads, rope, eps; 32 layers) and a public
+#   Emu3-Gen derivative's (image_area 518400, max_position_embeddings 9216); Emu3-Gen's own file not read
 EMU3_VISION_TOKENIZER = {
     "codebook_size": 32768,
     "embed_dim": 4,

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import time
 from collections import Counter
 from typing import Any, Callable, Iterable
 
@@ -30,6 +31,7 @@ PATCHES: dict[str, str] = {
     "factory_cuda": "device='cuda' in torch tensor factories (zeros, ones, empty, full, arange, tensor, eye, "
                     "rand*, *_like) becomes the CPU",
     "autocast_cuda": "torch.autocast('cuda', ...) / torch.cuda.amp.autocast become a no-op context",
+    "cuda_event": "torch.cuda.Event timers record the host clock (record, synchronize, elapsed_time in ms)",
 }
 
 _FACTORIES = ("zeros", "ones", "empty", "full", "arange", "tensor", "eye", "rand", "randn", "randint",
@@ -57,6 +59,32 @@ class _NoContext:
 
     def __call__(self, fn: Callable) -> Callable:   # used as a decorator
         return fn
+
+
+class _HostEvent:
+    """A ``torch.cuda.Event`` stand-in for a peer's own timers: ``record`` reads the host clock."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 hits: Counter | None = None) -> None:
+        self.time: float | None = None
+        self._hits = hits
+
+    def record(self, stream: Any = None) -> None:
+        if self._hits is not None:
+            self._hits["cuda_event"] += 1
+        self.time = time.perf_counter()
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "_HostEvent") -> float:
+        return (end.time - self.time) * 1e3
 
 
 class DevicePatches:
@@ -148,6 +176,10 @@ class DevicePatches:
             return factory
         for name in _FACTORIES:
             self._set(torch, name, redirect(getattr(torch, name)))
+
+    def _install_cuda_event(self) -> None:
+        hits = self.hits
+        self._set(torch.cuda, "Event", lambda *args, **kwargs: _HostEvent(*args, **kwargs, hits=hits))
 
     def _install_autocast_cuda(self) -> None:
         original = torch.autocast

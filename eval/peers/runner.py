@@ -62,6 +62,7 @@ PEERS: dict[str, str] = {
 
 LEVEL = 0.95
 ALPHA = 0.05
+WARMUP_SEED = 2**31 - 1   # warm-up images use seeds counting down from here (never a timed seed; numpy takes it)
 
 
 # -- the checkout ----------------------------------------------------------------------------------------------
@@ -205,8 +206,8 @@ def interleave(ours: Callable[[str, int], PeerImage], theirs: Callable[[str, int
                progress: Callable[[str], None] | None = None) -> tuple[list[PeerImage], list[PeerImage]]:
     """Warm both sides up, then decode prompt i with seed + i on both, ours first on even i, theirs on odd i."""
     for i in range(warmup):
-        ours(prompts[i % len(prompts)], seed - 1 - i)
-        theirs(prompts[i % len(prompts)], seed - 1 - i)
+        ours(prompts[i % len(prompts)], WARMUP_SEED - i)
+        theirs(prompts[i % len(prompts)], WARMUP_SEED - i)
     a, b = [], []
     for i, prompt in enumerate(prompts):
         if i % 2 == 0:
@@ -236,8 +237,8 @@ def measure_pair(glue: Any, checkout: Path, pair: Pair, prompts: Sequence[str], 
         for prompt in dict.fromkeys(prompts):   # their conditioning is prepared before the timing
             conditioning[prompt] = glue.inputs(ours, prompt)
         for i in range(warmup):   # untimed; then the patch counts start from zero
-            run_ours(ours, prompts[i % len(prompts)], seed - 1 - i)
-            theirs(prompts[i % len(prompts)], seed - 1 - i)
+            run_ours(ours, prompts[i % len(prompts)], WARMUP_SEED - i)
+            theirs(prompts[i % len(prompts)], WARMUP_SEED - i)
         worker.ask("reset")
         a, b = interleave(lambda p, s: run_ours(ours, p, s), theirs, prompts, seed, 0, progress)
         hits = worker.ask("hits")

@@ -47,9 +47,9 @@ def check_requirements(pins: tuple[str, ...]) -> None:
             wrong.append(f"{name} {have or 'missing'} (needs {version})")
     if wrong:
         raise RuntimeError(
-            f"this interpreter ({sys.executable}) has {', '.join(wrong)}; make a peer venv over the project's "
-            f"packages and pass it with --python: python -m venv --system-site-packages .peers/venv && "
-            f".peers/venv/bin/pip install {' '.join(pins)}")
+            f"this interpreter ({sys.executable}) has {', '.join(wrong)}; make the peer venv over the project's "
+            f"packages and pass it with --python NAME=.peers/venv/bin/python: python -m venv --system-site-packages "
+            f".peers/venv && .peers/venv/bin/pip install -r eval/peers/requirements.txt")
 
 
 def phase_pass(timer: Any, decode: Callable[[], Any], hooks: Callable[[Any], list[Callable[[], None]]],

@@ -8,8 +8,8 @@ pins, ``eval/peers/<NAME>.py``) and every pair of that peer (one decoder of ours
    interpreter), with our prompt conditioning, CFG, top-k, temperature and window or tree.
 2. **Interleaved timing at batch 1.** After ``warmup`` untimed images on both sides, prompt ``i`` with seed
    ``seed + i`` is decoded by both, ours first on even ``i`` and theirs first on odd ``i`` (a drift of the
-   machine's load hits both alike). Each side's time is its decode loop from the prefill to the last grid token,
-   measured in its own process (ours: ``DecodeStats.latency_s``; theirs: the glue's timer around their call).
+   machine's load hits both alike). Each side's time is its whole decode call up to the last grid token, measured
+   in its own process (ours: ``DecodeStats.latency_s``; theirs: the glue's timer around their call).
 3. **Paired latency ratio.** r_i = ours_i / theirs_i; the ratio reported is the geometric mean of r_i with the
    t-interval of mean(log r_i) (95 %), i.e. a paired interval: a ratio below 1 means ours is faster.
 4. **Same algorithm, same statistics.** Per-image accepted lengths tau = (tokens - 1) / (target forwards - 1)
@@ -185,7 +185,10 @@ def prompts_for(count: int, path: str | None) -> list[str]:
 
     from eval.prompts import FilePrompts
 
-    lines = FilePrompts(path).load(None, None) if path else list(OmegaConf.load(CONFIGS / "data" / "fixed.yaml").prompts)
+    if path:
+        lines = FilePrompts(path).load(None, None)
+    else:
+        lines = list(OmegaConf.load(CONFIGS / "data" / "fixed.yaml").prompts)
     return [lines[i % len(lines)] for i in range(count)]
 
 
@@ -326,8 +329,9 @@ def markdown(rows: Sequence[dict[str, Any]], skipped: dict[str, str], meta: dict
         "",
         f"Written by `{meta['command']}` on {meta['date']}. Batch 1, {meta['prompts']} prompts per pair "
         f"(seed {meta['seed']} + i), {meta['warmup']} warm-up image(s) per side, {meta['threads']} torch "
-        f"thread(s) per side, interleaved per prompt (ours first on even prompts). Latency = the decode loop from "
-        "the prefill to the last grid token, each side timed in its own process; medians in ms. **Ratio** = "
+        f"thread(s) per side, interleaved per prompt (ours first on even prompts). Latency = each side's whole "
+        "decode call up to its last grid token (cache and tree setup included; ours also encodes the caption with "
+        "the tiny text encoder where the model has one), timed in its own process; medians in ms. **Ratio** = "
         "geometric mean of ours ÷ theirs per prompt with its paired 95 % t-interval (below 1: ours faster). "
         "τ = (tokens − 1) ÷ (target forwards − 1) per image; p = two-sided Mann–Whitney U of the per-image τ "
         "(and of the target forwards), Holm-adjusted over the pairs; 5 % false-alarm probability per test.",
@@ -368,7 +372,8 @@ def markdown(rows: Sequence[dict[str, Any]], skipped: dict[str, str], meta: dict
         if spec.patches:
             from eval.peers.patches import PATCHES
 
-            lines.append("- Patches installed: " + "; ".join(f"`{p}` ({PATCHES[p]})" for p in spec.patches if p in PATCHES))
+            installed = [f"`{p}` ({PATCHES[p]})" for p in spec.patches if p in PATCHES]
+            lines.append("- Patches installed: " + "; ".join(installed))
         for note in spec.notes:
             lines.append(f"- {note}")
         if spec.requirements:

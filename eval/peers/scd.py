@@ -37,8 +37,8 @@ in ``renew_pipeline_sampler``.
   of it). Seeding: ``torch.manual_seed(seed)`` and their model's ``seed`` attribute (their demos' seeding:
   ``inference_solver.model.seed = seed``).
 * **Measured.** A stopping criterion passed to ``generate`` ends their loop once the last image code is committed
-  (their loop would go on to the last end-of-row token, ``<eoss>`` and the end of turn); ``seconds`` runs from the
-  start of the prefill forward to that commit. Forwards are counted with a pre-hook on their model (one per
+  (their loop would go on to the last end-of-row token, ``<eoss>`` and the end of turn); ``seconds`` runs from their
+  ``generate`` call (its setup included) to that commit. Forwards are counted with a pre-hook on their model (one per
   batched CFG pair, the prefill included); ``tokens`` counts the image codes, as our ``DecodeStats.num_tokens``
   does (16 on the 4x4 grid); the end-of-row tokens their window commits count on neither side.
 
@@ -78,7 +78,8 @@ LUMINA_NOTES = (
     "(whose __init__ loads the 7B checkpoint and Meta's tokenizer), their create_logits_processor, transformers "
     "4.47.1 generate; our prompt ids (header included) and our unconditional stream (their "
     "_init_doubled_attn_mask_cfg option with a two-row attention mask).",
-    "Timed from their prefill forward to the commit of the last image code (a stopping criterion; their loop would "
+    "Timed over their whole generate call (its setup included) to the commit of the last image code (a stopping "
+    "criterion; their loop would "
     "go on to <eoss> and the end of turn); their _sample's CUDA-event timer is patched (cuda_event), as are its "
     "torch.cuda.synchronize() calls (cuda_sync).",
     "tokens = image codes (16 on the 4x4 grid), as our DecodeStats.num_tokens; the end-of-row tokens their window "
@@ -351,6 +352,7 @@ def build_lumina(root: Path, payload: dict, scheduler: str, options: dict) -> Ca
         torch.manual_seed(seed)
         net.seed = seed   # their demos' seeding (inference_solver.model.seed = seed)
         net.prompt_len = n   # as inference_solver.generate sets it
+        clock["start"] = time.perf_counter()   # their whole decode call is timed (setup included)
         out = net.generate(ids, generation_config, logits_processor=logits_processor,
                            stopping_criteria=StoppingCriteriaList([GridDone()]), attention_mask=mask)
         if clock["end"] is None:

@@ -29,9 +29,9 @@ their ``create_logits_processor`` builds (``scheduler/logit_processor_3dim.py``:
   ``jacobi_loop_interval_r`` = the grid's tokens (end-of-row tokens included): every grid token is decoded
   in the window, as ours does (their demo decodes the last ~10 tokens of a 768 px image plainly, half of a
   4x4 grid). Seeding: ``torch.manual_seed(seed)`` and their model's ``seed`` attribute (their demo's).
-* **Measured.** A stopping criterion given to ``generate`` ends their loop once the last grid token (the
-  last row's end-of-row token) is committed (theirs would go on to ``<eoss>`` and the end of turn);
-  ``seconds`` runs from the start of the prefill forward to that commit. Forwards are counted by a pre-hook
+* **Measured.** A stopping criterion given to ``generate`` ends their loop once the last image code is
+  committed, as ours ends (theirs would go on to the last end-of-row token, ``<eoss>`` and the end of turn);
+  ``seconds`` runs from their ``generate`` call (its setup included) to that commit. Forwards are counted by a pre-hook
   on their model (one per batched CFG pair, the prefill included); ``tokens`` counts the image codes, as
   our ``DecodeStats.num_tokens`` does (16 on the 4x4 grid; end-of-row tokens count on neither side).
 * **Model.** Weights drawn at ``model.random_init.init_std=0.06``: at the tiny model's default 0.2 the
@@ -96,7 +96,8 @@ SPEC = PeerSpec(
         "Their window covers the whole grid (jacobi_loop_interval_l=0 after our forced header, "
         "jacobi_loop_interval_r = grid tokens); their demo decodes the last ~10 tokens of a 768 px image "
         "plainly.",
-        "Timed from their prefill forward to the commit of the last grid token (a stopping criterion; their "
+        "Timed over their whole generate call (its setup included) to the commit of the last image code (a "
+        "stopping criterion; their "
         "loop would go on to <eoss> and the end of turn); their _sample's own CUDA-event timing is patched "
         "(cuda_event) and its torch.cuda.synchronize() calls (cuda_sync). Their logits processors are built "
         "once (their demo builds them per image, a slow Python loop over the vocabulary), untimed.",
@@ -286,6 +287,7 @@ def build_lumina(checkout: Path, payload: dict, scheduler: str) -> Callable[[dic
         clock.update(forwards=0, start=None, end=None, prefix=n)
         torch.manual_seed(seed)
         net.seed = seed   # their demo's seeding (test_lumina_mgpt.py: inference_solver.model.seed = seed)
+        clock["start"] = time.perf_counter()   # their whole decode call is timed (setup included)
         out = net.generate(ids, generation_config, logits_processor=logits_processor,
                            stopping_criteria=StoppingCriteriaList([GridDone()]), attention_mask=mask)
         if clock["end"] is None:

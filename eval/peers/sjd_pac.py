@@ -71,7 +71,8 @@ SPEC = PeerSpec(
         "__init__ loads the 7B checkpoint), their create_logits_processor, transformers 4.47.1 generate; our prompt "
         "ids (header included) and our unconditional stream (their _init_doubled_attn_mask_cfg option with a "
         "two-row attention mask).",
-        "Timed from their prefill forward to the commit of the last image code (a stopping criterion; their loop "
+        "Timed over their whole generate call (its setup included) to the commit of the last image code (a "
+        "stopping criterion; their loop "
         "would go on to <eoss>); their _sample's CUDA-event timer is patched (cuda_event), as are its "
         "torch.cuda.synchronize() calls (cuda_sync).",
         "tokens = image codes (16 on the 4x4 grid), as our DecodeStats.num_tokens; the end-of-row tokens their "

@@ -180,8 +180,6 @@ def build(checkout: Path, payload: dict, pair: Pair) -> Callable[[dict, int], Pe
     clock = {"forwards": 0, "start": None}
 
     def pre_hook(*_: Any) -> None:
-        if clock["forwards"] == 0:
-            clock["start"] = time.perf_counter()
         clock["forwards"] += 1
 
     base.model.register_forward_pre_hook(pre_hook)   # their LlamaModel: prefill + verified rounds
@@ -204,7 +202,8 @@ def build(checkout: Path, payload: dict, pair: Pair) -> Callable[[dict, int], Pe
         random.seed(seed)   # their gen_images.set_seed
         np.random.seed(seed)
         torch.manual_seed(seed)
-        clock["forwards"], clock["start"] = 0, None
+        clock["forwards"] = 0
+        clock["start"] = time.perf_counter()   # their whole decode call is timed (setup included)
         out = model.generate(prompt=cond, idx=calls[0], **options)
         calls[0] += 1
         seconds = time.perf_counter() - clock["start"]

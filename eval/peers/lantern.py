@@ -310,12 +310,29 @@ def _neighbour_table(codebook: torch.Tensor):
     return idx.to(torch.uint16).numpy()
 
 
+def their_target(kv: Any, payload: dict) -> Any:
+    """Their ``LlamaForCausalLM`` (``models/kv_variants/modeling_llamagen_kv.py``, module ``kv``) with our GPT's
+    weights, loaded strictly by name. Their constructor builds flan-t5-xl on CUDA; while it runs, their module's
+    ``T5Embedder`` name points at ``_CaptionStandIn`` (our captions come instead), and is restored after."""
+    from transformers.models.llama import LlamaConfig
+
+    their_t5 = kv.T5Embedder
+    kv.T5Embedder = _CaptionStandIn
+    try:
+        base = kv.LlamaForCausalLM(LlamaConfig(**payload["target_config"]))
+    finally:
+        kv.T5Embedder = their_t5
+    missing, unexpected = base.load_state_dict(payload["target_state"], strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"their LlamaForCausalLM does not take our weights: missing {missing}, "
+                           f"unexpected {unexpected}")
+    return base.float().eval()
+
+
 def build(checkout: Path, payload: dict, pair: Pair) -> Callable[[dict, int], PeerImage]:
     import numpy as np
 
     sys.path.insert(0, str(checkout))
-    from transformers.models.llama import LlamaConfig
-
     from models import ea_model_llamagen as ea
     from models.kv_variants import modeling_llamagen_kv as kv
 
@@ -326,17 +343,7 @@ def build(checkout: Path, payload: dict, pair: Pair) -> Callable[[dict, int], Pe
     drafter_config = work / "config.json"
     drafter_config.write_text(json.dumps(payload["drafter_config"]))
 
-    their_t5 = kv.T5Embedder
-    kv.T5Embedder = _CaptionStandIn   # their constructor builds flan-t5-xl on CUDA; our captions come instead
-    try:
-        base = kv.LlamaForCausalLM(LlamaConfig(**payload["target_config"]))
-    finally:
-        kv.T5Embedder = their_t5
-    missing, unexpected = base.load_state_dict(payload["target_state"], strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"their LlamaForCausalLM does not take our weights: missing {missing}, "
-                           f"unexpected {unexpected}")
-    base.float().eval()
+    base = their_target(kv, payload)
     cwd = os.getcwd()
     os.chdir(work)   # EaModel.__init__ reads the neighbour table relative to the working directory
     try:

@@ -46,7 +46,6 @@ The Lumina helpers here (``export_lumina``, ``lumina_inputs``, ``build_lumina``)
 """
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -131,7 +130,6 @@ SPEC = PeerSpec(
 )
 
 #: top-level module names of their repositories that the glue imports (forgotten between checkouts)
-_THEIR_PACKAGES = ("scheduler", "model", "data", "xllmx", "lumina_mgpt")
 _SCHEDULERS = {"scd_mc": "scheduler.jacobi_iteration_lumina_mgpt_SCDMC",
                "scd_gs": "scheduler.jacobi_iteration_lumina_mgpt_GS"}
 
@@ -224,18 +222,6 @@ def inputs(ours: Any, prompt: str) -> dict:
 
 
 # -- the worker ----------------------------------------------------------------------------------------------
-def import_from(root: Path) -> None:
-    """Put ``root`` (and its ``lumina_mgpt``) first on the path, forgetting another checkout's modules."""
-    for name in list(sys.modules):
-        if name.split(".")[0] in _THEIR_PACKAGES:
-            del sys.modules[name]
-    for path in (str(root / "lumina_mgpt"), str(root)):
-        while path in sys.path:
-            sys.path.remove(path)
-    sys.path.insert(0, str(root / "lumina_mgpt"))
-    sys.path.insert(0, str(root))
-
-
 class _ItemProcessor:
     """Answers what their ``create_logits_processor`` asks ``FlexARItemProcessor`` (three names, ``token2id``)."""
 
@@ -261,7 +247,8 @@ class _Solver:
 
 
 def their_chameleon(payload: dict) -> Any:
-    """Their vendored ``ChameleonForConditionalGeneration`` (import path set by ``import_from``) with our weights."""
+    """Their vendored ``ChameleonForConditionalGeneration`` (import path set by ``eval.peers.sjd.import_from``)
+    with our weights."""
     from model.chameleon.configuration_chameleon import ChameleonConfig
     from model.chameleon.modeling_chameleon import ChameleonForConditionalGeneration
 
@@ -298,6 +285,8 @@ def build_lumina(root: Path, payload: dict, scheduler: str, options: dict) -> Ca
     import copy
     import importlib
 
+    from eval.peers.sjd import import_from
+
     import_from(root)
     from transformers import GenerationConfig
     from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
@@ -320,23 +309,9 @@ def build_lumina(root: Path, payload: dict, scheduler: str, options: dict) -> Ca
         max_new_tokens=grid_len + 2 * payload["window"] + 8, temperature=payload["temperature"], top_k=None,
         do_sample=True, eos_token_id=[END_OF_TURN_ID],
     )   # inference_solver.generate's config; the grid criterion below stops first
-    clock: dict[str, Any] = {}
+    from eval.peers.sjd import grid_stopwatch
 
-    def count(*_: Any) -> None:
-        clock["forwards"] += 1
-        if clock["start"] is None:
-            clock["start"] = time.perf_counter()
-
-    net.register_forward_pre_hook(count)
-
-    class GridDone(StoppingCriteria):
-        """Stop once the last image code is committed (and note when)."""
-
-        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
-            done = input_ids.shape[1] >= clock["prefix"] + grid_len
-            if done and clock["end"] is None:
-                clock["end"] = time.perf_counter()
-            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+    clock, GridDone = grid_stopwatch(net, StoppingCriteria, grid_len)   # to the last image code
 
     code_of_id = payload["code_of_id"]
     end_of_row = payload["end_of_row"]

@@ -108,7 +108,8 @@ SPEC = PeerSpec(
 )
 
 #: top-level module names of their repositories that this glue imports (purged between checkouts)
-_THEIR_PACKAGES = ("scheduler", "model", "data", "xllmx")
+#: the top-level module names a Lumina-mGPT-based checkout brings (forgotten before another checkout's import)
+_THEIR_PACKAGES = ("scheduler", "model", "data", "xllmx", "lumina_mgpt")
 
 
 # -- our process ---------------------------------------------------------------------------------------------
@@ -187,7 +188,7 @@ def inputs(ours: Any, prompt: str) -> dict:
 
 
 # -- the worker ----------------------------------------------------------------------------------------------
-def _import_from(checkout: Path) -> None:
+def import_from(checkout: Path) -> None:
     """Put ``checkout`` (and its ``lumina_mgpt``) first on the path, forgetting another checkout's modules."""
     for name in list(sys.modules):
         if name.split(".")[0] in _THEIR_PACKAGES:
@@ -199,9 +200,33 @@ def _import_from(checkout: Path) -> None:
     sys.path.insert(0, str(checkout))
 
 
+def grid_stopwatch(net: Any, criteria: type, grid_len: int) -> tuple[dict[str, Any], type]:
+    """Their target's forwards, counted by a pre-hook on ``net``, and a ``StoppingCriteria`` subclass (their
+    transformers' ``criteria``) that ends their ``generate`` once ``grid_len`` tokens follow the prompt
+    (``clock["prefix"]`` long) and notes the time in ``clock["end"]``; the caller sets ``forwards``, ``start``,
+    ``end`` and ``prefix`` per image."""
+    clock: dict[str, Any] = {"forwards": 0, "start": None, "end": None, "prefix": 0}
+
+    def count(*_: Any) -> None:
+        clock["forwards"] += 1
+
+    net.register_forward_pre_hook(count)
+
+    class GridDone(criteria):
+        """Stop once the last grid token to time is committed (and note when)."""
+
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+            done = input_ids.shape[1] >= clock["prefix"] + grid_len
+            if done and clock["end"] is None:
+                clock["end"] = time.perf_counter()
+            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+    return clock, GridDone
+
+
 def build_lumina(checkout: Path, payload: dict, scheduler: str) -> Callable[[dict, int], PeerImage]:
     """Their Lumina-mGPT Jacobi sampler (module ``scheduler``) on our weights; returns the per-image call."""
-    _import_from(checkout)
+    import_from(checkout)
     import importlib
 
     from transformers import GenerationConfig
@@ -256,23 +281,7 @@ def build_lumina(checkout: Path, payload: dict, scheduler: str) -> Callable[[dic
         max_new_tokens=8192, max_length=c["max_position_embeddings"], temperature=payload["temperature"],
         top_k=None, do_sample=True, eos_token_id=[END_OF_TURN_ID],
     )
-    clock: dict[str, Any] = {"forwards": 0, "start": None, "end": None, "prefix": 0}
-
-    def count(*_: Any) -> None:
-        clock["forwards"] += 1
-        if clock["start"] is None:
-            clock["start"] = time.perf_counter()
-
-    net.register_forward_pre_hook(count)
-
-    class GridDone(StoppingCriteria):
-        """Stop once the last grid token is committed (and note when)."""
-
-        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
-            done = input_ids.shape[1] >= clock["prefix"] + grid_tokens - 1   # the last code (as ours ends)
-            if done and clock["end"] is None:
-                clock["end"] = time.perf_counter()
-            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+    clock, GridDone = grid_stopwatch(net, StoppingCriteria, grid_tokens - 1)   # the last code (as ours ends)
 
     code_of_id, remap = payload["code_of_id"], payload["remap"]
     template = _processors(processors, payload, c["vocab_size"], image_top_k)   # slow to build: once

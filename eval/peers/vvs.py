@@ -134,8 +134,6 @@ def build(checkout: Path, payload: dict, pair: Pair) -> Callable[[dict, int], Pe
     from eval.peers import lantern
 
     sys.path.insert(0, str(checkout))
-    from transformers.models.llama import LlamaConfig
-
     from models import ea_llamagen as ea   # ModuleNotFoundError: professional_profiling_utils (SPEC.cpu)
     from models.base_models.llamagen.vq_model import VQ_16
     from models.kv_variants import modeling_llamagen_kv as kv
@@ -156,17 +154,7 @@ def build(checkout: Path, payload: dict, pair: Pair) -> Callable[[dict, int], Pe
     drafter_config = work / "config.json"
     drafter_config.write_text(json.dumps(payload["drafter_config"]))
 
-    their_t5 = kv.T5Embedder
-    kv.T5Embedder = lantern._CaptionStandIn   # flan-t5-xl on CUDA in their constructor; our captions instead
-    try:
-        base = kv.LlamaForCausalLM(LlamaConfig(**payload["target_config"]))
-    finally:
-        kv.T5Embedder = their_t5
-    missing, unexpected = base.load_state_dict(payload["target_state"], strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"their LlamaForCausalLM does not take our weights: missing {missing}, "
-                           f"unexpected {unexpected}")
-    base.float().eval()
+    base = lantern.their_target(kv, payload)   # flan-t5-xl on CUDA in their constructor: our captions instead
     cwd = os.getcwd()
     os.chdir(work)
     try:

@@ -189,7 +189,11 @@ TINY_TEXT = ("a photo of the red blue cat dog sky tree cube on table portrait yo
 
 
 def tiny_tokenizer(vocab: Mapping[str, int]):
-    """A whitespace word-level tokenizer over ``vocab`` with Emu3's special tokens split out (tiny models)."""
+    """A whitespace word-level tokenizer over ``vocab`` with Emu3's special tokens split out (tiny models).
+
+    Digits are split one by one, as Emu3's own tokenizer splits them (baaivision/Emu3
+    ``emu3/mllm/tokenization_emu3.py`` ``PAT_STR``: its ``\\p{N}`` alternative matches a single digit), so the
+    size header ``"{H}*{W}"`` takes one token per digit on both."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

@@ -387,18 +387,27 @@ def enumerable() -> tuple[Emu3Gen, dict[str, torch.Tensor]]:
 def grid_pvalues(decoder: Decoder, model: Emu3Gen, exact: dict[str, torch.Tensor],
                  n: int) -> dict[str, float]:
     """Chi-square p-value per prompt of ``n`` images (seeds 0..n-1, prompts alternating) decoded in batches of
-    ``BATCH``; the first images of a few batches must equal their alone decodes, and no image may fall outside
-    the top-k support."""
+    ``BATCH``; the first images of a few batches must equal their alone decodes (one of those six may differ
+    where the kernels are not batch-invariant, ``tests.helpers.invariance_property``), and no image may fall
+    outside the top-k support."""
+    from tests.helpers import invariance_property
+
+    bitwise = invariance_property(model) == "bitwise"
     counts = {prompt: torch.zeros(model.codebook_size ** model.num_image_tokens) for prompt in EXACT_PROMPTS}
+    differ = []
     for start in range(0, n, BATCH):
         seeds = list(range(start, min(start + BATCH, n)))
         prompts = [EXACT_PROMPTS[s % 2] for s in seeds]
         images = decoder.generate_batch(prompts, seeds)
         if start < 3 * BATCH:
             for b in (0, 1):
-                assert torch.equal(decoder.generate(prompts[b], seeds[b]).tokens, images[b].tokens), seeds[b]
+                if not torch.equal(decoder.generate(prompts[b], seeds[b]).tokens, images[b].tokens):
+                    differ.append(seeds[b])
         for prompt, image in zip(prompts, images):
             counts[prompt][grid_index(model, image.tokens)] += 1
+    # where the machine's kernels are not batch-invariant (tests.helpers.invariance_property), float32 rounding may
+    # flip a token of a rare image: at most one of the six checked images may then differ from its alone decode
+    assert not differ if bitwise else len(differ) <= 1, f"batched != alone for seeds {differ}"
     for prompt in EXACT_PROMPTS:
         assert counts[prompt][exact[prompt] == 0].sum() == 0, "an image outside the top-k support"
     return {prompt: chi_square_pvalue(counts[prompt], exact[prompt]) for prompt in EXACT_PROMPTS}

@@ -84,7 +84,11 @@ def _is_sync(func: Any, args: tuple, kwargs: dict | None) -> bool:
 
 class PhaseCounter(TorchFunctionMode):
     """Counts torch API calls (functions, tensor methods and attributes, as ``CallCounter``) and host
-    synchronisations (``_is_sync``) into the phase that is current (``phase``; set by ``phase_hooks``)."""
+    synchronisations (``_is_sync``) into the phase that is current (``phase``), and sums the wall seconds spent
+    in each phase. Phases are entered through ``enter``/``leave``, or by the calls that ``wrap_method`` and
+    ``hook_module`` attribute to a phase (nested phases count for the innermost one only; time in no entered
+    phase is the caller's to attribute). Used as a context manager it counts; outside one it only times (the
+    counting's per-call cost would distort the times)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -92,6 +96,8 @@ class PhaseCounter(TorchFunctionMode):
         self.calls: collections.Counter[str] = collections.Counter()
         self.syncs: collections.Counter[str] = collections.Counter()
         self.entries: collections.Counter[str] = collections.Counter()  # network forwards per phase
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self._stack: list[tuple[str, float]] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         self.calls[self.phase] += 1
@@ -99,23 +105,15 @@ class PhaseCounter(TorchFunctionMode):
             self.syncs[self.phase] += 1
         return func(*args, **(kwargs or {}))
 
-
-class PhaseTimer(PhaseCounter):
-    """A ``PhaseCounter`` that also sums the wall seconds spent in each phase entered through ``enter``/``leave``
-    (nested phases count for the innermost one only; time in no entered phase is the caller's to attribute)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seconds: collections.Counter[str] = collections.Counter()
-        self._stack: list[tuple[str, float]] = []
-
-    def enter(self, phase: str) -> None:
+    def enter(self, phase: str, forward: bool = True) -> None:
+        """Enter ``phase`` (``forward``: the call is one network forward, counted in ``entries``)."""
         now = time.perf_counter()
         if self._stack:   # pause the enclosing phase
             outer, since = self._stack[-1]
             self.seconds[outer] += now - since
         self._stack.append((phase, now))
-        self.entries[phase] += 1
+        if forward:
+            self.entries[phase] += 1
         self.phase = phase
 
     def leave(self) -> None:
@@ -134,13 +132,13 @@ class PhaseTimer(PhaseCounter):
         return [module.register_forward_pre_hook(lambda *_: self.enter(phase)),
                 module.register_forward_hook(lambda *_: self.leave())]
 
-    def wrap_method(self, obj: Any, name: str, phase: str) -> Callable[[], None]:
+    def wrap_method(self, obj: Any, name: str, phase: str, forward: bool = True) -> Callable[[], None]:
         """Every call of ``obj.name`` counts for ``phase``; returns the function that restores it."""
         original = getattr(obj, name)
         own = name in vars(obj)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            self.enter(phase)
+            self.enter(phase, forward)
             try:
                 return original(*args, **kwargs)
             finally:
@@ -214,35 +212,13 @@ def decode_counts(decoder: Decoder, prompt: str, seed: int, batch: int = 1, warm
     if warm:
         decoder.generate_batch(prompts, seeds)
     counter = PhaseCounter()
-    patched = []
-
-    def hook(obj: Any, name: str, phase: str, forward: bool) -> None:
-        original = getattr(obj, name)
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            outer, counter.phase = counter.phase, phase
-            if forward:
-                counter.entries[phase] += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                counter.phase = outer
-
-        own = name in vars(obj)
-        object.__setattr__(obj, name, wrapper)
-        patched.append((obj, name, original if own else None))
-
-    for spec in phase_hooks(decoder):
-        hook(*spec)
+    restores = [counter.wrap_method(*spec) for spec in phase_hooks(decoder)]
     try:
         with counter:
             gens = decoder.generate_batch(prompts, seeds)
     finally:
-        for obj, name, original in reversed(patched):
-            if original is None:
-                object.__delattr__(obj, name)
-            else:
-                object.__setattr__(obj, name, original)
+        for restore in reversed(restores):
+            restore()
     return DecodeCounts(
         decoder=decoder.name, seed=seed, batch=batch,
         tokens=sum(g.stats.num_tokens - 1 for g in gens), iterations=max(g.stats.iterations for g in gens),

@@ -17,8 +17,8 @@ once per pair in the worker (untimed; weight loading, their model's setup); the 
 image of ``(inputs, seed)`` with their code and says how long their decode took and how many target forwards it
 made. The worker installs the run-time replacements of CUDA-only calls that ``SPEC.patches`` names (device
 placement only, ``eval.peers.patches``) around ``build`` and around every call, counting each hit. Glue modules
-import nothing but the standard library, torch and ``eval.peers.base`` at module level: the worker's
-interpreter may lack our other dependencies.
+import nothing but the standard library, torch, ``eval.peers.base`` and other glue modules at module level: the
+worker's interpreter may lack our other dependencies.
 
 For the anatomy pass (where the time goes, one untimed image per side), the returned callable may carry the
 peer's target network as ``call.target`` and its drafter network as ``call.drafter`` (``nn.Module``\ s whose

@@ -24,23 +24,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eval.peers.base import Pair, PeerImage, PeerSpec
-
-#: the SJD glue's model overrides (kept equal here; eval/peers/sjd.py says why each is needed)
-MODEL_OVERRIDES = (
-    "model.batch_invariant=false",
-    "model.random_init.num_codes=8192",
-    "model.random_init.num_key_value_heads=4",
-    "model.sampling.top_k=2000",
-    "model.random_init.init_std=0.06",
-)
+from eval.peers.sjd import EOR_SLOTS, MODEL_OVERRIDES
 
 _SCHEDULERS = {"gsd": "scheduler.jacobi_iteration_lumina_mgpt",
                "sjd": "scheduler.jacobi_iteration_lumina_mgpt_sjd"}
-
-#: as eval/peers/sjd.py EOR_SLOTS (not imported at module level: glue modules import only base)
-_EOR_SLOTS = ("their window counts end-of-row tokens as slots (a fresh random draft there is always rejected "
-              "and the forced end-of-row token committed in its place); ours drafts image codes only and "
-              "inserts each end-of-row token for free")
 
 SPEC = PeerSpec(
     name="gsd",
@@ -54,7 +41,7 @@ SPEC = PeerSpec(
             theirs="gsd",
             overrides=("decoder.window=reference_code", "decoder.embedding=input", "decoder.delta_p=0.15",
                        "decoder.max_distance=0.5", "decoder.drafter.init=random", "decoder.draft_len=15"),
-            difference=(_EOR_SLOTS + "; theirs ranks the whole vocabulary's processed logits with an "
+            difference=(EOR_SLOTS + "; theirs ranks the whole vocabulary's processed logits with an "
                         "unstable sort (masked ids tie at -inf in any order), ours the image codes by "
                         "probability with a stable sort: the groups differ only for a zero-probability draft "
                         "next to the top-k boundary"),
@@ -63,7 +50,7 @@ SPEC = PeerSpec(
             ours="sjd",
             theirs="sjd",
             overrides=("decoder.drafter.init=random", "decoder.draft_len=15"),
-            difference=_EOR_SLOTS,
+            difference=EOR_SLOTS,
         ),
     ),
     patches=("factory_cuda", "cuda_sync", "cuda_event"),

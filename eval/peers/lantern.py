@@ -52,6 +52,7 @@ from typing import Any, Callable
 import torch
 
 from eval.peers.base import Pair, PeerImage, PeerSpec
+from eval.peers.llamagen import T2I_OVERRIDES
 
 _DYNAMIC = ("decoder.tree=dynamic", "decoder.dynamic_tree.top_k=10", "decoder.dynamic_tree.depth=4",
             "decoder.dynamic_tree.total_tokens=58")
@@ -72,7 +73,7 @@ SPEC = PeerSpec(
     repo="jadohu/LANTERN",
     commit="3a56e451dd5ebfa1903d044f754c68c420de27a9",
     model="llamagen_t2i_tiny",
-    model_overrides=("model.batch_invariant=false", "model.gpt.cls_token_num=120"),
+    model_overrides=T2I_OVERRIDES,
     pairs=(
         Pair(ours="sd", theirs="eagle (dynamic tree)", overrides=_DYNAMIC, difference=_DIFFERENCE),
         Pair(ours="sd", theirs="eagle (static tree)", overrides=_STATIC, difference=_DIFFERENCE),

@@ -25,12 +25,16 @@ import torch
 
 from eval.peers.base import Pair, PeerImage, PeerSpec
 
+#: every LlamaGen-T2I peer's tiny model: the default CPU kernels (as theirs) and 120 caption slots (their
+#: CaptionEmbedder and EaModel fix 120)
+T2I_OVERRIDES = ("model.batch_invariant=false", "model.gpt.cls_token_num=120")
+
 SPEC = PeerSpec(
     name="llamagen",
     repo="FoundationVision/LlamaGen",
     commit="ce98ec41803a74a90ce68c40ababa9eaeffeb4ec",
     model="llamagen_t2i_tiny",
-    model_overrides=("model.batch_invariant=false", "model.gpt.cls_token_num=120"),
+    model_overrides=T2I_OVERRIDES,
     pairs=(Pair(ours="ar", theirs="generate (AR)"),),
     notes=("120 caption slots (`model.gpt.cls_token_num=120`), as the released T2I models: their "
            "`CaptionEmbedder` fixes the unconditional embedding at 120 tokens.",

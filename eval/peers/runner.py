@@ -163,7 +163,7 @@ def run_ours(decoder: Any, prompt: str, seed: int) -> PeerImage:
 def anatomy_ours(decoder: Any, prompt: str, seed: int) -> dict[str, Any]:
     """Ours, as the worker records theirs (``eval.peers.worker.anatomy_record``): the target's prefill and block
     forwards, the drafter's network and the loop (the rest), one decode timed and one counted."""
-    from eval.call_counts import PhaseTimer, phase_hooks
+    from eval.call_counts import PhaseCounter, phase_hooks
     from eval.peers.worker import anatomy_record, phase_pass
 
     def hooks(timer: Any) -> list[Callable[[], None]]:
@@ -172,7 +172,7 @@ def anatomy_ours(decoder: Any, prompt: str, seed: int) -> dict[str, Any]:
                                   if phase == "prefill" else phase)
                 for obj, name, phase, _ in phase_hooks(decoder)]
 
-    timed, counted = PhaseTimer(), PhaseTimer()
+    timed, counted = PhaseCounter(), PhaseCounter()
     image = phase_pass(timed, lambda: run_ours(decoder, prompt, seed), hooks)
     phase_pass(counted, lambda: run_ours(decoder, prompt, seed), hooks, count=True)
     return anatomy_record(timed, counted, image)
@@ -206,11 +206,15 @@ class PairResult:
 
 def interleave(ours: Callable[[str, int], PeerImage], theirs: Callable[[str, int], PeerImage],
                prompts: Sequence[str], seed: int, warmup: int,
-               progress: Callable[[str], None] | None = None) -> tuple[list[PeerImage], list[PeerImage]]:
-    """Warm both sides up, then decode prompt i with seed + i on both, ours first on even i, theirs on odd i."""
+               progress: Callable[[str], None] | None = None,
+               after_warmup: Callable[[], Any] | None = None) -> tuple[list[PeerImage], list[PeerImage]]:
+    """Warm both sides up (then ``after_warmup()``), then decode prompt i with seed + i on both, ours first on even
+    i, theirs on odd i."""
     for i in range(warmup):
         ours(prompts[i % len(prompts)], WARMUP_SEED - i)
         theirs(prompts[i % len(prompts)], WARMUP_SEED - i)
+    if after_warmup:
+        after_warmup()
     a, b = [], []
     for i, prompt in enumerate(prompts):
         if i % 2 == 0:
@@ -230,20 +234,11 @@ def measure_pair(glue: Any, checkout: Path, pair: Pair, prompts: Sequence[str], 
     ours = build_ours(glue, pair, models)
     with PeerWorker(python) as worker:
         info = worker.ask("build", glue.__name__, str(checkout), glue.export(ours, pair), pair, threads)
-        conditioning: dict[str, Any] = {}
-
-        def theirs(prompt: str, s: int) -> PeerImage:
-            if prompt not in conditioning:
-                conditioning[prompt] = glue.inputs(ours, prompt)
-            return worker.ask("run", conditioning[prompt], s)
-
-        for prompt in dict.fromkeys(prompts):   # their conditioning is prepared before the timing
-            conditioning[prompt] = glue.inputs(ours, prompt)
-        for i in range(warmup):   # untimed; then the patch counts start from zero
-            run_ours(ours, prompts[i % len(prompts)], WARMUP_SEED - i)
-            theirs(prompts[i % len(prompts)], WARMUP_SEED - i)
-        worker.ask("reset")
-        a, b = interleave(lambda p, s: run_ours(ours, p, s), theirs, prompts, seed, 0, progress)
+        # their conditioning (our caption features or prompt ids) is prepared before the timing
+        conditioning = {prompt: glue.inputs(ours, prompt) for prompt in dict.fromkeys(prompts)}
+        a, b = interleave(lambda p, s: run_ours(ours, p, s), lambda p, s: worker.ask("run", conditioning[p], s),
+                          prompts, seed, warmup, progress,
+                          after_warmup=lambda: worker.ask("reset"))   # patch counts: the timed images only
         hits = worker.ask("hits")
         anatomy = {"ours": anatomy_ours(ours, prompts[0], seed),
                    "theirs": worker.ask("anatomy", conditioning[prompts[0]], seed)}
@@ -272,12 +267,6 @@ def two_sample(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     return {"ours": float(a.mean()), "theirs": float(b.mean()), "p": p}
 
 
-def holm(pvalues: Sequence[float]) -> list[float]:
-    from eval.stats import holm as holm_adjust
-
-    return [float(p) for p in holm_adjust(list(pvalues))]
-
-
 def summarize(results: Sequence[PairResult]) -> list[dict[str, Any]]:
     rows = []
     for r in results:
@@ -296,6 +285,8 @@ def summarize(results: Sequence[PairResult]) -> list[dict[str, Any]]:
             "worker": r.worker,
             "anatomy": r.anatomy,
         })
+    from eval.stats import holm
+
     tau_holm = holm([row["tau"]["p"] for row in rows])
     fwd_holm = holm([row["forwards"]["p"] for row in rows])
     for row, pt, pf in zip(rows, tau_holm, fwd_holm):
@@ -432,20 +423,14 @@ def load_glue(name: str) -> Any:
 def environment() -> dict[str, Any]:
     import torch
 
+    from coolsd.numerics import cpu_name
+
     try:
         import transformers
         tv = transformers.__version__
     except ImportError:
         tv = "none"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": f"{cpu}, {os.cpu_count()} cores", "torch": torch.__version__, "transformers": tv,
+    return {"cpu": f"{cpu_name()}, {os.cpu_count()} cores", "torch": torch.__version__, "transformers": tv,
             "python": platform.python_version()}
 
 

@@ -53,20 +53,13 @@ from typing import Any, Callable
 import torch
 
 from eval.peers.base import Pair, PeerImage, PeerSpec
+from eval.peers.sjd import END_OF_TURN_ID, EOR_SLOTS, LUMINA_OVERRIDES
 
 #: Chameleon's layout as their logits processor hard-codes it (scheduler/logit_processor_3dim.py)
 FIRST_IMAGE_ID, LAST_IMAGE_ID, SIZE_TOKEN_BASE = 4, 8195, 8804
 #: the end of turn their ``inference_solver.generate`` stops at (never reached: the grid criterion stops first)
-END_OF_TURN_ID = 8710
 #: the token names their ``create_logits_processor`` asks the item processor for (lumina_mgpt/data/item_processor.py)
 ITEM_TOKENS = {"image_start_token": "<racm3:break>", "image_end_token": "<eoss>", "new_line_token": "<reserved08799>"}
-
-LUMINA_OVERRIDES = (
-    "model.batch_invariant=false",
-    "model.random_init.num_codes=8192",
-    "model.random_init.num_key_value_heads=4",
-    "model.sampling.top_k=2000",
-)
 
 LUMINA_NOTES = (
     "Tiny Lumina with Chameleon's 8,192 codes (model.random_init.num_codes=8192: their logits processor hard-codes "
@@ -99,9 +92,7 @@ SPEC = PeerSpec(
             theirs="scd_mc",
             overrides=("decoder.draft_len=31", "decoder.drafter.init=random",
                        "decoder.drafter.carried_q=reference_code"),
-            difference=("their window counts end-of-row tokens as slots (a fresh random draft there is always "
-                        "rejected and the forced end-of-row token committed in its place); ours drafts image codes "
-                        "only and inserts each end-of-row token for free"),
+            difference=EOR_SLOTS,
         ),
         Pair(
             ours="scd_gs",

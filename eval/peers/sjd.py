@@ -54,13 +54,15 @@ FIRST_IMAGE_ID, LAST_IMAGE_ID, SIZE_TOKEN_BASE = 4, 8195, 8804
 #: the end of turn their ``inference_solver.generate`` stops at (never reached: the grid criterion stops)
 END_OF_TURN_ID = 8710
 
-MODEL_OVERRIDES = (
+#: every Lumina-mGPT-based peer's tiny model (eval/peers/scd.py LUMINA_NOTES says why each is needed)
+LUMINA_OVERRIDES = (
     "model.batch_invariant=false",
     "model.random_init.num_codes=8192",
     "model.random_init.num_key_value_heads=4",
     "model.sampling.top_k=2000",
-    "model.random_init.init_std=0.06",
 )
+#: SJD and GSD also draw smaller weights (at init_std 0.2 tau is ~1.05 and GSD's fixed threshold groups nothing)
+MODEL_OVERRIDES = (*LUMINA_OVERRIDES, "model.random_init.init_std=0.06")
 
 #: the loops' one difference on purpose (the table's "difference" column)
 EOR_SLOTS = ("their window counts end-of-row tokens as slots (a fresh random draft there is always rejected "

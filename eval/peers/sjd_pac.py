@@ -26,20 +26,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eval.peers.base import Pair, PeerImage, PeerSpec
-
-_LUMINA_OVERRIDES = (
-    "model.batch_invariant=false",
-    "model.random_init.num_codes=8192",
-    "model.random_init.num_key_value_heads=4",
-    "model.sampling.top_k=2000",
-)   # = eval.peers.scd.LUMINA_OVERRIDES (spelled out: the runner reads SPEC without importing other glue)
+from eval.peers.sjd import LUMINA_OVERRIDES
 
 SPEC = PeerSpec(
     name="sjd_pac",
     repo="KangJialiang/SJD-PAC",
     commit="4fbc099f7f765b6b363a767da317c0fb8ad4a980",
     model="lumina_tiny",
-    model_overrides=_LUMINA_OVERRIDES,
+    model_overrides=LUMINA_OVERRIDES,
     pairs=(
         Pair(
             ours="sjd_pac",

@@ -41,6 +41,7 @@ from typing import Any, Callable
 import torch
 
 from eval.peers.base import Pair, PeerImage, PeerSpec
+from eval.peers.llamagen import T2I_OVERRIDES
 
 _OPTIONS = ("decoder.tree=dynamic", "decoder.dynamic_tree.top_k=10", "decoder.dynamic_tree.depth=4",
             "decoder.dynamic_tree.total_tokens=58", "decoder.k=1000", "decoder.delta=0.2",
@@ -54,7 +55,7 @@ SPEC = PeerSpec(
     repo="HyattDD/VVS",
     commit="77901736dbc56c3ceb4123cdf37bc28ab15ab9f1",
     model="llamagen_t2i_tiny",
-    model_overrides=("model.batch_invariant=false", "model.gpt.cls_token_num=120"),
+    model_overrides=T2I_OVERRIDES,
     pairs=(
         Pair(ours="vvs", theirs="vvs (uniform, interval 5)", overrides=_OPTIONS,
              difference=("their loop runs until more than the grid's tokens precede the pending token "

@@ -111,9 +111,9 @@ class Worker:
     def anatomy(self, inputs: Any, seed: int) -> dict[str, Any]:
         """The glue's ``call.target`` (and ``call.drafter``) modules' forwards are their phases, everything else
         the loop: one decode timed by phase, one more counted by phase (``anatomy_record``)."""
-        from eval.call_counts import PhaseTimer
+        from eval.call_counts import PhaseCounter
 
-        timed, counted = PhaseTimer(), PhaseTimer()
+        timed, counted = PhaseCounter(), PhaseCounter()
         hooked = any(getattr(self.call, phase, None) is not None for phase in ("target", "drafter"))
         with self.patches:
             image = phase_pass(timed, lambda: self.run(inputs, seed), self._hooks)

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from eval.peers.base import Pair, PeerImage, PeerSpec
+from eval.peers.llamagen import T2I_OVERRIDES
 
 _SUBDIR = "LlamaGen-ZipAR"
 
@@ -34,7 +35,7 @@ SPEC = PeerSpec(
     repo="ThisisBillhe/ZipAR",
     commit="2a5695ca2525872ac6ee38c9d62be38f0c9e985b",
     model="llamagen_t2i_tiny",
-    model_overrides=("model.batch_invariant=false", "model.gpt.block_size=256", "model.gpt.cls_token_num=120"),
+    model_overrides=(*T2I_OVERRIDES, "model.gpt.block_size=256"),
     pairs=(
         Pair(
             ours="zipar",

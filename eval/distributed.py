@@ -162,6 +162,11 @@ class RankMarkers:
                 if k in done:
                     continue
                 status = self.read(k)
+                # reached before failed: a rank that published this meeting's value and failed right after
+                # (between two polls of this rank) did come to the meeting; its failure stops the next wait
+                if status is not None and reached(status):
+                    done[k] = status
+                    continue
                 if status is not None and status.get("state") == "failed" and not raise_on_failure:
                     done[k] = status
                     continue
@@ -171,9 +176,6 @@ class RankMarkers:
                         f"{status.get('error')}. Every finished image of every rank is kept in {self.dir.parent}; "
                         "fix the cause and rerun the same command with the same output folder (hydra.run.dir, or "
                         "hydra.sweep.dir for a sweep) to generate only the missing ones")
-                if status is not None and reached(status):
-                    done[k] = status
-                    continue
                 sign = None if status is None else (status.get("beat"), status.get("time"))
                 if k not in seen or seen[k][0] != sign:
                     seen[k] = (sign, now)

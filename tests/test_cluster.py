@@ -165,6 +165,18 @@ def test_rank_zero_waits_for_markers_and_names_a_failed_or_silent_rank(tmp_path)
     with pytest.raises(RuntimeError, match="rank 2 of 3 failed on .*MemoryError: CUDA out of memory"):
         again.wait_for([1, 2])
 
+    # a rank that came to a meeting (published its value) and failed before rank 0's next poll did come to it:
+    # the meeting returns its value, and rank 0's next wait stops with the error (CI once caught rank 0 between
+    # the two and it stopped before making its own shard)
+    met = RankMarkers(tmp_path, 0, 2, "attempt-m", **fast)
+    late = RankMarkers(tmp_path, 1, 2, "attempt-m", **fast)
+    late.start()
+    late.publish("meeting1", {"signature": "x"})
+    late.fail(RuntimeError("rank 1 ran out of memory"))
+    assert met.wait_for([1], published="meeting1")[1]["published"]["meeting1"] == {"signature": "x"}
+    with pytest.raises(RuntimeError, match="rank 1 of 2 failed on .*rank 1 ran out of memory"):
+        met.wait_for([1])
+
     # a rank whose heartbeat stops (killed): reported with its host and pid after stale_min
     RankMarkers(tmp_path, 1, 3, "attempt-c", **fast).finish()
     dying = RankMarkers(tmp_path, 2, 3, "attempt-c", **fast)

@@ -21,7 +21,7 @@ import nothing but the standard library, torch, ``eval.peers.base`` and other gl
 worker's interpreter may lack our other dependencies.
 
 For the anatomy pass (where the time goes, one untimed image per side), the returned callable may carry the
-peer's target network as ``call.target`` and its drafter network as ``call.drafter`` (``nn.Module``\ s whose
+peer's target network as ``call.target`` and its drafter network as ``call.drafter`` (``nn.Module`` objects whose
 forwards are then timed and their torch calls counted apart from the loop).
 
 The accepted length is computed the same way for both sides: tau = (tokens - 1) / (target forwards - 1), the

@@ -76,12 +76,27 @@ class LanternRule(AcceptanceRule):
             raise ValueError(f"the neighbour table has {neighbours.shape[1]} columns; k = {k} needs k + 1")
         self.neighbours = neighbours.long()
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._last_relaxed: tuple | None = None  # (p, x, relaxed(p, x)) of the last call with drafts
         self.k, self.mode, self.budget, self.resample = k, mode, budget, resample
         self.lossless = budget == (0.0 if mode == "additive" else 1.0) and resample == "optimal"
 
     def relaxed(self, p: torch.Tensor, x: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(p̃(x), m*(x))`` for drafts ``x`` (N,) under rows ``p`` (N, V), or for every code at once when
-        ``x`` is None (each row's whole codebook) -> (N,) or (N, V)."""
+        ``x`` is None (each row's whole codebook) -> (N,) or (N, V).
+
+        A test asks twice for the same drafts (``accept_prob``, then ``residual`` after a rejection): the last
+        ``(p, x)`` pair's result is kept and returned for the same two tensor objects (held, so their ids
+        cannot be reused; the walk never writes into a distribution it has tested)."""
+        if x is not None:
+            last = self._last_relaxed
+            if last is not None and last[0] is p and last[1] is x:
+                return last[2]
+            out = self._relaxed(p, x)
+            self._last_relaxed = (p, x, out)
+            return out
+        return self._relaxed(p, x)
+
+    def _relaxed(self, p: torch.Tensor, x: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         if x is None:  # one neighbour table for every row: a column gather, no per-row index tensor
             rows = max(1, self.RELAX_CHUNK // max(1, p.shape[-1] * self.k))
             if p.dim() == 2 and p.shape[0] > rows:

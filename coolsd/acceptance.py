@@ -34,17 +34,20 @@ def ratio_acceptance(p: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | fl
 
     The arithmetic every rule shares (vanilla SD: weight 1; COOL-SD: ω_i; LANTERN: ``p̃`` in place of ``p``).
     """
-    ratio = weight * p / q.clamp_min(torch.finfo(q.dtype).tiny)
-    return torch.where(q > 0, ratio.clamp(max=1.0), torch.ones_like(p))
+    return torch.where(q > 0, unclipped_ratio(p, q, weight, where=False).clamp(max=1.0), 1.0)
 
 
-def unclipped_ratio(p: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | float = 1.0) -> torch.Tensor:
+def unclipped_ratio(p: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | float = 1.0,
+                    where: bool = True) -> torch.Tensor:
     """``weight·p/q`` elementwise, not clipped at 1; 1 where ``q == 0`` (such a token is never drafted).
 
-    ``ratio_acceptance`` is this clipped at 1, bit for bit (the same operations in the same order).
+    ``ratio_acceptance`` is this clipped at 1, bit for bit (the same operations in the same order). A weight of
+    exactly 1.0 (a Python float) is not multiplied (``1.0·x`` is ``x``); ``where=False``: the ratio without the
+    ``q == 0`` case (what ``ratio_acceptance`` clips first).
     """
-    ratio = weight * p / q.clamp_min(torch.finfo(q.dtype).tiny)
-    return torch.where(q > 0, ratio, torch.ones_like(p))
+    num = p if isinstance(weight, float) and weight == 1.0 else weight * p
+    ratio = num / q.clamp_min(torch.finfo(q.dtype).tiny)
+    return torch.where(q > 0, ratio, 1.0) if where else ratio
 
 
 def vanilla_residual(p: torch.Tensor, q: torch.Tensor, fallback: torch.Tensor | None = None) -> torch.Tensor:
@@ -109,6 +112,10 @@ class ExactRule(AcceptanceRule):
     def ratio(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         x = x[:, None]
         return unclipped_ratio(p.gather(-1, x), q.gather(-1, x)).squeeze(-1)
+
+    def accept_prob(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        # ``acceptance``'s arithmetic on the drafted tokens only (elementwise: the same bits, not a pass over V)
+        return self.ratio(p, q, x, depth).clamp(max=1.0)
 
     def residual(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
                  depth: torch.Tensor) -> torch.Tensor:
@@ -198,7 +205,17 @@ def verify_tree(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: t
     becomes the current node (depth + 1); when every child fails, the next token is drawn from the final
     ``p'``; at a fully accepted leaf it is the bonus token from that leaf's ``p``. Node j's test uses
     ``u_accept[:, j]``, so a chain-shaped tree consumes the uniforms exactly like ``verify_chain``.
+
+    One image (the timed, batch-1 path) takes ``_verify_one_tree``: the same tests on the same (1, V) rows,
+    bitwise the same verdict, with the walk's bookkeeping on the host.
     """
+    verify = _verify_one_tree if draft.tokens.shape[0] == 1 else _verify_tree_batch
+    return verify(rule, p, draft, u_accept, u_sample)
+
+
+def _verify_tree_batch(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: torch.Tensor,
+                       u_sample: torch.Tensor) -> Verdict:
+    """``verify_tree`` for any batch: the walk's state as (B,) tensors, one host read per test."""
     b, m = draft.tokens.shape
     device = p.device
     rows = torch.arange(b, device=device)
@@ -229,6 +246,46 @@ def verify_tree(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: t
         rank = torch.where(accepted, 0, rank + rejected)
         depth = depth + accepted
     return Verdict(num_accepted=n, next_token=sample(residual, u_sample), path=path[:, :m], tests=tuple(tests))
+
+
+def _verify_one_tree(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: torch.Tensor,
+                     u_sample: torch.Tensor) -> Verdict:
+    """``verify_tree`` for a batch of one: the rule's calls, their (1, V) operands and the order of the tests are
+    the batched walk's, so the verdict is bitwise the same (tests/test_trees.py); which child comes next, whether
+    it was accepted (one host read per test, as the batched walk's ``any``; the uniforms are read once), the
+    depth and the path are Python values instead of (B,) tensors updated by ``where``: about a third of the
+    torch calls per test."""
+    m = draft.tokens.shape[1]
+    device = p.device
+    # one host read: the tree's shape and the acceptance uniforms (float32 or float64 -> float64: exact)
+    host = torch.cat([draft.parents[0].double(), draft.valid[0].double(), u_accept[0, :m].double()]).tolist()
+    u = host[2 * m:]
+    kids: list[list[int]] = [[] for _ in range(m + 1)]
+    for j in range(m):
+        if host[m + j]:
+            kids[int(host[j]) + 1].append(j)  # valid children in node order: the batched walk's children_table
+    testing = torch.ones(1, dtype=torch.bool, device=device)
+    depths: dict[int, torch.Tensor] = {}
+    current, rank, depth, path = 0, 0, 1, []
+    residual = p[:, 0]
+    tests = []
+    while rank < len(kids[current]):
+        j = kids[current][rank]
+        q, x = draft.q[:, j], draft.tokens[:, j]
+        d = depths.get(depth)
+        if d is None:
+            d = depths[depth] = torch.full((1,), depth, dtype=torch.long, device=device)
+        tests.append((residual, q, d, testing))
+        if u[j] < float(rule.accept_prob(residual, q, x, d)):  # the batched walk's comparison, in float64
+            residual, current, rank, depth = p[:, j + 1], j + 1, 0, depth + 1
+            path.append(j)
+        else:
+            residual = rule.residual(residual, q, x, d)
+            rank += 1
+    return Verdict(num_accepted=torch.tensor([len(path)], device=device),
+                   next_token=sample(residual, u_sample),
+                   path=torch.tensor([path + [0] * (m - len(path))], dtype=torch.long, device=device),
+                   tests=tuple(tests))
 
 
 def summed_tv(rule: AcceptanceRule, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -326,3 +326,29 @@ def test_lantern_tv_equals_brute_force_in_float32_on_near_empty_residuals(v, k, 
         assert abs(tv1(rule, p, q, 1) - expected) < 1e-6, (trial, tv1(rule, p, q, 1), expected)
     if resample == "reference" and k == v - 2:
         assert empty > 0  # the case above was exercised
+
+
+@pytest.mark.parametrize("name", ["exact", *rules()])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_accept_prob_is_the_acceptance_of_the_drafted_token_bit_for_bit(name, dtype):
+    """``accept_prob`` (the loop's per-test call, which Exact and COOL-SD compute on the drafted tokens only and
+    LANTERN keeps for the residual that follows) equals ``acceptance`` over the codebook at the drafted token,
+    bitwise: with zeros in q, one-hot q (a dynamic tree's drafts) and every depth; LANTERN's kept result is
+    reused only for the same tensors."""
+    rule = ExactRule() if name == "exact" else rules()[name]
+    g = torch.Generator().manual_seed(7)
+    for trial in range(40):
+        n = 1 + trial % 5
+        pairs = [random_pair(g, sparsity=0.5 * (trial % 2)) for _ in range(n)]
+        p, q = (torch.stack([pq[k] for pq in pairs]).to(dtype) for k in (0, 1))
+        x = torch.multinomial(q.double(), 1, generator=g).squeeze(-1)
+        if trial % 3 == 0:
+            q = torch.nn.functional.one_hot(x, V).to(dtype)
+        depth = torch.randint(1, 6, (n,), generator=g)
+        want = rule.acceptance(p, q, depth).gather(-1, x[:, None]).squeeze(-1)
+        got = rule.accept_prob(p, q, x, depth)
+        assert got.dtype == want.dtype and torch.equal(got, want), (trial, got, want)
+        assert torch.equal(rule.accept_prob(p, q, x, depth), want)  # asked again (LANTERN: the kept result)
+        other = x.flip(0) if n > 1 else (x + 1) % V  # other drafts, other objects: computed afresh
+        assert torch.equal(rule.accept_prob(p, q, other, depth),
+                           rule.acceptance(p, q, depth).gather(-1, other[:, None]).squeeze(-1))

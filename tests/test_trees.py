@@ -180,3 +180,38 @@ def test_greedy_tree_sd_equals_greedy_ar(tree):
                  tree=tree)
     for prompt in ("zero", "eight"):
         assert torch.equal(ar.generate(prompt, 0).tokens, sd.generate(prompt, 3).tokens)
+
+
+@pytest.mark.parametrize("rule_name", ["exact", "coolsd", "lantern"])
+def test_one_image_walk_equals_the_batched_walk(rule_name):
+    """``verify_tree`` at batch 1 (host bookkeeping) gives bitwise the batched walk's verdict on random trees:
+    accepted count, path, next token and every test's operands (what ``summed_tv`` reads), with deterministic
+    (one-hot) and sampled sibling distributions, invalid nodes and empty trees."""
+    from coolsd.acceptance import _verify_one_tree, _verify_tree_batch
+
+    v = 12
+    rule = {"exact": ExactRule(), "coolsd": CoolSDRule(delta=2.0, draft_len=5),
+            "lantern": LanternRule(compute_neighbours(torch.randn(v, 3, generator=torch.Generator().manual_seed(0)),
+                                                      v - 1), k=4, mode="additive", budget=0.2)}[rule_name]
+    g = torch.Generator().manual_seed(3)
+    accepted = 0
+    for trial in range(300):
+        m = trial % 9  # 0: an empty tree
+        parents = [-1 if j == 0 or torch.rand(1, generator=g) < 0.3 else int(torch.randint(j, (1,), generator=g))
+                   for j in range(m)]
+        p = torch.softmax(3 * torch.randn(1, m + 1, v, generator=g), -1)
+        q = torch.softmax(3 * torch.randn(1, m, v, generator=g), -1)
+        tokens = torch.multinomial(q[0], 1, generator=g).T if m else torch.zeros(1, 0, dtype=torch.long)
+        if trial % 2:  # a dynamic tree's drafts: q one-hot on its token
+            q = torch.nn.functional.one_hot(tokens, v).float()
+        valid = torch.rand(1, m, generator=g) < 0.85
+        draft = Draft(tokens=tokens, q=q, valid=valid, forwards=[m], parents=torch.tensor([parents], dtype=torch.long).view(1, m))
+        u_accept, u_sample = torch.rand(1, m, generator=g), torch.rand(1, generator=g)
+        one = _verify_one_tree(rule, p, draft, u_accept, u_sample)
+        batched = _verify_tree_batch(rule, p, draft, u_accept, u_sample)
+        assert torch.equal(one.num_accepted, batched.num_accepted) and torch.equal(one.next_token, batched.next_token)
+        assert torch.equal(one.path, batched.path) and len(one.tests) == len(batched.tests)
+        for a, b in zip(one.tests, batched.tests):
+            assert all(torch.equal(x, y) for x, y in zip(a, b))
+        accepted += int(one.num_accepted)
+    assert accepted > 50  # the walks went deeper than the root's children

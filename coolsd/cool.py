@@ -53,10 +53,6 @@ class CoolSDRule(AcceptanceRule):
         x = x[:, None]
         return unclipped_ratio(p.gather(-1, x), q.gather(-1, x), self.weight(depth, p.dtype)[:, None]).squeeze(-1)
 
-    def accept_prob(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        # ``acceptance``'s arithmetic on the drafted tokens only (elementwise: the same bits, not a pass over V)
-        return self.ratio(p, q, x, depth).clamp(max=1.0)
-
     def residual(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
                  depth: torch.Tensor) -> torch.Tensor:
         return optimal_residual(p, q, self.acceptance(p, q, depth))

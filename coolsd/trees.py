@@ -28,7 +28,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -250,23 +250,32 @@ def _static_plan(shape: TreeShape) -> tuple[_Level, ...]:
 
 _PLANS: dict[TreeShape, tuple[_Level, ...]] = {}
 DRAW_STRIDE = 1024  # draw-index stride between a level's (frontier, rank) slots: more than any tree depth
-_DRAW_INDEX: dict[tuple, tuple[torch.Tensor, list[int]]] = {}
+_SHAPED: dict[tuple, Any] = {}
+
+
+def _shaped(key: tuple, make: Callable[[], Any]) -> Any:
+    """A value of the tree code that depends only on shapes (``key``: what it is, its sizes, the device), made once;
+    the callers only read it (they gather, concatenate and repeat it into new tensors)."""
+    out = _SHAPED.get(key)
+    if out is None:
+        if len(_SHAPED) > 4096:  # many batch sizes over a long mixed run: start again
+            _SHAPED.clear()
+        out = _SHAPED[key] = make()
+    return out
 
 
 def _draw_index(shape: TreeShape, levels: int, device: torch.device) -> tuple[torch.Tensor, list[int]]:
-    """The draw indices of the first ``levels`` levels of ``shape``'s plan, concatenated (cached, never
-    modified), and where each level's (F·C) block starts: (frontier f, rank r) at level l draws
-    l + STRIDE·(f·C + r)."""
-    key = (shape, levels, device)
-    if key not in _DRAW_INDEX:
-        blocks, offsets = [], [0]
+    """The draw indices of the first ``levels`` levels of ``shape``'s plan, concatenated, and where each level's
+    (F·C) block starts: (frontier f, rank r) at level l draws l + STRIDE·(f·C + r)."""
+    def make() -> tuple[torch.Tensor, list[int]]:
+        blocks, offsets = [torch.zeros(0, dtype=torch.long, device=device)], [0]
         for level, plan in enumerate(_static_plan(shape)[:levels]):
             n = len(plan.frontier) * len(plan.children[0])
             blocks.append(level + DRAW_STRIDE * torch.arange(n, device=device))
             offsets.append(offsets[-1] + n)
-        index = torch.cat(blocks) if blocks else torch.zeros(0, dtype=torch.long, device=device)
-        _DRAW_INDEX[key] = (index, offsets)
-    return _DRAW_INDEX[key]
+        return torch.cat(blocks), offsets
+
+    return _shaped(("draw index", shape, levels, device), make)
 
 
 def draft_static_tree(shape: TreeShape, root_pos: torch.Tensor, limit: torch.Tensor, expand: ExpandFn,
@@ -337,35 +346,6 @@ def draft_static_tree(shape: TreeShape, root_pos: torch.Tensor, limit: torch.Ten
                  parents=torch.tensor(parents_list, device=device).expand(b, -1), finite=finite)
 
 
-_CONSTANTS: dict[tuple, torch.Tensor] = {}
-
-
-def _constant(kind: str, b: int, size, device: torch.device) -> torch.Tensor:
-    """``draft_dynamic_tree``'s tensors that depend only on shapes, built once (read, never written: the tree
-    concatenates, gathers and repeats them into new tensors): ``lineage`` (B, 1, 1) true, ``zeros`` (B, 1) the
-    root's score, ``root`` (B, k) parent −1, ``depth`` (B, n) the level, ``rows`` (B, F·k) each candidate's
-    frontier row, ``eye`` (B, F, F)."""
-    key = (kind, b, size, device)
-    out = _CONSTANTS.get(key)
-    if out is None:
-        if len(_CONSTANTS) > 4096:  # many batch sizes (a long mixed run): start again
-            _CONSTANTS.clear()
-        if kind == "lineage":
-            out = torch.ones(b, 1, 1, dtype=torch.bool, device=device)
-        elif kind == "zeros":
-            out = torch.zeros(b, 1, device=device)
-        elif kind == "root":
-            out = torch.full((b, size), -1, dtype=torch.long, device=device)
-        elif kind == "depth":
-            out = torch.full((b, size[0]), size[1], dtype=torch.long, device=device)
-        elif kind == "rows":
-            out = torch.arange(size[0], device=device).repeat_interleave(size[1]).expand(b, -1)
-        else:
-            out = torch.eye(size, dtype=torch.bool, device=device).expand(b, -1, -1)
-        _CONSTANTS[key] = out
-    return out
-
-
 def draft_dynamic_tree(spec: DynamicTree, root_pos: torch.Tensor, limit: torch.Tensor, expand: ExpandFn) -> Draft:
     """EAGLE-2 for every image: grow by cumulative log q, keep the ``total_tokens`` best nodes; q one-hot.
 
@@ -381,7 +361,7 @@ def draft_dynamic_tree(spec: DynamicTree, root_pos: torch.Tensor, limit: torch.T
     levels = min(spec.depth + 1, int(limit.max()) if b else 0)
     tok, par, score, depth, front_row = [], [], [], [], []  # per level, (B, n_level)
     frontier = None  # (B, F) candidate ids of the current frontier
-    lineage = _constant("lineage", b, 1, device)  # (B, F, K) slots of each frontier node
+    lineage = _shaped(("lineage", b, device), lambda: torch.ones(b, 1, 1, dtype=torch.bool, device=device))  # (B, F, K)
     finite = None
     v = 1
     for level in range(1, levels + 1):
@@ -398,20 +378,25 @@ def draft_dynamic_tree(spec: DynamicTree, root_pos: torch.Tensor, limit: torch.T
         f, v = q.shape[1], q.shape[-1]
         top = torch.topk(q, min(k, v), dim=-1)  # (B, F, k)
         kk = top.indices.shape[-1]
-        base = _constant("zeros", b, 1, device) if frontier is None else torch.cat(score, 1).gather(1, frontier)
+        base = _shaped(("root score", b, device), lambda: torch.zeros(b, 1, device=device)) if frontier is None \
+            else torch.cat(score, 1).gather(1, frontier)
         new_score = (base[:, :, None] + top.values.log()).flatten(1)  # (B, F·k); log 0 = -inf: invalid
         tok.append(top.indices.flatten(1))
-        par.append(_constant("root", b, kk, device) if frontier is None else frontier.repeat_interleave(kk, dim=1))
+        par.append(_shaped(("root parent", b, kk, device), lambda: torch.full((b, kk), -1, device=device))
+                   if frontier is None else frontier.repeat_interleave(kk, dim=1))
         score.append(new_score)
-        depth.append(_constant("depth", b, (f * kk, level), device))
-        front_row.append(_constant("rows", b, (f, kk), device))
+        depth.append(_shaped(("depth", b, f * kk, level, device),
+                             lambda: torch.full((b, f * kk), level, dtype=torch.long, device=device)))
+        front_row.append(_shaped(("frontier row", b, f, kk, device),  # each candidate's row in this request
+                                 lambda: torch.arange(f, device=device).repeat_interleave(kk).expand(b, -1)))
         offset = sum(x.shape[1] for x in tok[:-1])
         best = torch.topk(new_score, min(k, new_score.shape[1]), dim=-1).indices  # (B, F')
         if level < levels:  # the next frontier's slots: this request's slots plus one block of F' new ones
             f_next = best.shape[1]
             parent_pos = front_row[-1].gather(1, best)  # row of each new frontier node's parent in this request
             old = lineage.gather(1, parent_pos[:, :, None].expand(-1, -1, lineage.shape[-1]))  # (B, F', K)
-            own = _constant("eye", b, f_next, device)
+            own = _shaped(("eye", b, f_next, device),
+                          lambda: torch.eye(f_next, dtype=torch.bool, device=device).expand(b, -1, -1))
             lineage = torch.cat([old, own], dim=-1)
         frontier = best + offset
     if not tok:

@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from eval.runner import run_experiment
+from eval.run.experiment import run_experiment
 
 
 def decoder_chosen(task_overrides: list[str]) -> bool:

@@ -17,8 +17,8 @@ Options that differ between the paper and its published code (junhyukso/GSD
   probable; ``group_size`` is ignored) and, where ``k < 7`` (the slice would be empty), the plain ratio
   ``min(1, p(x)/q(x))``, as the code's exception path does.
 * ``embedding``: ``input`` = the target's input embedding of the image codes (``model.embed``; the code uses
-  Lumina-mGPT's ``embed_tokens``), ``codebook`` = the VQ codebook vectors (``model.codebook()``; the wording of
-  ``shared/docs/algorithms.md``). The thresholds ``δ_p = 0.15`` and ``d = 0.5`` are the code's, tuned for
+  Lumina-mGPT's ``embed_tokens``), ``codebook`` = the VQ codebook vectors (``model.codebook()``; the paper's
+  wording, ``docs/algorithms.md``). The thresholds ``δ_p = 0.15`` and ``d = 0.5`` are the code's, tuned for
   Lumina-mGPT's embedding table; another model's embeddings have another scale (``max_distance`` is a knob).
   Distances are computed in float32 (the code: in the model's bf16).
 
@@ -64,16 +64,23 @@ class GroupedRule(AcceptanceRule):
         self.max_distance = validate.number("decoder.max_distance", max_distance, minimum=0.0, min_open=True)
         self.embeddings = embeddings.detach().float()
         self._dense: dict[torch.device, torch.Tensor] = {}
+        self._copies: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         if window == "paper":
             half = self.group_size // 2
             self.offsets = torch.arange(-half, half + 1)
         else:
             self.offsets = torch.arange(-REFERENCE_BELOW, REFERENCE_ABOVE)
 
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The embeddings and the rank offsets on ``device``, copied there once (no copy inside a decode step)."""
+        if device not in self._copies:
+            self._copies[device] = (self.embeddings.to(device), self.offsets.to(device))
+        return self._copies[device]
+
     def distances(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """Squared L2 distances between the embeddings of codes ``a`` (...) and ``b`` (..., W) -> (..., W)."""
         device = a.device
-        e = self.embeddings.to(device)
+        e = self._on(device)[0]
         if e.shape[0] <= self.DENSE_DISTANCES:
             if device not in self._dense:
                 sq = (e * e).sum(-1)
@@ -88,7 +95,7 @@ class GroupedRule(AcceptanceRule):
         order = torch.sort(p, dim=-1, stable=True).indices  # (N, V) ascending
         rank = torch.empty_like(order).scatter_(-1, order, torch.arange(v, device=p.device).expand_as(order))
         k = rank.gather(-1, y)  # (N, C)
-        slots = k[..., None] + self.offsets.to(p.device)  # (N, C, W)
+        slots = k[..., None] + self._on(p.device)[1]  # (N, C, W)
         inside = (slots >= 0) & (slots < v)
         g = order.gather(-1, slots.clamp(0, v - 1).flatten(1)).view(slots.shape)  # (N, C, W) codes
         p_g = p.gather(-1, g.flatten(1)).view(g.shape)
@@ -139,7 +146,7 @@ class GSD(Decoder):
     def __init__(self, name: str, model: ImageARModel, draft_len: int, drafter: Callable[..., Drafter],
                  group_size: int = 25, window: str = "paper", delta_p: float = 0.15, max_distance: float = 0.5,
                  embedding: str = "input", sv: Mapping[str, Any] | None = None, track_tv: bool = True,
-                 sync_phases: bool = False) -> None:
+                 sync_phases: bool = False, path: str = "eager") -> None:
         rule = GroupedRule(code_embeddings(model, embedding), group_size, window, delta_p, max_distance)
         super().__init__(name, model, rule, draft_len=draft_len, drafter=drafter, track_tv=track_tv,
-                         sync_phases=sync_phases, verifier=sv_verifier(sv, rule))
+                         sync_phases=sync_phases, verifier=sv_verifier(sv, rule), path=path)

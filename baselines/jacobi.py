@@ -6,7 +6,7 @@ after the last committed one is refined by Jacobi iteration; every iteration run
 is the distribution ``d`` was drawn from. That is vanilla speculative sampling with a drafter that remembers
 the target's own outputs, so every method below is this drafter (``JacobiDrafter``) with one or two slots
 changed, run by ``coolsd.decoding.Decoder`` with ``baselines.exact.ExactRule`` or GSD's
-``baselines.gsd.GroupedRule`` (``shared/docs/algorithms.md``, "The Jacobi family"):
+``baselines.gsd.GroupedRule`` (``docs/algorithms.md``, "The Jacobi family"):
 
 * **(A) ``init``, a fresh window slot**: ``random`` (a uniform code, stored q one-hot on it: SJD),
   ``random_uniform_q`` (a uniform code, stored q uniform over the codes, so it is accepted with
@@ -175,6 +175,7 @@ class JacobiDrafter(Drafter):
     """The Jacobi window of a batch of images with the family's slots as options (module doc)."""
 
     drafts_trees = False  # its own window (chain or SJD-PAC tree); decoder.tree is refused when the decoder is built
+    self_drafting = True  # the window holds the target's own outputs
 
     def __init__(self, target: ImageARModel, init: str = "auto", carry: str = "independent",
                  carried_q: str = "exact", tree_width: int = 1, tree_depth: int = 1) -> None:
@@ -257,7 +258,7 @@ class JacobiDrafter(Drafter):
 
     def window(self, last_tokens: torch.Tensor, t: torch.Tensor, limit: torch.Tensor, depth: int):
         """The window slots 0..depth−1 of every image: carried drafts, then fresh initial tokens."""
-        b, k, _ = shape = self.q.shape
+        b, k, _ = self.q.shape
         carried = torch.minimum(self.carried, limit)[:, None]  # (B, 1)
         is_carried = _columns(depth, self.device) < carried  # (B, L)
         # the stored q of slots 0..k−1, zero rows after them (slots never carried there): a view, or padded
@@ -340,6 +341,37 @@ class JacobiDrafter(Drafter):
             valid = valid & torch.where(parents >= 0, valid[:, parents.clamp_min(0)], True)
         return Draft(tokens=node_tokens, q=node_q, valid=valid, forwards=[0] * b,
                      parents=parents.expand(b, -1))
+
+    # -- the static decode path (coolsd.static): a window of exactly ``depth`` slots, state in fixed buffers ----
+    @property
+    def static_path(self) -> bool:
+        return not self.is_tree  # SJD-PAC's tree comes with the static trees
+
+    def static_begin(self, prefill, first_tokens, streams, depth) -> None:
+        """``begin`` with persistent (B, depth) buffers: nothing carried, so the first window is all fresh."""
+        b = first_tokens.shape[0]
+        self.begin(None, prefill, first_tokens, streams)
+        key = (b, depth)
+        self._static = getattr(self, "_static", {})
+        if key not in self._static:
+            device = first_tokens.device
+            self._static[key] = (torch.zeros(b, depth, self.vocab, device=device),
+                                 torch.full((b, depth), -1, dtype=torch.long, device=device),
+                                 torch.zeros(b, dtype=torch.long, device=device))
+        self.q, self.x, self.carried = self._static[key]
+        self.carried.zero_()
+
+    def static_propose(self, last_tokens, t, limit, depth) -> Draft:
+        return self.propose(last_tokens, t, limit, depth)
+
+    def static_observe(self, out, p, draft, verdict, active) -> None:
+        """``observe``, its results copied into the fixed buffers (a finished image's are stale and never read)."""
+        buffers = (self.q, self.x, self.carried)
+        self.observe(out, p, draft, verdict)
+        for buffer, value in zip(buffers, (self.q, self.x, self.carried)):
+            if value is not None and value is not buffer:
+                buffer.copy_(value)
+        self.q, self.x, self.carried = buffers
 
     def observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict) -> None:
         # the carry path: one node per depth below the last accepted node (the first is the rejected draft,

@@ -2,9 +2,10 @@
 Ye, arXiv 2609.13245, ICML 2026): a verification wrapper over the Jacobi-window decoders (SJD-SV, GSD-SV and
 LANTERN-SV inside the Jacobi loop).
 
-There is no public code: this is implemented from the paper's description (``shared/docs/reference/
-methods-2026b.md`` §2.1). Notation: ``p`` the target distribution, ``q`` the draft distribution (in SJD the
-previous iteration's distribution at that slot). For the drafted chain ``x_1..x_m`` of a window:
+There is no public code: this is implemented from a third-party description of the paper
+(``docs/algorithms.md``, "SJD-SV"; ``docs/reference-behaviour.md``). Notation: ``p`` the target distribution,
+``q`` the draft distribution (in SJD the previous iteration's distribution at that slot). For the drafted chain
+``x_1..x_m`` of a window:
 
 1. the loop runs SJD's forward as usual; take ``p_i(x_i)`` and the base rule's **unclipped** ratio ``r_i``
    (``AcceptanceRule.ratio``: ``p/q`` for SJD's exact rule, ``p(G)/q(G)`` for GSD's group, ``p̃/q`` for LANTERN);
@@ -209,6 +210,6 @@ class SVDecoder(Decoder):
 
     def __init__(self, name: str, model: ImageARModel, rule: AcceptanceRule, draft_len: int,
                  drafter: Callable[..., Drafter] | Drafter, sv: Mapping[str, Any] | None = None,
-                 track_tv: bool = True, sync_phases: bool = False) -> None:
+                 track_tv: bool = True, sync_phases: bool = False, path: str = "eager") -> None:
         super().__init__(name, model, rule, draft_len=draft_len, drafter=drafter, track_tv=track_tv,
-                         sync_phases=sync_phases, verifier=sv_verifier(sv, rule))
+                         sync_phases=sync_phases, verifier=sv_verifier(sv, rule), path=path)

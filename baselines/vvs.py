@@ -15,7 +15,7 @@ drafters, no new training) in which some rounds make **no target forward**:
   ``min(last index, ⌊mean length with the root⌋ − 1)``), without a target forward. The drafter is fed the last
   ``a`` cached target features in place of the missing ones (``reuse_feature: reuse_prev``).
 * **The next verified round** runs the skipped tokens through the target as a causal chain before the new tree
-  (``coolsd.decoding.BlockPrefix``): they get their KV entries and features there and are never tested.
+  (``BlockPrefix``): they get their KV entries and features there and are never tested.
 
 Options where the released code and the method's description differ (both kept, by name):
 
@@ -47,6 +47,8 @@ Example: ``python run.py decoder=vvs``; ``python run.py decoder=vvs decoder.skip
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -54,7 +56,7 @@ import torch.nn.functional as F
 
 from baselines.lantern import check_options, lantern_rule
 from coolsd import validate
-from coolsd.decoding import BlockPrefix, Decoder, Skips
+from coolsd.decoding import Batch, Decoder
 from coolsd.drafters.base import Drafter
 from coolsd.drafters.eagle import EagleDrafter
 from coolsd.models.base import ImageARModel
@@ -70,6 +72,99 @@ FIRST_ROW = ("reference_code", "measured")
 SKIP_BONUS = ("reference_code", "reuse_logits")
 NEVER = 1024  # the reference's skip interval that disables skipping
 MIN_GENERATED = 5  # no skip while at most this many tokens are generated (the reference's ``new_token <= 5``)
+
+
+# -- what the round hooks return (coolsd.decoding.Decoder.plan_skips / block_prefix) ----------------------
+@dataclass(frozen=True)
+class Skips:
+    """Images that commit this round without a target forward, as VVS plans them (``VVS.plan_skips``).
+
+    ``images[b]`` (host) says whether image ``b`` skips. For those images ``verdict`` is what they commit, in a
+    verification's terms (``num_accepted`` drafts along ``path``, then ``next_token``; no tests), and ``hidden``
+    (S, B, M + 1, H) the features their drafter reads in place of the target's, at the rows the drafter reads
+    for that verdict (row 0 the last committed token, node j at row j + 1). Other images' rows are ignored.
+    """
+
+    images: tuple[bool, ...]
+    verdict: Verdict
+    hidden: torch.Tensor
+
+    def merge(self, verdict: Verdict, out: TargetOutput) -> tuple[Verdict, TargetOutput]:
+        """The verification's verdict and the output the drafter reads, with the skipping images' replaced (their
+        tests dropped: nothing of theirs was tested)."""
+        mask = torch.tensor(self.images, device=verdict.next_token.device)  # (B,)
+        skip = self.verdict
+        tests = tuple((res, q, d, made & ~mask.view(-1, *[1] * (made.dim() - 1)))
+                      for res, q, d, made in verdict.tests)
+        merged = Verdict(num_accepted=torch.where(mask, skip.num_accepted, verdict.num_accepted),
+                         next_token=torch.where(mask, skip.next_token, verdict.next_token),
+                         path=torch.where(mask[:, None], skip.path, verdict.path), tests=tests)
+        hidden = torch.where(mask[None, :, None, None], self.hidden.to(out.hidden.dtype), out.hidden)
+        return merged, dataclasses.replace(out, hidden=hidden)
+
+
+@dataclass(frozen=True)
+class BlockPrefix:
+    """Committed tokens the target has not run yet (a skipped round's), fed as a causal chain before an image's
+    block (``VVS.block_prefix``): they get their KV entries and features there and are never tested.
+
+    ``counts[b]`` tokens of image ``b`` (its image positions ``t_b − 1 − counts[b] .. t_b − 2``), right-aligned in
+    ``C = max(counts)`` slots; the padding slots in front see only themselves and are never kept.
+    """
+
+    counts: tuple[int, ...]
+    tokens: torch.Tensor  # (B, C)
+    positions: torch.Tensor  # (B, C)
+
+    @classmethod
+    def of(cls, tokens: torch.Tensor, t: list[int], counts: list[int]) -> "BlockPrefix":
+        width = max(counts)
+        cols = [[ti - 1 - width + j if j >= width - c else ti - 1 for j in range(width)]
+                for ti, c in zip(t, counts)]  # padding slots sit at the last committed token's position
+        index = torch.tensor(cols, device=tokens.device)  # (B, C)
+        pad = torch.tensor([[j < width - c for j in range(width)] for c in counts], device=tokens.device)
+        return cls(counts=tuple(counts), tokens=torch.where(pad, 0, tokens.gather(1, index)), positions=index)
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def prepend(self, inputs: torch.Tensor, positions: torch.Tensor,
+                tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The block ``[prefix, inputs]`` (B, C + T), its positions and its (B, C + T, C + T) mask: the prefix
+        causal, the block as ``tree_mask`` (None: causal) after every prefix token of its image."""
+        b, t = inputs.shape
+        c = self.width
+        device = inputs.device
+        counts = torch.tensor(self.counts, device=device)
+        real = torch.arange(c, device=device)[None, :] >= (c - counts)[:, None]  # (B, C)
+        mask = torch.zeros(b, c + t, c + t, dtype=torch.bool, device=device)
+        mask[:, :c, :c] = torch.ones(c, c, dtype=torch.bool, device=device).tril() & real[:, None, :]
+        mask[:, :c, :c] |= torch.eye(c, dtype=torch.bool, device=device)  # a padding slot sees itself only
+        mask[:, c:, :c] = real[:, None, :]
+        block = torch.ones(t, t, dtype=torch.bool, device=device).tril() if tree_mask is None else tree_mask
+        mask[:, c:, c:] = block
+        return (torch.cat([self.tokens, inputs], 1), torch.cat([self.positions, positions], 1), mask)
+
+    def split(self, out: TargetOutput) -> tuple[TargetOutput, TargetOutput]:
+        """The forward's output over the prefix slots (S, B, C, ·) and over the block."""
+        c = self.width
+        return (TargetOutput(logits=out.logits[:, :, :c], hidden=out.hidden[:, :, :c]),
+                TargetOutput(logits=out.logits[:, :, c:], hidden=out.hidden[:, :, c:]))
+
+    def keep(self, kept: list[int], index: torch.Tensor | None) -> tuple[list[int], torch.Tensor]:
+        """``cache.keep`` arguments for the block's kept entries (``kept``, block ``index`` or None: the first
+        ones) with each image's prefix tokens in front."""
+        c = self.width
+        b = len(kept)
+        device = self.tokens.device
+        if index is None:
+            index = torch.arange(max(kept), device=device).expand(b, -1)
+        counts = torch.tensor(self.counts, device=device)[:, None]
+        w = index.shape[1]
+        k = torch.arange(c + w, device=device)[None, :]
+        block = index.gather(1, (k - counts).clamp(0, max(w - 1, 0)).expand(b, -1)) + c if w else k.expand(b, -1)
+        return [x + y for x, y in zip(kept, self.counts)], torch.where(k < counts, c - counts + k, block)
 
 
 # -- the rule's steps, on plain tensors ----------------------------------------------------------------------
@@ -176,7 +271,8 @@ class VVS(Decoder):
                  skip_policy: str = "uniform", skip_interval: int = 5, similarity_threshold: float = 0.70,
                  similarity_decay: float = 0.9, similarity_paths: str = "every_other", select_token: str = "random",
                  reuse_feature: str = "reuse_prev", first_row: str = "reference_code",
-                 skip_bonus: str = "reference_code", track_tv: bool = True, sync_phases: bool = False) -> None:
+                 skip_bonus: str = "reference_code", track_tv: bool = True, sync_phases: bool = False,
+                 path: str = "eager") -> None:
         check_options(name, draft_len, k, resample, neighbour_metric, tree, dynamic_tree, track_tv, sync_phases)
         validate.number("decoder.delta", delta, minimum=0.0, maximum=1.0)
         validate.choice("decoder.skip_policy", skip_policy, SKIP_POLICIES)
@@ -193,7 +289,7 @@ class VVS(Decoder):
                              "(the EAGLE-2 tree VVS is published with) or a static tree shape")
         rule = lantern_rule(model, k, "additive", delta, resample, neighbour_metric, neighbour_cache)
         super().__init__(name=name, model=model, rule=rule, draft_len=draft_len, drafter=drafter, tree=tree,
-                         dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases)
+                         dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases, path=path)
         if not isinstance(self.drafter, EagleDrafter):
             raise ValueError(f"decoder {name!r} (VVS) feeds stale target features to an EAGLE drafter; "
                              f"{type(self.drafter).__name__} reads none: use drafter=<an EAGLE drafter config>")
@@ -293,6 +389,36 @@ class VVS(Decoder):
                 laws[torch.arange(b, device=device), a] = self.last_p.to(laws.dtype)
             self._laws = laws
         return Skips(images=images, verdict=verdict, hidden=hidden)
+
+    def unverified_round(self, batch: Batch, draft: Draft, skips: Skips, now: float, t1: float) -> float:
+        """A round in which every image skips verification: commit ``skips.verdict`` with no target forward (no
+        cache block is opened) and let the drafter read ``skips.hidden``."""
+        tokens, t, recs, phases, rows = batch.tokens, batch.t, batch.recs, batch.phases, batch.rows
+        verdict = skips.verdict
+        host = [verdict.num_accepted]
+        forwards = draft.forwards
+        if isinstance(forwards, torch.Tensor):
+            host.append(forwards)
+        host = torch.stack(host).tolist()
+        n = host[0]
+        if isinstance(forwards, torch.Tensor):
+            forwards = host[-1]
+        verdict = dataclasses.replace(verdict, accepted=tuple(n))
+        t3 = self._clock()
+        self._write_tokens(tokens, t, draft, verdict, n)
+        seen = TargetOutput(logits=skips.hidden.new_zeros(0), hidden=skips.hidden)
+        self.drafter.observe(seen, None, draft, verdict)
+        diagnostics = self.end_round(None, None, None, draft, verdict, skips, None, t, rows, recs)
+        t4 = self._clock()
+        for i, r in enumerate(rows):
+            recs[r].unverified(n[i] + 1)
+            recs[r].drafter_forwards += forwards[i]
+            t[i] += n[i] + 1
+        phases.diagnostics_s += diagnostics
+        phases.draft_s += t1 - now
+        phases.accept_s += t3 - t1
+        phases.observe_s += t4 - t3 - diagnostics
+        return t4
 
     def stale_hidden(self, pairs: torch.Tensor, path: torch.Tensor, m: int) -> torch.Tensor:
         """(S, B, M + 1, H): the last ``pairs`` (B,) held features at the rows the drafter reads for a verdict

@@ -1,7 +1,7 @@
 """The acceptance-rule interface and the verification steps every decoder shares (chains and trees).
 
 A rule is a pair (acceptance function ``f``, resampling distribution ``G``) over the target distribution
-``p`` and the draft distribution ``q`` (``shared/docs/algorithms.md``, "General relaxed acceptance"): a draft
+``p`` and the draft distribution ``q`` (``docs/algorithms.md``, "Relaxed acceptance"): a draft
 ``x ~ q`` is accepted with probability ``f(x)``; after a rejection the next token is drawn from ``G``. One step
 then outputs ``P̂(y) = q(y) f(y) + β G(y)`` with ``β = 1 − Σ q f``, and its total-variation distance to ``p``
 is the quantity the COOL-SD paper bounds (``one_step_tv``).

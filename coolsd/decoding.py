@@ -1,9 +1,12 @@
-"""The one speculative decoding loop that every decoder runs (AR, SD, LANTERN, LANTERN++, SJD, COOL-SD),
-for a batch of images at once.
+"""The decoding loop every decoder runs (AR, SD, LANTERN, LANTERN++, COOL-SD, the Jacobi family, ZipAR, PJD, VVS),
+for a batch of images at once: the papers' eager path (``decoder.path=eager``), and the entry to the static path.
 
-A decoder is a drafter + an acceptance rule + a draft length; the loop below never branches on which.
-Per iteration (the algorithm box of speculative sampling, Leviathan et al. 2023; loop shape after
-Hugging Face ``generation/utils.py: _assisted_decoding`` and gpt-fast ``generate.py: speculative_decode``):
+A decoder is a drafter + an acceptance rule + a draft length (and optionally a tree, a verifier, a generation
+order or round hooks: ``docs/extending.md``). Which kind of round it runs is decided once, when it is built
+(``Decoder._round``): plain AR to the end of the image, a whole image in a spatial generation order, one forward
+of a dynamic order, or the speculative iteration; nothing in a round branches on the method's name. Per
+speculative iteration (the algorithm box of speculative sampling, Leviathan et al. 2023; loop shape after Hugging
+Face ``generation/utils.py: _assisted_decoding`` and gpt-fast ``generate.py: speculative_decode``):
 
 1. draft   — the drafter proposes up to ``L`` tokens per image with their draft distributions ``q``;
 2. verify  — one target forward over ``[last committed token, x_1..x_L]`` of every image gives ``p``;
@@ -11,18 +14,20 @@ Hugging Face ``generation/utils.py: _assisted_decoding`` and gpt-fast ``generate
 4. commit  — append ``n_b + 1`` tokens per image, keep their KV entries, drop the rest;
 5. observe — the drafter sees the verified block and updates its own state.
 
-Every image of a batch runs the same algorithm as alone (``shared/docs/algorithms.md``, "Batched
-decoding"): its own acceptance, positions and cache length; images that finish leave the batch. All
-randomness comes from per-image counter-based streams (``coolsd.rng``) keyed by the image's seed and
-position, so an image depends only on its prompt, seed and config, not on the batch. ``generate`` is the
-same loop with a batch of one.
+Every image of a batch runs the same algorithm as alone (``docs/algorithms.md``, "Batched decoding"): its own
+acceptance, positions and cache length; images that finish leave the batch. All randomness comes from per-image
+counter-based streams (``coolsd.rng``) keyed by the image's seed and position, so an image depends only on its
+prompt, seed and config, not on the batch. ``generate`` is the same loop with a batch of one.
 
 ``draft_len = 0`` with the null drafter is plain autoregressive decoding (the speedup denominator).
 
 A decoder that changes what a round does overrides the round hooks (``plan_skips``, ``block_prefix``,
-``end_round``, ``begin_rounds``, ``select_rounds``; the defaults are the plain round): VVS (``baselines/vvs.py``)
-lets some images commit a draft path without a target forward (``Skips``) and feeds those tokens to the target
-before its next block (``BlockPrefix``), untested.
+``end_round``, ``unverified_round``, ``begin_rounds``, ``select_rounds``; the defaults are the plain round): VVS
+(``baselines/vvs.py``) lets some images commit a draft path without a target forward and feeds those tokens to
+the target before its next block, untested; the objects its hooks return are its own.
+
+``decoder.path=static`` hands every batch to ``coolsd.static`` (fixed shapes on the device, compiled or captured;
+the same tokens in float32 on the embedded model).
 
 Example: ``python run.py decoder=sd decoder.draft_len=4``.
 """
@@ -44,112 +49,53 @@ from coolsd.models.base import ImageARModel
 from coolsd.rng import ACCEPT, SAMPLE, Streams, sample
 from coolsd.sampling import finite_images
 from coolsd.trees import DynamicTree, TreeShape, ancestor_mask, ancestor_masks, depths_of, resolve_tree
-from coolsd.types import DecodeStats, Draft, StatsRecorder, TargetOutput, Verdict
+from coolsd.types import Draft, Generation, StatsRecorder, TargetOutput, Verdict
 
 
-@dataclass(frozen=True)
-class Skips:
-    """Images that commit this round without a target forward, as a verification-skipping decoder plans them
-    (``Decoder.plan_skips``; VVS, ``baselines/vvs.py``).
-
-    ``images[b]`` (host) says whether image ``b`` skips. For those images ``verdict`` is what they commit, in a
-    verification's terms (``num_accepted`` drafts along ``path``, then ``next_token``; no tests), and ``hidden``
-    (S, B, M + 1, H) the features their drafter reads in place of the target's, at the rows the drafter reads
-    for that verdict (row 0 the last committed token, node j at row j + 1). Other images' rows are ignored.
-    """
-
-    images: tuple[bool, ...]
-    verdict: Verdict
-    hidden: torch.Tensor
-
-    def merge(self, verdict: Verdict, out: TargetOutput) -> tuple[Verdict, TargetOutput]:
-        """The verification's verdict and the output the drafter reads, with the skipping images' replaced (their
-        tests dropped: nothing of theirs was tested)."""
-        mask = torch.tensor(self.images, device=verdict.next_token.device)  # (B,)
-        skip = self.verdict
-        tests = tuple((res, q, d, made & ~mask.view(-1, *[1] * (made.dim() - 1)))
-                      for res, q, d, made in verdict.tests)
-        merged = Verdict(num_accepted=torch.where(mask, skip.num_accepted, verdict.num_accepted),
-                         next_token=torch.where(mask, skip.next_token, verdict.next_token),
-                         path=torch.where(mask[:, None], skip.path, verdict.path), tests=tests)
-        hidden = torch.where(mask[None, :, None, None], self.hidden.to(out.hidden.dtype), out.hidden)
-        return merged, dataclasses.replace(out, hidden=hidden)
+#: ``decoder.path``: the papers' eager loop, or the static path (``coolsd.static``)
+PATHS = ("eager", "static")
 
 
-@dataclass(frozen=True)
-class BlockPrefix:
-    """Committed tokens the target has not run yet (a skipped round's), fed as a causal chain before an image's
-    block (``Decoder.block_prefix``): they get their KV entries and features there and are never tested.
+@dataclass
+class Batch:
+    """The eager loop's state between rounds: the cache and tokens of the images still decoding, their committed
+    counts ``t`` (host) and original indices ``rows``, their streams, the statistics of every image of the batch
+    (``recs``, by original index) and of its phases, the names that error messages give, and a dynamic order's
+    state."""
 
-    ``counts[b]`` tokens of image ``b`` (its image positions ``t_b − 1 − counts[b] .. t_b − 2``), right-aligned in
-    ``C = max(counts)`` slots; the padding slots in front see only themselves and are never kept.
-    """
+    cache: Any
+    tokens: torch.Tensor  # (B, N + room)
+    t: list[int]
+    rows: list[int]
+    streams: Streams
+    recs: list[StatsRecorder]
+    phases: StatsRecorder
+    labels: list
+    prompts: list[str]
+    seeds: list[int]
+    state: Any = None
 
-    counts: tuple[int, ...]
-    tokens: torch.Tensor  # (B, C)
-    positions: torch.Tensor  # (B, C)
+    def names(self) -> tuple[list, list[str], list[int]]:
+        """(labels, prompts, seeds) of the images still decoding, in batch order (for ``Decoder._check``)."""
+        return ([self.labels[r] for r in self.rows], [self.prompts[r] for r in self.rows],
+                [self.seeds[r] for r in self.rows])
 
-    @classmethod
-    def of(cls, tokens: torch.Tensor, t: list[int], counts: list[int]) -> "BlockPrefix":
-        width = max(counts)
-        cols = [[ti - 1 - width + j if j >= width - c else ti - 1 for j in range(width)]
-                for ti, c in zip(t, counts)]  # padding slots sit at the last committed token's position
-        index = torch.tensor(cols, device=tokens.device)  # (B, C)
-        pad = torch.tensor([[j < width - c for j in range(width)] for c in counts], device=tokens.device)
-        return cls(counts=tuple(counts), tokens=torch.where(pad, 0, tokens.gather(1, index)), positions=index)
-
-    @property
-    def width(self) -> int:
-        return int(self.tokens.shape[1])
-
-    def prepend(self, inputs: torch.Tensor, positions: torch.Tensor,
-                tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The block ``[prefix, inputs]`` (B, C + T), its positions and its (B, C + T, C + T) mask: the prefix
-        causal, the block as ``tree_mask`` (None: causal) after every prefix token of its image."""
-        b, t = inputs.shape
-        c = self.width
-        device = inputs.device
-        counts = torch.tensor(self.counts, device=device)
-        real = torch.arange(c, device=device)[None, :] >= (c - counts)[:, None]  # (B, C)
-        mask = torch.zeros(b, c + t, c + t, dtype=torch.bool, device=device)
-        mask[:, :c, :c] = torch.ones(c, c, dtype=torch.bool, device=device).tril() & real[:, None, :]
-        mask[:, :c, :c] |= torch.eye(c, dtype=torch.bool, device=device)  # a padding slot sees itself only
-        mask[:, c:, :c] = real[:, None, :]
-        block = torch.ones(t, t, dtype=torch.bool, device=device).tril() if tree_mask is None else tree_mask
-        mask[:, c:, c:] = block
-        return (torch.cat([self.tokens, inputs], 1), torch.cat([self.positions, positions], 1), mask)
-
-    def split(self, out: TargetOutput) -> tuple[TargetOutput, TargetOutput]:
-        """The forward's output over the prefix slots (S, B, C, ·) and over the block."""
-        c = self.width
-        return (TargetOutput(logits=out.logits[:, :, :c], hidden=out.hidden[:, :, :c]),
-                TargetOutput(logits=out.logits[:, :, c:], hidden=out.hidden[:, :, c:]))
-
-    def keep(self, kept: list[int], index: torch.Tensor | None) -> tuple[list[int], torch.Tensor]:
-        """``cache.keep`` arguments for the block's kept entries (``kept``, block ``index`` or None: the first
-        ones) with each image's prefix tokens in front."""
-        c = self.width
-        b = len(kept)
-        device = self.tokens.device
-        if index is None:
-            index = torch.arange(max(kept), device=device).expand(b, -1)
-        counts = torch.tensor(self.counts, device=device)[:, None]
-        w = index.shape[1]
-        k = torch.arange(c + w, device=device)[None, :]
-        block = index.gather(1, (k - counts).clamp(0, max(w - 1, 0)).expand(b, -1)) + c if w else k.expand(b, -1)
-        return [x + y for x, y in zip(kept, self.counts)], torch.where(k < counts, c - counts + k, block)
+    def select(self, keep: list[int]) -> None:
+        """Keep the listed images (positions in the batch), in order (the decoder's own state is selected by
+        the loop)."""
+        if keep:
+            index = torch.tensor(keep, device=self.tokens.device)
+            self.cache.select(keep)
+            self.streams.select(index)
+            self.tokens = self.tokens[index]
+            if self.state is not None:
+                self.state.select(keep, index)
+        self.t = [self.t[i] for i in keep]
+        self.rows = [self.rows[i] for i in keep]
 
 
 class NonFiniteError(FloatingPointError):
     """A model produced NaN or infinite logits; the message names the model, decoder, image and position."""
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One generated image's tokens (N,) in raster order and its decode statistics."""
-
-    tokens: torch.Tensor
-    stats: DecodeStats
 
 
 class Decoder:
@@ -168,6 +114,7 @@ class Decoder:
         sync_phases: bool = False,
         order: Callable[..., Any] | Any | None = None,
         verifier: Callable[..., Verdict] | None = None,
+        path: str = "eager",
     ) -> None:
         validate.decoder_options(name=name, draft_len=draft_len, tree=tree, dynamic_tree=dynamic_tree,
                                  track_tv=track_tv, sync_phases=sync_phases)
@@ -200,7 +147,7 @@ class Decoder:
             self.max_depth, self.max_nodes = self.drafter.block_shape(draft_len)
         self.plain_ar = self.max_depth == 0 and isinstance(self.drafter, NullDrafter)
         self.max_commit = self.max_depth + 1  # the most tokens one forward commits per image
-        self.order = None  # a generation order other than raster (coolsd.orders), run by ``_order_steps``
+        self.order = None  # a generation order other than raster (coolsd.orders), run by ``_order_round``
         if order is not None:
             if not self.plain_ar:
                 raise ValueError(f"decoder {name!r} has decoder.order, which decodes without drafts: set "
@@ -225,6 +172,21 @@ class Decoder:
         self.tv_measured = bool(getattr(verifier, "analytic_tv", True))
         if verifier is not None and (self.tree is not None or self.max_depth != self.max_nodes):
             raise ValueError(self._tree_refusal())
+        #: the eager loop's round, chosen once: plain AR to the end of the image, a whole image in a spatial order,
+        #: one forward of a dynamic order, or the speculative iteration
+        self._round = (self._dynamic_order_round if self.dynamic_order else self._order_round if self.order
+                       is not None else self._ar_round if self.plain_ar else self._iteration)
+        #: ``decoder.path``: ``eager`` (this loop, the papers' setting) or ``static`` (``coolsd.static``: fixed
+        #: shapes on the device, compiled or captured), chosen once here
+        self.path = validate.choice("decoder.path", path, PATHS)
+        #: whether a subclass changes what a round does (the round hooks below: verification skipping)
+        self.changes_rounds = any(getattr(type(self), hook) is not getattr(Decoder, hook)
+                                  for hook in ("plan_skips", "block_prefix", "end_round"))
+        self.static = None
+        if path == "static":
+            from coolsd.static import StaticLoop
+
+            self.static = StaticLoop(self)
 
     def _tree_refusal(self) -> str:
         option = getattr(self.verifier, "option", "decoder.verifier")
@@ -250,13 +212,15 @@ class Decoder:
         Statistics are per image; ``latency_s`` is the wall time from the start of the batch to the image's
         last token (minus diagnostics), the phase times are the batch's until then.
         """
-        model, rule = self.model, self.rule
+        model = self.model
         b = len(prompts)
         if b == 0:
             return []
         if len(seeds) != b:
             raise ValueError(f"{b} prompts but {len(seeds)} seeds")
         labels = list(labels) if labels is not None else list(range(b))
+        if self.static is not None:
+            return self.static.generate_batch(prompts, seeds, labels)
         n_tokens = model.num_image_tokens
         device = model.device
         streams = Streams(seeds, device)
@@ -277,57 +241,33 @@ class Decoder:
         with padding_invariant_attention(model.batch_invariant and (self.dynamic_order or not self.plain_ar)):
             self.drafter.begin(list(prompts), out, tokens[:, 0], streams)  # (bits batch-independent)
             self.begin_rounds(b)
-            state = self.order.begin(b, model.codebook_size, device) if self.dynamic_order else None
-            t = [1] * b  # committed image tokens per image in the batch
-            rows = list(range(b))  # original index of each image in the batch
+            batch = Batch(cache=cache, tokens=tokens, t=[1] * b, rows=list(range(b)), streams=streams, recs=recs,
+                          phases=phases, labels=labels, prompts=list(prompts), seeds=list(seeds),
+                          state=self.order.begin(b, model.codebook_size, device) if self.dynamic_order else None)
             done: dict[int, Generation] = {}
             now = self._clock()
             phases.prefill_s = now - start
 
-            while rows:
-                if self.dynamic_order:
-                    now = self._order_iteration(cache, tokens, t, state, streams, recs, phases, now, labels,
-                                                prompts, seeds, rows)
-                elif self.order is not None:
-                    now, committed = self._order_steps(cache, tokens, streams, phases, now, labels, prompts,
-                                                       seeds, rows)
-                    for r in rows:
-                        for k in committed:
-                            recs[r].iteration(k)
-                    t = [n_tokens] * len(rows)
-                elif self.plain_ar:
-                    now = self._ar_steps(cache, tokens, t[0], streams, phases, now, labels, prompts, seeds, rows)
-                    for r in rows:
-                        recs[r].hist[0] += n_tokens - t[0]
-                        recs[r].iterations += n_tokens - t[0]
-                        recs[r].target_forwards += n_tokens - t[0]
-                    t = [n_tokens] * len(rows)
-                else:
-                    now = self._iteration(cache, tokens, t, streams, recs, phases, now, labels, prompts, seeds, rows)
-                finished = [i for i, ti in enumerate(t) if ti >= n_tokens]
+            while batch.rows:
+                now = self._round(batch, now)  # the decoder's round, chosen when it was built
+                finished = [i for i, ti in enumerate(batch.t) if ti >= n_tokens]
                 if not finished:
                     continue
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 elapsed = time.perf_counter() - start - phases.diagnostics_s
                 for i in finished:
-                    r = rows[i]
+                    r = batch.rows[i]
                     rec = recs[r]
                     for phase in ("prefill_s", "draft_s", "verify_s", "accept_s", "observe_s", "diagnostics_s"):
                         setattr(rec, phase, getattr(phases, phase))
-                    done[r] = Generation(tokens=tokens[i, :n_tokens].clone(), stats=rec.freeze(n_tokens, elapsed, b))
-                keep = swap_remove(len(t), finished)  # the last images take the finished ones' places
+                    done[r] = Generation(tokens=batch.tokens[i, :n_tokens].clone(),
+                                         stats=rec.freeze(n_tokens, elapsed, b))
+                keep = swap_remove(len(batch.t), finished)  # the last images take the finished ones' places
                 if keep:
-                    index = torch.tensor(keep, device=device)
-                    cache.select(keep)
                     self.drafter.select(keep)
                     self.select_rounds(keep)
-                    streams.select(index)
-                    tokens = tokens[index]
-                    if state is not None:
-                        state.select(keep, index)
-                t = [t[i] for i in keep]
-                rows = [rows[i] for i in keep]
+                batch.select(keep)
             return [done[r] for r in range(b)]
 
     def _check(self, finite: list[bool], source: str, labels, prompts, seeds, positions: list[int]) -> None:
@@ -340,8 +280,7 @@ class Decoder:
                     f"decoder {self.name!r}: image {labels[i]} (prompt {prompts[i]!r}, seed {seeds[i]}) at image "
                     f"position {positions[i]}; check the model weights and dtype (model.dtype) before rerunning")
 
-    def _ar_steps(self, cache, tokens: torch.Tensor, t: int, streams: Streams, phases: StatsRecorder,
-                  now: float, labels, prompts, seeds, rows) -> float:
+    def _ar_round(self, batch: Batch, now: float) -> float:
         """Plain AR to the end of the image, every image in step: forward the last token, draw the next.
 
         The same draws as the general loop with empty drafts (the sample of ``p`` keyed at each position),
@@ -349,9 +288,16 @@ class Decoder:
         (LlamaGen's own ``generate`` has none either), so this is the AR baseline of the published speedups.
         """
         model = self.model
+        cache, tokens, streams, phases = batch.cache, batch.tokens, batch.streams, batch.phases
         b = tokens.shape[0]
         n_tokens = model.num_image_tokens
         device = tokens.device
+        t = batch.t[0]
+        batch.t = [n_tokens] * b
+        for r in batch.rows:
+            batch.recs[r].hist[0] += n_tokens - t
+            batch.recs[r].iterations += n_tokens - t
+            batch.recs[r].target_forwards += n_tokens - t
         if t >= n_tokens:
             return now
         # every SAMPLE uniform of the image at once: draw 0 at positions t..N−1 (uniform_grid = uniform per column)
@@ -371,8 +317,7 @@ class Decoder:
             now = t3
         ok = torch.stack(finite, 1)  # (B, N − t)
         first = torch.where(ok.all(1), n_tokens, (~ok).long().argmax(1) + t).tolist()  # first non-finite position
-        self._check([f == n_tokens for f in first], "target", [labels[r] for r in rows], [prompts[r] for r in rows],
-                    [seeds[r] for r in rows], first)
+        self._check([f == n_tokens for f in first], "target", *batch.names(), first)
         return now
 
     def _order_plan(self, device: torch.device) -> list[tuple]:
@@ -401,14 +346,13 @@ class Decoder:
             self._order_plans[device] = plan
         return self._order_plans[device]
 
-    def _order_steps(self, cache, tokens: torch.Tensor, streams: Streams, phases: StatsRecorder, now: float,
-                     labels, prompts, seeds, rows) -> tuple[float, list[int]]:
+    def _order_round(self, batch: Batch, now: float) -> float:
         """A whole image in the generation order of ``self.order`` (``coolsd.orders``), every image in step:
         each forward feeds its inputs at their grid cells with the order's attention mask and samples the cells
         it names, each from its own SAMPLE draw keyed by the cell (the draw plain AR takes there); the tokens stay
-        on the device and finiteness is checked at the end, as in ``_ar_steps``. Returns the clock and the
-        tokens each forward committed."""
+        on the device and finiteness is checked at the end, as in ``_ar_round``."""
         model = self.model
+        cache, tokens, streams, phases = batch.cache, batch.tokens, batch.streams, batch.phases
         b = tokens.shape[0]
         device = tokens.device
         plan = self._order_plan(device)
@@ -433,31 +377,36 @@ class Decoder:
             committed.append(len(outs))
         ok = torch.stack(finite, 1)  # (B, forwards)
         first = torch.where(ok.all(1), -1, (~ok).long().argmax(1)).tolist()  # the first non-finite forward
-        self._check([f < 0 for f in first], "target", [labels[r] for r in rows], [prompts[r] for r in rows],
-                    [seeds[r] for r in rows], [0 if f < 0 else plan[f][0][0, 0].item() for f in first])
-        return now, committed
+        self._check([f < 0 for f in first], "target", *batch.names(),
+                    [0 if f < 0 else plan[f][0][0, 0].item() for f in first])
+        for r in batch.rows:
+            for k in committed:
+                batch.recs[r].iteration(k)
+        batch.t = [model.num_image_tokens] * b
+        return now
 
-    def _order_iteration(self, cache, tokens: torch.Tensor, t: list[int], state, streams: Streams,
-                         recs: list[StatsRecorder], phases: StatsRecorder, now: float, labels, prompts, seeds,
-                         rows: list[int]) -> float:
+    def _dynamic_order_round(self, batch: Batch, now: float) -> float:
         """One forward of a dynamic order (``order.iteration``: its inputs, verification and commits for every
-        image, one host sync); updates ``t`` (committed tokens per image) in place."""
-        committed, finite = self.order.iteration(self.model, self.rule, cache, tokens, streams, state)
-        self._check(finite, "target", [labels[r] for r in rows], [prompts[r] for r in rows],
-                    [seeds[r] for r in rows], t)
-        for i, r in enumerate(rows):
-            recs[r].iteration(committed[i])
-            t[i] += committed[i]
+        image, one host sync); updates ``batch.t`` (committed tokens per image) in place."""
+        committed, finite = self.order.iteration(self.model, self.rule, batch.cache, batch.tokens, batch.streams,
+                                                 batch.state)
+        self._check(finite, "target", *batch.names(), batch.t)
+        for i, r in enumerate(batch.rows):
+            batch.recs[r].iteration(committed[i])
+            batch.t[i] += committed[i]
         end = self._clock()
-        phases.verify_s += end - now
+        batch.phases.verify_s += end - now
         return end
 
-    def _iteration(self, cache, tokens: torch.Tensor, t: list[int], streams: Streams, recs: list[StatsRecorder],
-                   phases: StatsRecorder, now: float, labels, prompts, seeds, rows: list[int]) -> float:
-        """One speculative iteration for every image in the batch; updates ``t`` and ``tokens`` in place.
+    def _iteration(self, batch: Batch, now: float) -> float:
+        """One speculative iteration for every image in the batch; updates ``batch.t`` and ``batch.tokens`` in
+        place.
 
         Index tensors are built from the host lists (``t``, and ``n`` after the one host sync) in single calls."""
         model, rule = self.model, self.rule
+        cache, tokens, t, streams, recs, phases = batch.cache, batch.tokens, batch.t, batch.streams, batch.recs, \
+            batch.phases
+        labels, prompts, seeds, rows = batch.labels, batch.prompts, batch.seeds, batch.rows
         device = tokens.device
         b = len(t)
         n_tokens = model.num_image_tokens
@@ -480,7 +429,7 @@ class Decoder:
         skips = self.plan_skips(draft, t, t_dev, streams)  # images that commit without the target (None: none)
         t1 = self._clock()
         if skips is not None and all(skips.images):
-            return self._unverified_round(tokens, t, draft, skips, recs, phases, now, t1, rows)
+            return self.unverified_round(batch, draft, skips, now, t1)
         # 2. verify: the last committed token and the drafts; a tree uses per-node positions and its
         #    ancestor mask (node at depth d sits at image position t - 1 + d)
         inputs = torch.cat([last[:, None], draft.tokens], dim=1)  # (B, M+1)
@@ -577,37 +526,6 @@ class Decoder:
             tokens[[[i] for i in images], [[ti + j for j in range(width)] for ti in t]] = accepted
         tokens[images, [ti + ni for ti, ni in zip(t, n)]] = verdict.next_token
 
-    def _unverified_round(self, tokens: torch.Tensor, t: list[int], draft: Draft, skips: Skips,
-                          recs: list[StatsRecorder], phases: StatsRecorder, now: float, t1: float,
-                          rows: list[int]) -> float:
-        """A round in which every image skips verification: commit ``skips.verdict`` with no target forward (no
-        cache block is opened) and let the drafter read ``skips.hidden``."""
-        verdict = skips.verdict
-        host = [verdict.num_accepted]
-        forwards = draft.forwards
-        if isinstance(forwards, torch.Tensor):
-            host.append(forwards)
-        host = torch.stack(host).tolist()
-        n = host[0]
-        if isinstance(forwards, torch.Tensor):
-            forwards = host[-1]
-        verdict = dataclasses.replace(verdict, accepted=tuple(n))
-        t3 = self._clock()
-        self._write_tokens(tokens, t, draft, verdict, n)
-        seen = TargetOutput(logits=skips.hidden.new_zeros(0), hidden=skips.hidden)
-        self.drafter.observe(seen, None, draft, verdict)
-        diagnostics = self.end_round(None, None, None, draft, verdict, skips, None, t, rows, recs)
-        t4 = self._clock()
-        for i, r in enumerate(rows):
-            recs[r].unverified(n[i] + 1)
-            recs[r].drafter_forwards += forwards[i]
-            t[i] += n[i] + 1
-        phases.diagnostics_s += diagnostics
-        phases.draft_s += t1 - now
-        phases.accept_s += t3 - t1
-        phases.observe_s += t4 - t3 - diagnostics
-        return t4
-
     # -- hooks of a decoder that changes what a round does (verification skipping: baselines/vvs.py); the
     #    defaults are the plain round ------------------------------------------------------------------------
     def begin_rounds(self, batch: int) -> None:
@@ -616,17 +534,29 @@ class Decoder:
     def select_rounds(self, images: list[int]) -> None:
         """Keep the per-image state of the listed images (positions in the current batch), in order."""
 
-    def plan_skips(self, draft: Draft, t: list[int], t_dev: torch.Tensor, streams: Streams) -> Skips | None:
-        """After the draft: the images that commit this round without a target forward (None: every image is
-        verified). ``t`` (host) and ``t_dev`` are the images' first uncommitted positions."""
+    def plan_skips(self, draft: Draft, t: list[int], t_dev: torch.Tensor, streams: Streams) -> Any:
+        """After the draft: the images that commit this round without a target forward, or None (every image is
+        verified). ``t`` (host) and ``t_dev`` are the images' first uncommitted positions. The object returned
+        has ``images`` (host bools, one per image) and ``merge(verdict, out) -> (verdict, out the drafter
+        reads)``, which puts the skipping images' commits in place of the verification's; when every image
+        skips, ``unverified_round`` runs instead of the verification."""
         return None
 
-    def block_prefix(self, tokens: torch.Tensor, t: list[int]) -> BlockPrefix | None:
-        """Committed tokens to run through the target before each image's block (None: none)."""
+    def block_prefix(self, tokens: torch.Tensor, t: list[int]) -> Any:
+        """Committed tokens to run through the target before each image's block, or None. The object returned
+        has ``prepend(inputs, positions, tree_mask)`` (the longer block, its positions and mask), ``split(out)``
+        (the outputs over the prefix and over the block) and ``keep(kept, index)`` (the cache's ``keep``
+        arguments with the prefix's tokens in front)."""
         return None
+
+    def unverified_round(self, batch: Batch, draft: Draft, skips: Any, now: float, t1: float) -> float:
+        """A round in which every image skips verification (``plan_skips``): commit with no target forward and
+        return the clock. Only a decoder whose ``plan_skips`` can skip every image implements it."""
+        raise NotImplementedError(f"{type(self).__name__}.plan_skips skipped every image but it has no "
+                                  "unverified_round")
 
     def end_round(self, out: TargetOutput | None, before: TargetOutput | None, p: torch.Tensor | None,
-                  draft: Draft, verdict: Verdict, skips: Skips | None, prefix: BlockPrefix | None, t: list[int],
+                  draft: Draft, verdict: Verdict, skips: Any, prefix: Any, t: list[int],
                   rows: list[int], recs: list[StatsRecorder]) -> float:
         """After the commit: ``out`` / ``p`` the forward over the block (None when no image was verified), ``before``
         its output over ``prefix``; ``verdict.accepted`` the host counts, ``t`` the positions before the commit.

@@ -8,7 +8,7 @@ shards and their manifest, caches) goes through ``atomic_write_bytes``:
   ``open(path, "w")`` would (0644 under the usual umask 022, 0600 under 077; a folder's default ACL applies
   too), so results on a shared cluster are as readable as the user's other files. (``tempfile.mkstemp``
   creates 0600 files, and a rename keeps the mode.) The per-image record files, appended line by line
-  with ``open(path, "a")`` (``eval.records.JsonlLog``), follow the umask the same way.
+  with ``open(path, "a")`` (``eval.records.image_records.JsonlLog``), follow the umask the same way.
 * **Temporaries** are named ``.{name}.{8 hex digits}.tmp`` beside ``name``. While one is written its writer
   holds an exclusive ``flock`` on it; the kernel drops the lock when the writer exits, killed or not.
   ``remove_stale_temps(folder)`` deletes the temporaries of that pattern that no live writer holds (another
@@ -16,16 +16,19 @@ shards and their manifest, caches) goes through ``atomic_write_bytes``:
   without locks, only those older than ``STALE_AFTER_S``. ``atomic_write_bytes`` sweeps each folder once
   per process before its first write there, so the next run into a folder clears what a crash left.
 
-Example: ``atomic_write_bytes("out/run.json", data)`` never leaves a half-written ``run.json``.
+Example: ``atomic_write_json("out/run.json", record)`` (``atomic_write_bytes`` of its JSON) never leaves a
+half-written ``run.json``.
 """
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 try:
     import fcntl
@@ -63,6 +66,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     finally:
         _writing.discard(str(tmp))
         os.close(fd)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    """``obj`` as indented JSON (``default=str`` for paths and the like), through ``atomic_write_bytes``."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())
 
 
 def remove_stale_temps(folder: str | os.PathLike, older_than_s: float = STALE_AFTER_S) -> list[Path]:

@@ -85,8 +85,7 @@ class StaticKVCache:
         self._start = 0  # the block's first slot when every row's block starts there
         self._views: tuple | None = None  # per-layer views of the latest block (``_block_views``), built lazily
         self._slot_cache: tuple | None = None  # its slots, token-major (``block_slots``)
-        self._pairs: tuple | None = None  # its slots in a rotary projection's layout (``rotary_slots``)
-        self._token_views: dict[bool, tuple] = {}  # token-major views of the whole cache (``_token_major``)
+        self._token_views: tuple | None = None  # token-major views of the whole cache (``_token_major``)
         self._causal: torch.Tensor | None = None  # (max_len, max_len) additive causal mask, built lazily
 
     @property
@@ -118,7 +117,7 @@ class StaticKVCache:
         end = min(max(last, MIN_ATTENTION_WIDTH), self.max_len) if padding_invariant() else last
         self.block_starts, self.block_len, self.lengths = list(starts), t, [s + t for s in starts]
         self._end, self._start = end, last - t
-        self._views = self._slot_cache = self._pairs = None
+        self._views = self._slot_cache = None
         uniform = min(starts) == last - t  # every row's block at the same slots
         self._slots = None
         if not uniform:
@@ -193,26 +192,22 @@ class StaticKVCache:
                 self._views = (self.k[:, :, :, :end].unbind(0), self.v[:, :, :, :end].unbind(0))
         return self._views
 
-    def _slot_views(self, pairs: bool) -> tuple:
+    def _slot_views(self) -> tuple:
         """Per-layer views of the latest block's slots, token-major (B·S, T, H, D), when every row's block starts
-        at the same slot; ``pairs``: K as complex (B·S, T, H, D/2) and V as pairs (B·S, T, H, D/2, 2). Sliced
-        from token-major views of the whole cache, built once per cache tensor (``_token_major``)."""
+        at the same slot; sliced from token-major views of the whole cache, built once per cache tensor
+        (``_token_major``)."""
         s, t = self._start, self.block_len
-        k, v = self._token_major(pairs)
+        k, v = self._token_major()
         if self.num_layers == 1:
             return (k[:, s:s + t],), (v[:, s:s + t],)
         return k[:, :, s:s + t].unbind(0), v[:, :, s:s + t].unbind(0)
 
-    def _token_major(self, pairs: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V token-major ((L,) B·S, max_len, H, D), or in ``pairs`` layout; rebuilt when ``select``
-        has replaced the cache tensors."""
-        cached = self._token_views.get(pairs)
+    def _token_major(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V token-major ((L,) B·S, max_len, H, D); rebuilt when ``select`` has replaced the cache tensors."""
+        cached = self._token_views
         if cached is None or cached[0] is not self.k or cached[1] is not self.v:
             k, v = (self.k[0], self.v[0]) if self.num_layers == 1 else (self.k, self.v)
-            k, v = k.transpose(-3, -2), v.transpose(-3, -2)
-            if pairs:
-                k, v = torch.view_as_complex(k.unflatten(-1, (-1, 2))), v.unflatten(-1, (-1, 2))
-            cached = self._token_views[pairs] = (self.k, self.v, k, v)
+            cached = self._token_views = (self.k, self.v, k.transpose(-3, -2), v.transpose(-3, -2))
         return cached[2], cached[3]
 
     def block_slots(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -222,29 +217,20 @@ class StaticKVCache:
         if self._slots is not None:
             return None
         if self._slot_cache is None:
-            self._slot_cache = self._slot_views(pairs=False)
+            self._slot_cache = self._slot_views()
         return self._slot_cache[0][layer], self._slot_cache[1][layer]
 
-    def rotary_slots(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``block_slots`` of a float32 or float64 cache in the pair layout a rotary projection writes: K as
-        complex (B·S, T, H, D/2) (a rotation's ``out=``), V as pairs (B·S, T, H, D/2, 2); built for every layer
-        at once, once per block. None when the rows' blocks start at different slots."""
-        if self._slots is not None:
-            return None
-        if self._pairs is None:
-            self._pairs = self._slot_views(pairs=True)
-        return self._pairs[0][layer], self._pairs[1][layer]
-
     def write_tokens(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``write`` for token-major K/V (B·S, T, H, D), as projections produce them (no transposes)."""
+        """``write`` for token-major K/V (B·S, T, H, D), as projections produce them (no transposes); K/V of another
+        dtype (a float32 rotation of a bf16 model's keys) are rounded to the cache's."""
         slots = self.block_slots(layer)
         if slots is not None:
             slots[0].copy_(k)
             slots[1].copy_(v)
         else:
             rows = torch.arange(self._slots.shape[0], device=k.device)[:, None]
-            self.k[layer][rows, :, self._slots] = k
-            self.v[layer][rows, :, self._slots] = v
+            self.k[layer][rows, :, self._slots] = k.to(self.k.dtype)
+            self.v[layer][rows, :, self._slots] = v.to(self.v.dtype)
         return self.attended(layer)
 
     def attended(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -324,3 +310,133 @@ def swap_remove(count: int, finished: Sequence[int]) -> list[int]:
     keep = count - len(gone)
     tail = [i for i in range(keep, count) if i not in gone]
     return [tail.pop() if i in gone else i for i in range(keep)]
+
+
+class DeviceKVCache:
+    """The static decode path's cache (``coolsd.static``): the same buffers, every length on the device.
+
+    A ``StaticKVCache`` keeps each image's committed length in a host list and attends to the keys up to the
+    longest row's end; this one keeps the lengths in a (B,) tensor, attends every block to the whole capacity
+    with a mask computed on the device from the lengths, writes a block's K/V at each row's own slots with one
+    index copy per layer, and moves lengths in place. No value of a step depends on a tensor's contents, so a
+    step over it can be captured in a CUDA graph or compiled with ``fullgraph=True``, and replayed: every
+    tensor it holds is updated in place (``lengths``, ``starts``) and never replaced.
+
+    Built over a prefilled ``StaticKVCache`` (``of``) or over persistent buffers refilled by ``load`` for each
+    batch of the same size. A row's block starts at its length; a chain's rejected tail is dropped by moving the
+    length (the next block overwrites it), a tree's accepted path is compacted by ``keep`` with an index.
+    Rows that have finished stay in the batch and keep nothing (``keep`` with a count of 0).
+
+    Example: ``DeviceKVCache.of(model.prefill(prompts, extra_slots=8)[0])``, then ``model.static_forward``.
+    """
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor, streams: int,
+                 prefix_len: int = 0) -> None:
+        self.k, self.v, self.key_valid = k, v, key_valid  # (L, B·S, H, S_max, D) ×2, (B·S, S_max)
+        self.num_layers, rows, _, self.max_len, _ = k.shape
+        self.streams = streams
+        self.prefix_len = prefix_len
+        device = k.device
+        self.lengths = torch.zeros(rows // streams, dtype=torch.long, device=device)  # (B,) committed slots
+        self.starts = torch.zeros_like(self.lengths)  # (B,) first slot of the latest block
+        self.block_len = 0
+        self.has_padding = False
+        self._columns = torch.arange(self.max_len, device=device)  # (S_max,)
+        self._row_index = torch.arange(rows, device=device)[:, None]  # (B·S, 1)
+        self._slots: torch.Tensor | None = None  # (B·S, T) the latest block's slots
+
+    @classmethod
+    def of(cls, cache: StaticKVCache) -> "DeviceKVCache":
+        """Over a prefilled cache's buffers (shared, not copied), its host lengths copied to the device once."""
+        out = cls(cache.k, cache.v, cache.key_valid, cache.streams, getattr(cache, "prefix_len", 0))
+        out.lengths.copy_(torch.tensor(cache.lengths))
+        out.has_padding = cache.has_padding
+        return out
+
+    @classmethod
+    def like(cls, cache: StaticKVCache) -> "DeviceKVCache":
+        """Empty persistent buffers of a prefilled cache's shape, dtype and device (``load`` fills them)."""
+        return cls(torch.zeros_like(cache.k), torch.zeros_like(cache.v), torch.ones_like(cache.key_valid),
+                   cache.streams, getattr(cache, "prefix_len", 0))
+
+    @property
+    def batch(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def load(self, cache: StaticKVCache) -> None:
+        """Copy a prefilled cache (of this shape) into these buffers, in place: its committed slots, padding and
+        lengths (the tail of the buffers is stale and masked until overwritten)."""
+        end = max(cache.lengths)
+        self.k[:, :, :, :end].copy_(cache.k[:, :, :, :end])
+        self.v[:, :, :, :end].copy_(cache.v[:, :, :, :end])
+        self.key_valid.copy_(cache.key_valid)
+        self.lengths.copy_(torch.tensor(cache.lengths))
+        self.has_padding = cache.has_padding
+
+    def _rows(self, per_image: torch.Tensor) -> torch.Tensor:
+        return per_image.repeat_interleave(self.streams, dim=0) if self.streams > 1 else per_image
+
+    # -- one forward ------------------------------------------------------------------------------------
+    def begin_block(self, num_tokens: int, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Reserve ``num_tokens`` slots per image at its length; return the additive mask (B·S, 1, T, S_max).
+
+        ``tree_mask`` as ``StaticKVCache.begin_block``: (T, K) shared or (B, T, K) per image over each row's last
+        K slots up to the block end (``None``: causal inside the block); older slots are visible unless padding.
+        """
+        t = num_tokens
+        self.block_len = t
+        self.starts.copy_(self.lengths)
+        start = self._rows(self.lengths)  # (B·S,)
+        offsets = torch.arange(t, device=start.device)
+        self._slots = (start[:, None] + offsets).clamp(max=self.max_len - 1)  # (B·S, T)
+        if tree_mask is None:  # causal: key slot j visible to block token i iff j <= start + i
+            visible = self._columns[None, None, :] <= self._slots[:, :, None]  # (B·S, T, S_max)
+        else:
+            mask = tree_mask.to(torch.bool)
+            k = mask.shape[-1]
+            rel = self._columns[None, :] - (start + t - k)[:, None]  # (B·S, S_max): column in the window
+            inside = (rel >= 0) & (rel < k)
+            window = (self._rows(mask) if mask.dim() == 3 else mask.expand(start.shape[0], -1, -1))
+            window = window.gather(-1, rel.clamp(0, k - 1)[:, None, :].expand(-1, t, -1))  # (B·S, T, S_max)
+            visible = (rel < 0)[:, None, :] | (inside[:, None, :] & window)
+        visible = visible & self.key_valid[:, None, :]
+        self.lengths.add_(t)
+        return torch.zeros(visible.shape, dtype=self.k.dtype, device=visible.device).masked_fill_(
+            ~visible, float("-inf")).unsqueeze(1)
+
+    def block_slots(self, layer: int) -> None:
+        """Never contiguous views (rows start at their own slots): ``write_tokens`` writes."""
+        return None
+
+    def write_tokens(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the block's token-major K/V (B·S, T, H, D) at its slots (rounded to the cache's dtype); return the
+        layer's whole K/V (B·S, H, S_max, D)."""
+        self.k[layer][self._row_index, :, self._slots] = k.to(self.k.dtype)
+        self.v[layer][self._row_index, :, self._slots] = v.to(self.v.dtype)
+        return self.k[layer], self.v[layer]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``write_tokens`` for head-major K/V (B·S, H, T, D)."""
+        return self.write_tokens(layer, k.transpose(1, 2), v.transpose(1, 2))
+
+    def attended(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[layer], self.v[layer]
+
+    # -- after verification -----------------------------------------------------------------------------
+    def keep(self, counts: torch.Tensor | int, index: torch.Tensor | None = None) -> None:
+        """Keep the first ``counts[b]`` tokens (B,) of each image's latest block, or its block indices
+        ``index[b, :counts[b]]`` ((B, n), compacted to the block's start with one gather and one scatter)."""
+        self.lengths.copy_(self.starts + counts)
+        if index is None:
+            return
+        n = index.shape[1]
+        start = self._rows(self.starts)[:, None]  # (B·S, 1)
+        src = (start + self._rows(index)).clamp(max=self.max_len - 1)  # (B·S, n)
+        dst = (start + torch.arange(n, device=start.device)).clamp(max=self.max_len - 1)
+        rows = self._row_index
+        self.k[:, rows, :, dst] = self.k[:, rows, :, src]  # gather first, then scatter
+        self.v[:, rows, :, dst] = self.v[:, rows, :, src]
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """Forget every slot at or after ``lengths[b]`` (B,) (a pointer move)."""
+        self.lengths.copy_(lengths)

@@ -1,5 +1,5 @@
 """Where this process stands in a job of several processes: torchrun's variables, a SLURM task (read through
-submitit), or one process. One answer for every entry point: ``run.py`` (``eval.distributed.Shards``) and the
+submitit), or one process. One answer for every entry point: ``run.py`` (``eval.run.shards.Shards``) and the
 drafter training (``coolsd.training.drafter``) both ask ``launch_environment``.
 
 First match wins:

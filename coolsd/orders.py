@@ -7,7 +7,7 @@ result is still its full raster grid. Positions are grid cells in raster order (
 every adapter already turns into its own positions (LlamaGen's 2-D RoPE, Janus-Pro's 1-D positions); the KV
 cache keeps its slots in generation order, and each forward's attention mask says which slots a query may see.
 
-``RowWindow`` is ZipAR's fixed window (He et al., arXiv 2412.04062; ``shared/docs/algorithms.md``, "Spatial
+``RowWindow`` is ZipAR's fixed window (He et al., arXiv 2412.04062; ``docs/algorithms.md``, "Spatial
 parallel decoding"): row ``r + 1`` starts once row ``r`` has ``window`` tokens; every forward feeds the latest
 token of every active row at its own cell and samples each row's next token. A new row's first token is
 predicted from a stand-in at the end-of-row cell of the row above (the missing ``x(r, W − 1)``): the latest
@@ -228,7 +228,7 @@ class RowJacobiState:
 
 
 class RowJacobi:
-    """PJD (arXiv 2606.05703; ``shared/docs/algorithms.md``, "Spatial parallel decoding"): speculative Jacobi
+    """PJD (arXiv 2606.05703; ``docs/algorithms.md``, "Spatial parallel decoding"): speculative Jacobi
     decoding on several image rows at once.
 
     Row ``r + 1`` becomes active when row ``r`` has ``context`` (c) committed tokens. Every forward feeds, for
@@ -464,7 +464,7 @@ class RowJacobi:
 
 
 class AdaptiveRowWindow(RowJacobi):
-    """ZipAR's window on the dynamic engine (He et al., arXiv 2412.04062; ``shared/docs/algorithms.md``): row
+    """ZipAR's window on the dynamic engine (He et al., arXiv 2412.04062; ``docs/algorithms.md``): row
     ``r + 1`` starts once row ``r`` has ``window`` (s) tokens and every forward samples one token per active row
     from the latest token of that row (a new row's first token from a stand-in at the end-of-row cell of the
     row above: its latest token, seen by its own query only). ``adaptive`` (the paper's ICML version; neither

@@ -3,8 +3,8 @@
 Every model, drafter, prompt set and metric class whose constructor reads files has a classmethod
 ``required_files(cfg) -> list[RequiredFile]`` that reads only its own config node (a plain dict, the
 ``_target_`` node resolved) and builds nothing. ``files_of(node)`` walks a config node and asks every
-``_target_`` class it finds; ``scripts/prefetch.py`` (on a login node) and ``eval.runner`` (before the target
-model is built) both use it, so the list of a run's files exists once.
+``_target_`` class it finds; ``scripts/prefetch.py`` (on a login node) and ``eval.run.experiment`` (before the
+target model is built) both use it, so the list of a run's files exists once.
 
 A ``RequiredFile`` is one of:
 

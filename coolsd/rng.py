@@ -85,6 +85,21 @@ class Streams:
         self._memo: tuple[torch.Tensor, dict[int, tuple[int, int]], torch.Tensor] | None = None
         self._keys_gamma: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, keys·γ)
         self._index_gamma: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (index, (index + 1)·γ)
+        #: the static path's streams (``reseed``): ``keys`` is a persistent buffer refilled in place for every batch,
+        #: so nothing derived from it is kept between calls (a captured step recomputes it on every replay)
+        self.persistent = False
+
+    @classmethod
+    def persistent_for(cls, batch: int, device: torch.device | str) -> "Streams":
+        """Streams whose ``keys`` buffer (B,) is refilled in place by ``reseed`` for each batch of this size."""
+        out = cls([0] * batch, device)
+        out.persistent = True
+        return out
+
+    def reseed(self, seeds: Sequence[int]) -> None:
+        """Refill a persistent stream's keys in place with ``seeds`` (one per image of the batch)."""
+        self.keys.copy_(mix(torch.as_tensor(list(seeds), dtype=torch.long)).to(self.keys.device))
+        self._memo = None
 
     @property
     def batch(self) -> int:
@@ -122,8 +137,9 @@ class Streams:
 
     def uniform_grid(self, positions: torch.Tensor, kind: int, count: int) -> torch.Tensor:
         """Uniforms (B, L, count) for draws ``0 .. count − 1`` of ``kind`` at each of the positions (B, L):
-        ``uniform(positions[:, l], kind, count)`` for every l at once."""
-        counter = (positions.to(self.device, torch.long) << 40) + (self.keys[:, None] + (kind << 56))  # (B, L)
+        ``uniform(positions[:, l], kind, count)`` for every l at once (``positions`` on the streams' device)."""
+        positions = positions if positions.dtype == torch.long else positions.long()
+        counter = (positions << 40) + (self.keys[:, None] + (kind << 56))  # (B, L)
         flat = torch.arange(count, device=counter.device)
         return to_unit(mix((counter[..., None] + flat) * _GAMMA))
 
@@ -171,6 +187,9 @@ class Streams:
         the counter times γ split as ``position·(γ << 40) + key·γ`` and ``(index + 1)·γ`` folds mix's first
         addition of γ (int64 arithmetic wraps, so the sum is bitwise the same), with the last two factors
         cached: 4 calls to the first mixing step instead of 7."""
+        if self.persistent:
+            return unit_of_gamma_multiple((position * _GAMMA_40 + self.keys * _GAMMA).unsqueeze(1)
+                                          + (index + 1) * _GAMMA)
         if self._keys_gamma is None or self._keys_gamma[0] is not self.keys:
             self._keys_gamma = (self.keys, self.keys * _GAMMA)
         step = self._index_gamma.get(id(index))

@@ -7,7 +7,7 @@ not the image position.
   ``μ = mean`` (default: μ chosen so the mean of ω over the L positions is δ,
   ``μ = ln((1/L)·Σ_j e^{−ν j})``), ``μ = first`` (μ = −ν, so ω_1 = δ) or a number.
   The paper's definition of μ could not be confirmed; ``mean`` is the default because it reproduces the
-  paper's ordering of accepted lengths (see ``shared/docs/algorithms.md``).
+  paper's ordering of accepted lengths (see ``docs/algorithms.md``, "COOL-SD").
 * ``linear``: ``ω_i = δ · 2(L + 1 − i)/(L + 1)`` — a linear decay to zero just past the last position,
   with the same mean δ (this project's choice; the paper's exact linear form could not be confirmed).
 * ``uniform``: ``ω_i = δ`` (the paper's UniformRSD ablation).

@@ -24,7 +24,6 @@ Example: ``python run.py decoder=sd decoder.tree=mc_sim_7b_63``; ``decoder.tree=
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path

@@ -1,6 +1,6 @@
 """Small frozen records that the decoding steps exchange.
 
-Notation follows the papers (see ``shared/docs/algorithms.md``): ``p`` is the target's next-token
+Notation follows the papers (see ``docs/algorithms.md``): ``p`` is the target's next-token
 distribution, ``q`` the draft distribution, ``x`` a drafted token, ``draft_len`` (L) the number of draft
 tokens per iteration. One *iteration* = draft -> one target verify forward -> accept/resample -> commit;
 it commits ``n + 1`` tokens where ``n`` is the number of accepted drafts.
@@ -224,3 +224,11 @@ class StatsRecorder:
             skipped_rounds=self.skipped_rounds,
             skipped_tokens=self.skipped_tokens,
         )
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generated image's tokens (N,) in raster order and its decode statistics."""
+
+    tokens: torch.Tensor
+    stats: DecodeStats

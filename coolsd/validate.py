@@ -113,7 +113,7 @@ def decoder_options(name: Any, draft_len: Any, tree: Any = None, dynamic_tree: A
 
 def eval_options(num_prompts: Any, warmup: Any, seed: Any, save_images: Any, threads: Any,
                  speed_prompts: Any) -> None:
-    """The numeric options of an evaluation pass (``configs/eval/*.yaml``, ``eval.runner.EvalSuite``)."""
+    """The numeric options of an evaluation pass (``configs/eval/*.yaml``, ``eval.run.suite.EvalSuite``)."""
     integer("eval.num_prompts", num_prompts, minimum=1)
     integer("eval.warmup", warmup, minimum=0)
     integer("eval.seed", seed, minimum=0)

@@ -1,6 +1,6 @@
 """Benchmark: where a decode's time goes, and how close each decoder comes to its ideal speedup.
 
-The measurement lives in ``eval.bench`` (cost model, interleaved end-to-end decodes, ideal speedup and
+The measurement lives in ``eval.bench.efficiency`` (cost model, interleaved end-to-end decodes, ideal speedup and
 efficiency, overhead per iteration, throughput, goals); this entry point composes ``configs/bench.yaml``, runs
 it, and prints the table it wrote to ``results/bench/<name>.md`` (beside ``<name>.json``).
 
@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eval.bench import run_bench  # noqa: E402
+from eval.bench.efficiency import run_bench  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="bench")

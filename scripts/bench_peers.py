@@ -1,9 +1,10 @@
-"""Time our decoders against their authors' own code on the same tiny weights (eval/peers/runner.py explains).
+"""Time our decoders against their authors' own code on the same tiny weights (eval/bench/peers/comparison.py
+explains).
 
     python scripts/bench_peers.py --peer llamagen=../LlamaGen --peer lantern=../LANTERN \
         --python sjd=.peers/venv/bin/python --peer sjd=../Accelerating-T2I-AR-with-SJD --prompts 20
 
-Each --peer NAME=DIR is a clone of the peer's repository at the commit eval/peers/NAME.py pins (the error says
+Each --peer NAME=DIR is a clone of the peer's repository at the commit eval/bench/peers/NAME.py pins (the error says
 the clone command). Peers that pin other package versions than ours (the Lumina-mGPT-based ones: transformers
 4.47.1) run under --python NAME=<interpreter of a venv made with --system-site-packages over ours>; see
 docs/benchmark.md "Against the authors' code". Writes results/bench/peers_cpu.{md,json} (--out).
@@ -19,7 +20,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before torch: idle threads sleep while the other side runs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eval.peers import runner  # noqa: E402
+from eval.bench.peers import comparison  # noqa: E402
 
 
 def pairs_of(values: list[str], flag: str) -> dict[str, str]:
@@ -35,7 +36,7 @@ def pairs_of(values: list[str], flag: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peer", action="append", default=[], help="NAME=<checkout>; known: "
-                        + ", ".join(runner.PEERS))
+                        + ", ".join(comparison.PEERS))
     parser.add_argument("--python", action="append", default=[], help="NAME=<interpreter> for that peer's side")
     parser.add_argument("--prompts", type=int, default=20, help="timed prompts per pair (at least 20 for a table)")
     parser.add_argument("--prompt-file", default=None, help="one prompt per line (default: data=fixed, cycled)")
@@ -44,20 +45,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads on each side (null: torch's default)")
     parser.add_argument("--only", action="append", default=[], help="our decoder names to run (default: all pairs)")
     parser.add_argument("--out", default="results/bench/peers_cpu.md")
-    parser.add_argument("--device", default="CPU", help="the table's heading (CPU; the runner is CPU-only)")
+    parser.add_argument("--device", default="CPU", help="the table's heading (CPU; the peer bench is CPU-only)")
     args = parser.parse_args(argv)
     if args.prompts < 1:
         raise SystemExit("--prompts must be at least 1")
     peers = {k: Path(v).expanduser().resolve() for k, v in pairs_of(args.peer, "--peer").items()}
     pythons = pairs_of(args.python, "--python")
-    prompts = runner.prompts_for(args.prompts, args.prompt_file)
-    record = runner.run(peers, pythons, prompts, args.seed, args.warmup, args.threads, args.only)
+    prompts = comparison.prompts_for(args.prompts, args.prompt_file)
+    record = comparison.run(peers, pythons, prompts, args.seed, args.warmup, args.threads, args.only)
     command = "python scripts/bench_peers.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    meta = runner.meta_for(command, len(prompts), args.seed, args.warmup, args.threads, args.device)
+    meta = comparison.meta_for(command, len(prompts), args.seed, args.warmup, args.threads, args.device)
     out = Path(args.out)
-    runner.write(out, record, meta)
-    print(runner.markdown(record["rows"], record["skipped"], meta, record["specs"]).split("\n## ")[0])
-    faster = sum(1 for r in record["rows"] if runner.verdict(r) != "ours slower")
+    comparison.write(out, record, meta)
+    print(comparison.markdown(record["rows"], record["skipped"], meta, record["specs"]).split("\n## ")[0])
+    faster = sum(1 for r in record["rows"] if comparison.verdict(r) != "ours slower")
     print(f"{len(record['rows'])} pairs measured, ours at least as fast in {faster}; "
           f"{len(record['skipped'])} peers not run; wrote {out} and {out.with_suffix('.json')}")
 

@@ -1,4 +1,5 @@
-"""Decide the COOL-SD paper's claims on the runs of ``experiment=embedded_claims`` (logic: the ``eval/claims/`` package).
+"""Decide the COOL-SD paper's claims on the runs of ``experiment=embedded_claims`` (logic: the
+``eval/studies/claims/`` package).
 
     python run.py -m experiment=embedded_claims            # about two hours on 2 CPU cores
     python scripts/claims.py results/runs/embedded_claims --out results --export results/claims_data
@@ -21,7 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from eval.claims import run
+from eval.studies.claims import run
 
 
 def main() -> None:

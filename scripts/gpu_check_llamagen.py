@@ -1,8 +1,8 @@
 """GPU check of the LlamaGen T2I-XL adapter at real size with random weights (no downloads).
 
-The check lives in ``eval.gpu_check`` (``run_check``: forward timings at the CFG batch of 2, bf16 vs float32
-logits and guided distributions on the same weights); this entry point parses the options, prints the report
-and optionally writes it as JSON.
+The check lives in ``eval.bench.gpu_check_llamagen`` (``run_check``: forward timings at the CFG batch of 2, bf16
+vs float32 logits and guided distributions on the same weights); this entry point parses the options, prints the
+report and optionally writes it as JSON.
 
 Example: ``python scripts/gpu_check_llamagen.py --block-size 1024 --out gpu_check.json``
 (also run by ``pytest -m gpu tests/test_llamagen_t2i.py``).
@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from coolsd.io import atomic_write_bytes  # noqa: E402
-from eval.gpu_check import run_check  # noqa: E402
+from eval.bench.gpu_check_llamagen import run_check  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """The GPU smoke test for a user's first minutes on a GPU node: tiny models on CUDA, one process against
 torchrun's ranks (NCCL), the bf16 self-check, compiled against eager tokens, one bench preset; a pass/fail table.
 
-The checks live in ``eval.gpu_smoke`` (its docstring says what each one proves); this entry point parses the
+The checks live in ``eval.bench.gpu_smoke`` (its docstring says what each one proves); this entry point parses the
 options, runs them and prints the table. It refuses at once on a machine without CUDA.
 
 Examples::
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eval.gpu_smoke import CHECKS, run_smoke  # noqa: E402
+from eval.bench.gpu_smoke import CHECKS, run_smoke  # noqa: E402
 
 
 def main() -> None:

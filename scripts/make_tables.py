@@ -1,13 +1,15 @@
 """Paper-style tables and trade-off plots from run records (``run.json``), beside the published numbers.
 
 Reads every ``run.json`` under the given result folders (or the runs of a W&B project) and writes
-``<out>/tables/<name>.{md,tex,csv}`` (``eval.tables``: rows, intervals, bold only where significant, the
-published table with ``--published``) and ``<out>/figures/<name>_*.{png,pdf}`` (``eval.plots``: quality vs
-speedup with 95 % error bars and Pareto fronts, accepted length vs the swept option, TV vs accepted length).
-``<out>`` is the input folder (several: their common folder) unless ``--out`` is given. Every table's notes carry
-the evaluation card of its rows (``eval/card.py``); rows of one model with different cards are refused unless
+``<out>/tables/<name>.{md,tex,csv}`` (``eval.report.paper_tables``: rows, intervals, bold only where
+significant, the published table with ``--published``) and ``<out>/figures/<name>_*.{png,pdf}``
+(``eval.report.paper_plots``: quality vs speedup with 95 % error bars and Pareto fronts, accepted length vs the
+swept option, TV vs accepted length). ``<out>`` is the input folder (several: their common folder) unless
+``--out`` is given. Every table's notes carry the evaluation card of its rows
+(``eval/report/evaluation_card.py``); rows of one model with different cards are refused unless
 ``--mixed-protocols`` is given (then the caption says so and the notes list each row's differences). Each folder
-given gets its ``report.html`` (``eval/html_report.py``: every row, missing ones flagged, the card, the gallery).
+given gets its ``report.html`` (``eval/report/html_page.py``: every row, missing ones flagged, the card, the
+gallery).
 
 Examples::
 
@@ -27,8 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eval import plots, tables  # noqa: E402
-from eval.html_report import ReportError, write_report  # noqa: E402
+from eval.report import paper_plots as plots
+from eval.report import paper_tables as tables  # noqa: E402
+from eval.report.html_page import ReportError, write_report  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,8 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "those no run reports are left out)")
     parser.add_argument("--no-plots", action="store_true", help="write the tables only")
     parser.add_argument("--mixed-protocols", action="store_true",
-                        help="allow rows of one model whose evaluation cards differ (eval/card.py card_key); the "
-                             "caption says so and the notes list each row's differing fields")
+                        help="allow rows of one model whose evaluation cards differ (eval/report/evaluation_card.py "
+                             "card_key); the caption says so and the notes list each row's differing fields")
     args = parser.parse_args(argv)
     try:
         written = tables.write_tables(args.paths, wandb=args.wandb, name=args.name, out=args.out,

@@ -1,5 +1,5 @@
 """Fetch every file a run needs and check its decoders, on a login node, before the job is queued (logic:
-``eval/prefetch.py``, ``eval/preflight.py``, ``eval/jobs.py``).
+``eval/run/prefetch.py``, ``eval/run/preflight.py``, ``eval/sweep/jobs.py``).
 
 Give it the overrides of ``run.py``. It composes the same config, lists the target's weights, VQ, text encoder
 and tokenizer, the drafter of every compared decoder, the prompts (COCO) and every metric's files (FID reference
@@ -28,8 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from eval.jobs import check_sweep, job_report, sweep_report  # noqa: E402
 from run import decoder_chosen  # noqa: E402
+
+from eval.sweep.jobs import check_sweep, job_report, sweep_report  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

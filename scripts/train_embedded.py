@@ -3,7 +3,7 @@ drafter, an evaluation classifier, FID reference features — then measure it an
 
 Every artefact goes to ``coolsd/assets/embedded/`` (``--out``) and is what ``python run.py`` loads; a stage
 whose output exists is skipped unless ``--force`` names it. The stages live in ``coolsd.training.embedded``
-(``vq``, ``tokens``, ``target``, ``drafter``) and ``eval.embedded`` (``classifier``, ``reference``,
+(``vq``, ``tokens``, ``target``, ``drafter``) and ``eval.studies.embedded`` (``classifier``, ``reference``,
 ``evaluate``: the model card); this entry point parses the options and runs them.
 
 Usage (2 CPU cores, about 60 minutes with the evaluation; run nothing else meanwhile)::
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from coolsd.datasets import DEFAULT_DIR  # noqa: E402
 from coolsd.training import embedded as pipeline  # noqa: E402
 from coolsd.training.embedded import ASSETS, STAGES  # noqa: E402
-from eval import embedded as card  # noqa: E402
+from eval.studies import embedded as card  # noqa: E402
 
 
 def main() -> None:

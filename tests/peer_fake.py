@@ -2,7 +2,7 @@
 
 Its "decoder" returns the accepted lengths it is told to (``payload["tau"]``) and sleeps ``payload["sleep"]``
 seconds per image; on the way it calls ``Tensor.cuda()``, ``torch.zeros(..., device="cuda")`` and
-``torch.cuda.synchronize()``, which only work on a CPU machine under the runner's device patches.
+``torch.cuda.synchronize()``, which only work on a CPU machine under the peer bench's device patches.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from eval.peers.base import Pair, PeerImage, PeerSpec
+from eval.bench.peers.contract import Pair, PeerImage, PeerSpec
 
 SPEC = PeerSpec(
     name="fake",

@@ -1,5 +1,5 @@
-"""``eval.bench`` (and its CLI, ``scripts/bench.py``): smoke runs on the tiny model (timings are not asserted),
-cost-model identities.
+"""``eval.bench.efficiency`` (and its CLI, ``scripts/bench.py``): smoke runs on the tiny model (timings are not
+asserted), cost-model identities.
 
 About 10 s on 2 CPU cores.
 """
@@ -19,7 +19,7 @@ from coolsd.decoding import Decoder
 from coolsd.drafters.model_drafter import ModelDrafter
 from coolsd.models.llamagen import layer_skip_copy
 from coolsd.types import DecodeStats
-from eval import bench
+from eval.bench import efficiency as bench
 from tests.helpers import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The shared AR image cache (``eval.ar_cache.ARCache``) under concurrent writers: two processes that append
+"""The shared AR image cache (``eval.run.ar_cache.ARCache``) under concurrent writers: two processes that append
 records and reopen the cache meanwhile (a new job's load, whose repair may rewrite the file) leave a file in
 which every line parses and no entry is lost.
 
@@ -12,7 +12,7 @@ import json
 import multiprocessing as mp
 from pathlib import Path
 
-from eval.ar_cache import ARCache
+from eval.run.ar_cache import ARCache
 
 PER_WRITER = 40
 TOKENS = 6000  # ~30 kB per JSON line: several write() calls each, so unlocked appends can interleave
@@ -36,7 +36,7 @@ def _torn_append(self, record: dict) -> None:
 
 
 def _writer(root: str, name: str, start_event) -> None:
-    from eval.records import JsonlLog
+    from eval.records.image_records import JsonlLog
 
     JsonlLog.append = _torn_append
     start_event.wait()
@@ -94,7 +94,7 @@ def test_writer_waits_for_the_lock(tmp_path):
 
 # -- two rows of one table make AR's images once --------------------------------------------------------------------
 ROW = ("import pathlib, runpy, sys, time\n"
-       "import eval.generator as g\n"
+       "import eval.run.generator as g\n"
        "here, other = pathlib.Path(sys.argv.pop(1)), pathlib.Path(sys.argv.pop(1))\n"
        "run, make = g.Generator.run, g.Generator._generate\n"
        "def met(self, done):\n"  # both rows start generating together (a file barrier)

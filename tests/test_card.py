@@ -1,5 +1,6 @@
-"""The evaluation card (``eval/card.py``, issue 46 item 3): every field from a composed config and from a run.json
-alone, ``run.py`` writing and printing it, and the tables stating it and refusing rows of different protocols.
+"""The evaluation card (``eval/report/evaluation_card.py``, issue 46 item 3): every field from a composed config
+and from a run.json alone, ``run.py`` writing and printing it, and the tables stating it and refusing rows of
+different protocols.
 
 The run test runs ``run.py`` on the lookup model (4 prompts, ar + sd) once for the module: 10-20 s on 2 shared CPU
 cores; the two ``make_tables.py`` calls take 3-6 s each.
@@ -16,8 +17,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from eval import card as ec
-from eval import tables as mt
+from eval.report import evaluation_card as ec
+from eval.report import paper_tables as mt
 from tests.helpers import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent

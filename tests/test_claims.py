@@ -15,7 +15,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import coolsd  # noqa: F401  (registers the ${asset:} resolver)
-from eval import claims
+from eval.studies import claims
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,9 +68,9 @@ def make_point(name, method, tau, fid, tv, n=50, seed=0, **config):
 
 def with_reps(regime: claims.Regime, fid_noise: float, resamples: int = 400) -> None:
     """compute() without images: FID replicates are the point estimate plus shared-prompt noise."""
-    from eval import stats
+    from eval.metrics import intervals
 
-    w = stats.Bootstrap(resamples=resamples).weights(regime.num_images, "images")
+    w = intervals.Bootstrap(resamples=resamples).weights(regime.num_images, "images")
     rng = np.random.default_rng(1)
     common = rng.normal(0, fid_noise, resamples)
     for p in regime.points.values():
@@ -390,7 +390,7 @@ def test_compact_data_gives_back_the_regime_and_its_estimates(tmp_path):
 def test_robustness_rows_repeat_the_decisive_verdicts_per_drafter():
     """A seed regime whose LANTERN++ point sits above COOL-SD's FID curve (as weak_tree's) repeats C1's verdict;
     one whose point sits below turns it: the row says so. Claims the seeds do not decide are left out."""
-    from eval.claims.page import robustness_rows
+    from eval.studies.claims.page import robustness_rows
 
     def regime(name, lpp_fid):
         lpp = make_point("lpp", "lantern_pp", 3.3, lpp_fid, 0.03, seed=9, k=10, lam=5.0, resample="reference")
@@ -521,7 +521,7 @@ def test_power_margin_and_images_of_a_non_inferiority_test_by_hand():
     """At the one-sided 2.5 % level (z = 1.95996) and a true difference of 0: a standard error of margin / z gives
     power 0.5, margin / (z + z_0.8) gives 0.8; the margin with power 0.8 is (1.95996 + 0.84162) se; with se 0.05
     at 2,000 images and a margin 0.1, power 0.8 needs 2,000 (0.05 · 2.80158 / 0.1)² = 3,924.4 -> 4,000 images."""
-    from eval.claims.statistics import _z, margin_for_power, n_for_power, ni_power
+    from eval.studies.claims.analysis import _z, margin_for_power, n_for_power, ni_power
 
     assert _z(0.975) == pytest.approx(1.959964, abs=1e-6) and _z(0.8) == pytest.approx(0.841621, abs=1e-6)
     assert ni_power(0.1 / 1.959964, 0.1) == pytest.approx(0.5, abs=1e-6)
@@ -534,7 +534,7 @@ def test_power_margin_and_images_of_a_non_inferiority_test_by_hand():
 
 def _ni(estimate, sd, margin=0.1, n=2000, ratio=True):
     """Replicates with exactly standard deviation ``sd`` around ``estimate`` (evenly spaced normal quantiles)."""
-    from eval.claims.statistics import _z
+    from eval.studies.claims.analysis import _z
 
     q = np.array([_z((i + 0.5) / 4000) for i in range(4000)])
     return claims.non_inferior("x", estimate, estimate + sd * q / q.std(ddof=1), margin, n, "FID", ratio)
@@ -576,7 +576,7 @@ def test_one_verdict_rule_per_metric_for_every_claim():
 
 
 def test_p_at_the_bootstrap_floor_is_printed_as_a_bound():
-    from eval.claims.page import _p
+    from eval.studies.claims.page import _p
 
     assert _p("p", 2 / 10001, True) == "p ≤ 0.0002" and _p("p", 0.0123, False) == "p = 0.0123"
     c = claims.compare("d", -1.0, np.full(9999, -1.0) + np.linspace(-0.01, 0.01, 9999))

@@ -18,10 +18,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from coolsd.launch import BatchStepError
-from eval.distributed import RankMarkers, dist_options, launch_environment
+from coolsd.launch import BatchStepError, launch_environment
+from eval.records.image_records import load_records
+from eval.records.rank_markers import RankMarkers
+from eval.run.shards import dist_options
 from tests.helpers import sbatch_of
-from eval.records import load_records
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -238,10 +239,10 @@ def test_rank_zero_stops_with_the_error_of_a_rank_that_failed(tmp_path):
     out = tmp_path / "failing"
     port = free_port()
     failing = ("import runpy, sys\n"
-               "import eval.generator\n"
+               "import eval.run.generator\n"
                "def boom(self, done):\n"
                "    raise RuntimeError('rank 1 ran out of memory')\n"
-               "eval.generator.Generator.run = boom\n"
+               "eval.run.generator.Generator.run = boom\n"
                "sys.argv = ['run.py', *sys.argv[1:]]\n"
                "runpy.run_path('run.py', run_name='__main__')\n")
     procs = []
@@ -298,10 +299,10 @@ def test_a_task_that_never_starts_stops_the_others_within_the_start_up_timeout(t
 
 
 DIES_IN_LOAD = ("import os, runpy, sys\n"
-                "import eval.runner\n"
+                "import eval.run.experiment\n"
                 "def dies(model):\n"
                 "    {}\n"
-                "eval.runner.check_batch_invariance = dies\n"
+                "eval.run.experiment.check_batch_invariance = dies\n"
                 "sys.argv = ['run.py', *sys.argv[1:]]\n"
                 "runpy.run_path('run.py', run_name='__main__')\n")
 
@@ -470,11 +471,11 @@ def test_a_submitit_job_signalled_mid_run_is_requeued_and_resumes(tmp_path, task
 
 
 NO_MODEL = ("import runpy, sys\n"
-            "import eval.runner\n"
+            "import eval.run.experiment\n"
             "def nothing(*args, **kwargs):\n"
             "    raise AssertionError('a finished row built something')\n"
-            "eval.runner.instantiate = nothing\n"
-            "eval.runner.Shards = nothing\n"
+            "eval.run.experiment.instantiate = nothing\n"
+            "eval.run.experiment.Shards = nothing\n"
             "sys.argv = ['run.py', *sys.argv[1:]]\n"
             "runpy.run_path('run.py', run_name='__main__')\n")
 

@@ -50,7 +50,7 @@ def test_compiled_forwards_and_drafter_equal_eager_in_float64_and_greedy_sd_equa
 
 
 def test_compile_is_fingerprinted_only_when_on():
-    from eval.records import normalised
+    from eval.records.fingerprints import normalised
 
     fp = {"code_version": 3, "model": {"dtype": "float32", "compile": False}, "decoder": {"name": "ar"}}
     assert "compile" not in normalised(fp)["model"]  # records made before the option keep their fingerprint

@@ -102,8 +102,6 @@ CASES = [(g, o) for g in GROUPS for o in options(g)]
 
 @pytest.mark.parametrize("group,option", CASES, ids=[f"{g}/{o}" for g, o in CASES])
 def test_every_group_option_instantiates(group, option, made_files):
-    if group == "eval" and option.startswith("coco5k"):  # names eval.image_reward.ImageReward (issue 19's
-        pytest.importorskip("eval.image_reward")         # ImageReward part): runs once that module exists
     overrides = [f"{group}={option}", *(fill(o, made_files) for o in NEEDS.get((group, option), []))]
     if group == "drafter":  # a drafter is built for the model of the same name (the tiny one otherwise)
         model = option if option in options("model") else "embedded" if option.startswith("embedded") else "tiny"

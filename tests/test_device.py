@@ -101,7 +101,7 @@ def test_run_stops_on_the_device_before_the_model_and_names_the_missing_files(no
     missing files and their fetch commands appended, and no build."""
     import importlib
 
-    from eval.runner import run_experiment
+    from eval.run.experiment import run_experiment
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"model={name}", "decoder=ar", "logger=none",

@@ -145,7 +145,7 @@ def test_overlap_with_evaluation_prompts_is_refused_unless_allowed(tmp_path):
     assert found == {str(val): ["a cat on a mat."]}
     # data=coco (val2017) is recognised from its config, without the captions file
     with pytest.raises(ValueError, match="overlap the evaluation prompts"):
-        dd.check_eval_overlap(["x"], dd.DistillConfig(), "eval.prompts.CocoCaptions",
+        dd.check_eval_overlap(["x"], dd.DistillConfig(), "coolsd.prompts.CocoCaptions",
                               "/nowhere/annotations/captions_val2017.json")
     with pytest.raises(ValueError, match="distill.eval_overlap"):
         dd.DistillConfig(eval_overlap="ignore")

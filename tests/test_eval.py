@@ -16,8 +16,8 @@ import pytest
 import torch
 from PIL import Image
 
-from eval.metrics import CLIPScore, FIDKID, center_crop_resize
-from eval.prompts import CocoCaptions, PartiPrompts
+from coolsd.prompts import CocoCaptions, PartiPrompts
+from eval.metrics import FIDKID, CLIPScore, center_crop_resize
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOKUP = ["model=lookup", "drafter=lookup", "data=fixed", "data.prompts=[a,b,c]", "logger=none", "compare=[sd]",
@@ -110,7 +110,7 @@ def test_clip_score_through_open_clip(tmp_path):
 
 
 def read_records(folder: Path, name: str) -> dict[int, dict]:
-    from eval.records import load_records
+    from eval.records.image_records import load_records
 
     return load_records(folder / "records", name)
 

@@ -1,6 +1,6 @@
-"""``scripts/gpu_smoke.py`` (``eval.gpu_smoke``): it refuses at once without CUDA, saying why; its runner reports
-every check (a failing one does not stop the others) in a pass/fail table; the checks themselves run on the CPU
-with ``--allow-cpu`` (``-m slow``: about 2 min, the compiled check included). Their GPU results are in
+"""``scripts/gpu_smoke.py`` (``eval.bench.gpu_smoke``): it refuses at once without CUDA, saying why; its runner
+reports every check (a failing one does not stop the others) in a pass/fail table; the checks themselves run on
+the CPU with ``--allow-cpu`` (``-m slow``: about 2 min, the compiled check included). Their GPU results are in
 ``results/bench/h200/``. About 5 s without the slow test."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eval import gpu_smoke
+from eval.bench import gpu_smoke
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""The report page (issue 46 items 4-6, ``eval/html_report.py``, ``scripts/report.py``): what a run and a sweep
+"""The report page (issue 46 items 4-6, ``eval/report/html_page.py``, ``scripts/report.py``): what a run and a sweep
 page hold, the gallery's data against the records, flagged rows, escaping, the paper figure, and the page as a
 browser shows it (headless Chromium: tables and images there and loaded, not blank, no console errors)."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from eval.html_report import (ReportError, accepted_length, gallery_data, load_folder, tv_per_step, write_figure,
-                              write_report)
-from eval.records import load_records
+from eval.records.image_records import load_records
+from eval.report.html_page import (ReportError, accepted_length, gallery_data, load_folder, tv_per_step,
+                                   write_figure, write_report)
 from tests.test_status import build_sweep
 
 ROOT = Path(__file__).resolve().parent.parent

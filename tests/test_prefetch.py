@@ -176,7 +176,7 @@ def test_run_with_a_missing_drafter_stops_before_the_target_is_built(tmp_path, m
     it was looked for and the prefetch command, and the target's constructor is never called."""
     from coolsd.models.llamagen import LlamaGen
     from coolsd.required_files import MissingFilesError
-    from eval.runner import run_experiment
+    from eval.run.experiment import run_experiment
 
     built = []
     monkeypatch.setattr(LlamaGen, "__init__", lambda self, *a, **k: built.append(1) or (_ for _ in ()).throw(
@@ -222,8 +222,8 @@ def test_a_bad_decoder_value_is_caught_without_building_the_target(no_weights_re
     default run's six decoders pass, with nothing left unchecked, and the run's random state is untouched."""
     import torch
 
-    from eval.preflight import DecoderConfigError, stand_in, validate_decoders
-    from eval.runner import select_decoders
+    from eval.run.preflight import DecoderConfigError, stand_in, validate_decoders
+    from eval.run.suite import select_decoders
 
     state = torch.get_rng_state()
     for model in ("embedded", "llamagen_t2i_512"):
@@ -242,10 +242,10 @@ def test_a_bad_decoder_value_is_caught_without_building_the_target(no_weights_re
 
 
 def test_the_jacobi_decoders_of_emu3_gen_are_checked_on_its_stand_in(no_weights_read):
-    """Emu3-Gen has a stand-in recipe (eval.preflight.RECIPES): the Jacobi family of its presets is checked without
-    its weights (nothing left unchecked), and a bad value is named."""
-    from eval.preflight import DecoderConfigError, stand_in, validate_decoders
-    from eval.runner import select_decoders
+    """Emu3-Gen has a stand-in recipe (eval.run.preflight.RECIPES): the Jacobi family of its presets is checked
+    without its weights (nothing left unchecked), and a bad value is named."""
+    from eval.run.preflight import DecoderConfigError, stand_in, validate_decoders
+    from eval.run.suite import select_decoders
 
     cfg = compose_run("model=emu3_gen", "decoder=sjd", "compare=jacobi", "model.device=cpu", "eval=quick",
                       "logger=none")
@@ -263,8 +263,8 @@ def test_a_drafter_that_does_not_fit_the_target_is_caught_from_its_config(tmp_pa
     """A drafter folder whose config.json (this project's format) is 128 wide for the 256-wide embedded target,
     and LANTERN's stage-I drafter (a 16x16 RoPE grid) for the 32x32 stage-II T2I model: each is named with the
     differing field, from its config.json alone; a drafter trained with another prefix convention too."""
-    from eval.preflight import DecoderConfigError, validate_decoders
-    from eval.runner import select_decoders
+    from eval.run.preflight import DecoderConfigError, validate_decoders
+    from eval.run.suite import select_decoders
 
     config = json.loads((ROOT / "coolsd/assets/embedded/drafter/config.json").read_text())
     cases = []
@@ -331,12 +331,12 @@ def test_a_sweep_with_one_bad_job_flags_exactly_that_job(capsys):
 
 
 def test_the_sweep_expands_exactly_as_hydras_multirun(tmp_path):
-    """``eval.jobs.expand_sweep`` against Hydra's own multirun (basic launcher, a task that records each job's
+    """``eval.sweep.jobs.expand_sweep`` against Hydra's own multirun (basic launcher, a task that records each job's
     overrides): an experiment's sweeper params and command-line commas give the same jobs in the same order."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    from eval.jobs import expand_sweep
+    from eval.sweep.jobs import expand_sweep
 
     for overrides in (["experiment=tiny_table"], ["decoder=sd", "decoder.draft_len=2,3", "eval.num_prompts=1,2"]):
         seen = []
@@ -351,8 +351,8 @@ def test_the_sweep_expands_exactly_as_hydras_multirun(tmp_path):
 def test_run_py_stops_on_a_bad_decoder_value_before_any_weight_is_read(tmp_path, no_weights_read):
     """The same check inside ``run.py``'s order of work: ``decoder.schedule=expo`` stops the run after the file
     check and before the target's weights are read; nothing is written into the run folder but its markers."""
-    from eval.preflight import DecoderConfigError
-    from eval.runner import run_experiment
+    from eval.run.experiment import run_experiment
+    from eval.run.preflight import DecoderConfigError
 
     cfg = compose_run("decoder=coolsd", "decoder.schedule=expo", "eval=quick", "logger=none", "eval.num_prompts=2")
     with pytest.raises(DecoderConfigError, match="decoder.schedule must be one of"):

@@ -1,5 +1,6 @@
-"""Live progress of a run (``eval.logging.Progress``): images done, running accepted length and img/s per decoder
-reach the console and the logger while the run generates, every N batches or T seconds, then the final summary."""
+"""Live progress of a run (``eval.run.loggers.Progress``): images done, running accepted length and img/s per
+decoder reach the console and the logger while the run generates, every N batches or T seconds, then the final
+summary."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 from hydra import compose, initialize_config_dir
 
-from eval.logging import NullLogger, Progress, WandbLogger
+from eval.run.loggers import NullLogger, Progress, WandbLogger
 from tests.helpers import CONFIGS
 
 
@@ -89,7 +90,7 @@ class RecordingLogger(NullLogger):
 
 
 def test_run_reports_progress_during_generation_and_the_summary_at_the_end(tmp_path, capsys):
-    from eval.runner import run_experiment
+    from eval.run.experiment import run_experiment
 
     RecordingLogger.calls = []
     overrides = ["model=lookup", "drafter=lookup", "data=fixed", "logger=none", "decoder=sd",

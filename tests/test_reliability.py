@@ -52,12 +52,12 @@ def umask(value: int):
 def write_every_kind(folder: Path, model) -> list[Path]:
     """Call each writer of the project once into ``folder``; return the files they wrote."""
     from coolsd.drafters.eagle import EagleHead, save_eagle
+    from coolsd.io import atomic_write_json
     from coolsd.neighbours import latent_neighbours
-    from eval.records import JsonlLog, atomic_write_json, save_png
-    from eval.report import speed_quality_plot
-    from eval.report import save_grid
     from coolsd.training import data as dd
     from coolsd.training import drafter as td
+    from eval.records.image_records import JsonlLog, save_png
+    from eval.report.run_table import save_grid, speed_quality_plot
 
     atomic_write_json(folder / "run.json", {"a": 1})
     atomic_write_bytes(folder / "table.md", b"| decoder |\n")
@@ -161,7 +161,7 @@ def test_without_locks_only_old_temps_count_as_stale(tmp_path, monkeypatch):
 
 
 def test_opening_a_records_folder_sweeps_it(tmp_path):
-    from eval.records import JsonlLog
+    from eval.records.image_records import JsonlLog
 
     stale = tmp_path / "records" / ".sd.jsonl.ab12cd34.tmp"
     stale.parent.mkdir()
@@ -172,7 +172,7 @@ def test_opening_a_records_folder_sweeps_it(tmp_path):
 
 # -- 8. damaged record lines -------------------------------------------------------------------------------
 def test_a_corrupt_record_line_is_reported_and_counts_as_unfinished(tmp_path):
-    from eval.records import JsonlLog
+    from eval.records.image_records import JsonlLog
 
     path = tmp_path / "sd.jsonl"
     path.write_bytes(b'{"index": 0, "x": 1}\n'
@@ -203,7 +203,7 @@ def test_a_run_regenerates_the_image_of_a_corrupt_record_line(tmp_path):
     proc = subprocess.run(args, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{log}:2:" in proc.stderr
-    from eval.records import load_records
+    from eval.records.image_records import load_records
 
     with pytest.warns(UserWarning, match=re.escape(f"{log}:2:")):
         records = load_records(tmp_path / "records", "sd")
@@ -213,7 +213,7 @@ def test_a_run_regenerates_the_image_of_a_corrupt_record_line(tmp_path):
 
 # -- 5. prompt counts --------------------------------------------------------------------------------------
 def test_a_short_prompt_set_is_an_error_naming_the_key_and_the_file(tmp_path):
-    from eval.prompts import CocoCaptions, FilePrompts, PartiPrompts
+    from coolsd.prompts import CocoCaptions, FilePrompts, PartiPrompts
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a cat\na dog\n\na bird\n")
@@ -374,11 +374,9 @@ def test_records_do_not_depend_on_where_the_neighbour_cache_lives(tmp_path):
     """The LANTERN neighbour table's cache location is not part of a record's fingerprint: records made when an
     older version fingerprinted it (or under another $COOLSD_CACHE) are reused, new ones join them, and a real
     difference is still refused."""
-    from coolsd.fingerprint import json_digest
-    from eval.distributed import Shards
-    from eval.records import RunRecords
-
-    from coolsd.fingerprint import TOKEN_CODE_VERSION
+    from coolsd.fingerprint import TOKEN_CODE_VERSION, json_digest
+    from eval.run.resume import RunRecords
+    from eval.run.shards import Shards
 
     fp = {"code_version": TOKEN_CODE_VERSION, "model": {"x": 1}, "decoder": {"name": "lantern", "k": 64}}
     old = {**fp, "decoder": {**fp["decoder"], "neighbour_cache": "/root/.cache/coolsd/neighbours"}}
@@ -398,7 +396,7 @@ def test_records_do_not_depend_on_where_the_neighbour_cache_lives(tmp_path):
     assert sorted(again.check(prompts, 0)["lantern"]) == [0, 1, 2]
     from omegaconf import OmegaConf
 
-    from eval.records import decoder_fingerprint
+    from eval.records.fingerprints import decoder_fingerprint
 
     cfg = OmegaConf.create({"model": {"x": 1}})
     for where in ("/root/.cache/coolsd/neighbours", "/elsewhere"):  # what the run computes, wherever the cache is
@@ -415,8 +413,8 @@ def test_records_survive_a_moved_checkout_and_a_changed_weights_digest_is_refuse
     at another path (stored by an older version with the paths) are reused; other weights are refused; a
     drafter without a weights digest (a layer-skip copy) still has its checkpoint fingerprinted."""
     from coolsd.fingerprint import json_digest
-    from eval.distributed import Shards
-    from eval.records import RunRecords
+    from eval.run.resume import RunRecords
+    from eval.run.shards import Shards
 
     def fingerprint(root, target="t1", drafter="d1"):
         return {"code_version": 2, "weights_sha1": target, "drafter_weights_sha1": drafter,

@@ -1,4 +1,4 @@
-"""Intervals and paired tests (``eval/stats.py``) and how the runner attaches them to ``run.json``.
+"""Intervals and paired tests (``eval/metrics/intervals.py``) and how the runner attaches them to ``run.json``.
 
 Coverage checks are seeded; each states its false-alarm probability (the chance that a correct interval lands
 outside the band). The whole file takes 10-20 s on 2 CPU cores.
@@ -12,10 +12,10 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-from eval import stats
-from eval.metrics import FIDKID, ClassAccuracy, MeanScore
-from eval.runner import EvalSuite, baselines, compare_records, summarize
-from eval.stats import Bootstrap
+from eval.metrics import FIDKID, ClassAccuracy, MeanScore, intervals
+from eval.metrics.intervals import Bootstrap
+from eval.run.experiment import baselines, compare_records, summarize
+from eval.run.suite import EvalSuite
 
 CPU = torch.device("cpu")
 
@@ -29,7 +29,7 @@ def test_t_interval_covers_the_mean_of_skewed_values_as_stated():
     true = np.exp(sigma ** 2 / 2)
     covered = 0
     for _ in range(reps):
-        lo, hi = stats.t_interval(rng.lognormal(0.0, sigma, n), 0.95)
+        lo, hi = intervals.t_interval(rng.lognormal(0.0, sigma, n), 0.95)
         covered += lo <= true <= hi
     assert 0.94 <= covered / reps <= 0.96, covered / reps
 
@@ -46,7 +46,7 @@ def test_speedup_interval_covers_the_ratio_of_mean_latencies():
     for r in range(reps):
         ar = rng.lognormal(0.0, 0.3, n)
         mine = ar / rng.lognormal(mu, sg, n)
-        lo, hi = stats.ratio_interval(ar, mine, Bootstrap(resamples=1000, seed=r), "timed")
+        lo, hi = intervals.ratio_interval(ar, mine, Bootstrap(resamples=1000, seed=r), "timed")
         covered += lo <= true <= hi
     assert 0.925 <= covered / reps <= 0.97, covered / reps
 
@@ -65,7 +65,7 @@ def test_bootstrap_weights_are_seeded_counts():
 def test_welch_reproduces_scipy():
     a = [2.9, 3.4, 3.1, 2.7, 3.8, 3.3, 3.0, 3.6, 2.8]
     b = [2.5, 2.6, 2.9, 2.4, 2.7, 3.1, 2.2]
-    ours = stats.welch(a, b)
+    ours = intervals.welch(a, b)
     ref = scipy_stats.ttest_ind(a, b, equal_var=False)
     assert ours["t"] == pytest.approx(ref.statistic, rel=1e-12)
     assert ours["p"] == pytest.approx(ref.pvalue, rel=1e-10)
@@ -73,25 +73,25 @@ def test_welch_reproduces_scipy():
     lo, hi = ref.confidence_interval(0.95)
     assert ours["ci"] == pytest.approx([lo, hi], rel=1e-10)
     assert ours["difference"] == pytest.approx(np.mean(a) - np.mean(b))
-    same = stats.welch([1.0, 1.0, 1.0], [1.0, 1.0])  # two constant samples: an exact difference
+    same = intervals.welch([1.0, 1.0, 1.0], [1.0, 1.0])  # two constant samples: an exact difference
     assert same["difference"] == 0 and same["p"] == 1.0 and same["ci"] == [0.0, 0.0]
 
 
 def test_paired_bootstrap_on_identical_inputs_gives_zero_difference():
     x = np.random.default_rng(0).lognormal(0, 0.3, 40)
-    out = stats.paired_bootstrap(x, x.copy(), Bootstrap(), "timed")
+    out = intervals.paired_bootstrap(x, x.copy(), Bootstrap(), "timed")
     assert out["difference"] == 0.0 and out["ci"] == [0.0, 0.0] and out["p"] == 1.0 and out["n"] == 40
-    shifted = stats.paired_bootstrap(x + 0.5, x, Bootstrap(), "timed")  # a constant shift: exact, p minimal
+    shifted = intervals.paired_bootstrap(x + 0.5, x, Bootstrap(), "timed")  # a constant shift: exact, p minimal
     assert shifted["difference"] == pytest.approx(0.5) and shifted["ci"] == pytest.approx([0.5, 0.5])
     assert shifted["p"] == pytest.approx(2 / 1001)
-    noisy = stats.paired_bootstrap(x + np.random.default_rng(1).normal(0, 0.3, 40), x, Bootstrap(), "timed")
+    noisy = intervals.paired_bootstrap(x + np.random.default_rng(1).normal(0, 0.3, 40), x, Bootstrap(), "timed")
     assert noisy["ci"][0] < noisy["difference"] < noisy["ci"][1] and 0.0 < noisy["p"] <= 1.0
     # the p-value agrees with the interval: p < 0.05 only when the 95 % interval excludes 0 (the +1 of the
     # p-value makes it a little conservative at the boundary)
     rng = np.random.default_rng(3)
     outcomes = set()
     for _ in range(30):
-        d = stats.paired_bootstrap(x + rng.normal(0.08, 0.3, 40), x, Bootstrap(resamples=400), "timed")
+        d = intervals.paired_bootstrap(x + rng.normal(0.08, 0.3, 40), x, Bootstrap(resamples=400), "timed")
         excludes = d["ci"][0] > 0 or d["ci"][1] < 0
         assert excludes or d["p"] >= 0.05, d
         outcomes.add(d["p"] < 0.05)
@@ -99,10 +99,11 @@ def test_paired_bootstrap_on_identical_inputs_gives_zero_difference():
 
 
 def test_wilson_interval():
-    lo, hi = stats.wilson_interval(8, 10, 0.95)
+    lo, hi = intervals.wilson_interval(8, 10, 0.95)
     assert (round(lo, 4), round(hi, 4)) == (0.4902, 0.9433)  # the textbook value
-    assert stats.wilson_interval(10, 10)[1] == pytest.approx(1.0) and stats.wilson_interval(10, 10)[0] < 0.9  # not degenerate
-    assert stats.wilson_interval(0, 0) is None
+    high = intervals.wilson_interval(10, 10)
+    assert high[1] == pytest.approx(1.0) and high[0] < 0.9  # not degenerate
+    assert intervals.wilson_interval(0, 0) is None
 
 
 def gaussian_features(n: int, shift: float, seed: int, dim: int = 12) -> np.ndarray:
@@ -117,7 +118,7 @@ def test_fid_replicates_match_clean_fid_and_torch_fidelity():
     for n in (8, 60):  # N < D (Gram route) and N > D (covariance route)
         gen, ref = gaussian_features(n, 0.3, 1, dim=16 if n == 8 else 12), gaussian_features(200, 0.0, 2,
                                                                                               16 if n == 8 else 12)
-        ours = stats.fid_value(gen, ref)
+        ours = intervals.fid_value(gen, ref)
         assert ours == pytest.approx(float(fid_from_feats(ref, gen)), rel=1e-6, abs=1e-6)
         tf = fid_statistics_to_metric(fid_features_to_statistics(torch.from_numpy(ref)),
                                       fid_features_to_statistics(torch.from_numpy(gen)), verbose=False)
@@ -126,7 +127,8 @@ def test_fid_replicates_match_clean_fid_and_torch_fidelity():
     gen, ref = gaussian_features(30, 0.3, 3), gaussian_features(100, 0.0, 4)
     idx = np.random.default_rng(5).integers(0, 30, 30)
     counts = np.bincount(idx, minlength=30)[None].astype(float)
-    assert stats.fid_replicates(gen, ref, counts)[0] == pytest.approx(float(fid_from_feats(ref, gen[idx])), rel=1e-6)
+    assert intervals.fid_replicates(gen, ref, counts)[0] == pytest.approx(float(fid_from_feats(ref, gen[idx])),
+                                                                          rel=1e-6)
 
 
 def test_fid_replicates_batched_route_equals_one_resample_at_a_time(monkeypatch):
@@ -134,9 +136,9 @@ def test_fid_replicates_batched_route_equals_one_resample_at_a_time(monkeypatch)
     per-resample route give the same replicates to rounding, across chunk boundaries and for shifted features."""
     gen, ref = gaussian_features(90, 25.0, 6, dim=10), gaussian_features(300, 24.0, 7, dim=10)
     counts = np.random.default_rng(8).multinomial(90, np.full(90, 1 / 90), size=37).astype(float)
-    batched = stats.fid_replicates(gen, ref, counts, chunk=16)
-    monkeypatch.setattr(stats, "BATCHED_FID_BYTES", 0)
-    one_at_a_time = stats.fid_replicates(gen, ref, counts)
+    batched = intervals.fid_replicates(gen, ref, counts, chunk=16)
+    monkeypatch.setattr(intervals, "BATCHED_FID_BYTES", 0)
+    one_at_a_time = intervals.fid_replicates(gen, ref, counts)
     assert np.allclose(batched, one_at_a_time, rtol=1e-10, atol=1e-10)
     assert batched.std() > 0.01  # the resamples differ: the comparison is not of 37 copies
 
@@ -147,10 +149,10 @@ def test_kid_replicates_are_the_unbiased_mmd_over_distinct_images():
     k = lambda a, b: (a @ b.T / d + 1) ** 3  # noqa: E731  torch-fidelity's kernel
     kgg = k(gen, gen)
     full = (kgg.sum() - np.trace(kgg)) / (20 * 19) - 2 * k(gen, ref).mean()
-    assert stats.kid_replicates(gen, ref, np.ones((1, 20)))[0] == pytest.approx(full, rel=1e-9)
+    assert intervals.kid_replicates(gen, ref, np.ones((1, 20)))[0] == pytest.approx(full, rel=1e-9)
     counts = np.zeros((1, 20))
     counts[0, 0] = 20  # one image drawn 20 times: no pair of distinct images
-    assert np.isnan(stats.kid_replicates(gen, ref, counts)[0])
+    assert np.isnan(intervals.kid_replicates(gen, ref, counts)[0])
 
 
 def test_fid_bootstrap_interval_contains_the_estimate_and_is_not_degenerate(tmp_path):
@@ -230,7 +232,7 @@ def test_mean_scores_get_t_intervals_and_accuracy_gets_wilson():
     est = metric.compute(["x"] * 50, ["p"] * 50, CPU)
     assert est == {"constant": pytest.approx(values.mean())}
     reps = metric.replicates(values, Bootstrap(resamples=100).weights(50, "images"), CPU)
-    assert metric.interval("constant", values, est, reps, 0.95) == pytest.approx(stats.t_interval(values))
+    assert metric.interval("constant", values, est, reps, 0.95) == pytest.approx(intervals.t_interval(values))
     correct = np.array([1.0] * 9 + [0.0])
     acc = ClassAccuracy.__new__(ClassAccuracy)  # the interval needs no classifier
-    assert acc.interval("class_accuracy", correct, {}, {}, 0.95) == pytest.approx(stats.wilson_interval(9, 10))
+    assert acc.interval("class_accuracy", correct, {}, {}, 0.95) == pytest.approx(intervals.wilson_interval(9, 10))

@@ -1,5 +1,5 @@
-"""The status of a sweep folder (issue 45 item 5, ``eval/status.py``, ``scripts/status.py``) and one W&B run per
-row across requeues (item 6, ``eval.logging.run_id``).
+"""The status of a sweep folder (issue 45 item 5, ``eval/report/sweep_status.py``, ``scripts/status.py``) and
+one W&B run per row across requeues (item 6, ``eval.run.loggers.run_id``).
 
 The fake sweeps are written with the project's own writers (``RankMarkers``, ``JsonlLog``, ``atomic_write_json``)
 and those of Hydra and submitit (``OmegaConf.save`` for ``.hydra/`` and ``multirun.yaml``, ``JobReturn`` pickled by
@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from eval.distributed import RankMarkers
-from eval.logging import WandbLogger, run_id
-from eval.records import JsonlLog, atomic_write_json
-from eval.status import read_job_result, report, sweep_jobs, sweep_status
+from coolsd.io import atomic_write_json
+from eval.records.image_records import JsonlLog
+from eval.records.rank_markers import RankMarkers
+from eval.report.sweep_status import read_job_result, report, sweep_jobs, sweep_status
+from eval.run.loggers import WandbLogger, run_id
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_HOURS = 2 * 3600.0

@@ -332,8 +332,8 @@ def test_sjd_sv_with_sv_off_is_sjd_and_exact():
 def test_the_tv_of_a_joint_test_is_not_measured_and_not_shown_as_zero():
     """SJD-SV records no token tests: its stats say the TV is not measured (None, not 0), the run's summary has no TV
     metrics, and the table prints "–" with a note, the one-line summary "– (not measured)"."""
-    from eval.report import TV_NOTE, markdown_table, one_line_summary
-    from eval.runner import summarize
+    from eval.report.run_table import TV_NOTE, markdown_table, one_line_summary
+    from eval.run.experiment import summarize
 
     model = lookup()
     gen = sjd_sv(model).generate("a", 0)
@@ -359,7 +359,7 @@ def test_the_tv_of_a_joint_test_is_not_measured_and_not_shown_as_zero():
 
 
 def test_labels():
-    from eval.labels import decoder_options, method_label
+    from eval.report.labels import decoder_options, method_label
 
     def label(name, overrides=(), noted=()):
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
@@ -391,7 +391,7 @@ def test_the_sv_table_preset_runs_gsds_setup():
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
             cfg = compose(config_name="config", overrides=["experiment=table_sv_lumina", f"row={row}"])
         assert cfg.model._target_ == "coolsd.models.lumina_mgpt.LuminaMGPT" and cfg.model.width == 768, row
-        assert cfg.data._target_ == "eval.prompts.CocoCaptions", row
+        assert cfg.data._target_ == "coolsd.prompts.CocoCaptions", row
         assert (cfg.model.sampling.cfg_scale, cfg.model.sampling.top_k) == (3.0, 2000), row
         decoder = OmegaConf.to_container(cfg.decoder, resolve=True)
         assert decoder["draft_len"] == 15 and decoder["drafter"]["init"] == "random", row

@@ -1,5 +1,5 @@
-"""Paper tables and plots (``eval.tables``, ``eval.plots``, ``scripts/make_tables.py``) and the experiment configs
-that feed them.
+"""Paper tables and plots (``eval.report.paper_tables``, ``eval.report.paper_plots``,
+``scripts/make_tables.py``) and the experiment configs that feed them.
 
 Golden tables come from the fixture records in ``tests/golden/runs`` (made-up numbers under two real model
 names: duplicates, a method missing on one model, a metric missing in one row, an ablation option that
@@ -35,8 +35,8 @@ from PIL import Image
 
 from coolsd.decoding import Decoder
 from coolsd.drafters.eagle import EagleDrafter, EagleHead
-from eval import plots
-from eval import tables as mt
+from eval.report import paper_plots as plots
+from eval.report import paper_tables as mt
 from tests.helpers import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -550,7 +550,7 @@ def test_rows_compose_and_the_tiny_table_matches_the_llamagen_table():
     assert cfg.decoder.name == "sd" and cfg.decoder.tree == "naive_extend_57" and cfg.model.gpt.dim == 64
 
 
-# the tree and LANTERN++ resampling path each paper table's code base uses (shared/docs/reference/lantern.md §2.2-2.3;
+# the tree and LANTERN++ resampling path each paper table's code base uses (docs/reference-behaviour.md, LANTERN;
 # Janus-Pro has no published LANTERN++ code: the harness uses Lumina-mGPT's)
 TABLE_TREES = {"table_llamagen": ("naive_extend_57", "reference_q"), "tiny_table": ("naive_extend_57", "reference_q"),
                "table_lumina": ("mc_sim_7b_63", "reference"), "table_janus_pro": ("mc_sim_7b_63", "reference")}

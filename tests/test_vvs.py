@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from baselines.lantern import Lantern
-from baselines.vvs import (VVS, leaf_paths, leaf_weighted_children, path_similarity, stale_rows, truncation,
-                           uniform_skip)
-from coolsd.decoding import BlockPrefix
+from baselines.vvs import (VVS, BlockPrefix, leaf_paths, leaf_weighted_children, path_similarity, stale_rows,
+                           truncation, uniform_skip)
 from coolsd.drafters.eagle import EagleDrafter, EagleHead
 from coolsd.rng import Streams
 from coolsd.types import Draft, TargetOutput
@@ -289,7 +288,7 @@ def test_vvs_runs_on_janus_pro_and_lumina_mgpt_batch_equal_alone(which):
 def test_preflight_names_a_bad_vvs_option_before_the_model_loads():
     from hydra import compose, initialize_config_dir
 
-    from eval.preflight import DecoderConfigError, validate_decoders
+    from eval.run.preflight import DecoderConfigError, validate_decoders
     from tests.helpers import CONFIGS
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):

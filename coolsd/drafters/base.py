@@ -85,6 +85,29 @@ class Drafter(abc.ABC):
     def select(self, images: Sequence[int]) -> None:
         """Keep the state of the listed images (positions in the current batch), in order."""
 
+    # -- the static decode path (coolsd.static): fixed shapes, state in buffers updated in place -------------
+    #: whether the drafter implements the three ``static_*`` calls (the static path refuses it otherwise)
+    static_path: bool = False
+    #: whether the drafts are the target's own outputs (a Jacobi window) rather than a drafter network's; the
+    #: static path names its step after it (``jacobi_window`` or ``chain``)
+    self_drafting: bool = False
+
+    def static_begin(self, prefill: TargetOutput, first_tokens: torch.Tensor, streams: Streams, depth: int) -> None:
+        """Start a batch on the static path: as ``begin``, with state in persistent buffers of the batch's size
+        (kept between batches of that size, refilled in place) and chains of exactly ``depth`` slots."""
+        raise NotImplementedError(f"{type(self).__name__} does not run on the static path")
+
+    def static_propose(self, last_tokens: torch.Tensor, t: torch.Tensor, limit: torch.Tensor,
+                       depth: int) -> Draft:
+        """``propose`` of exactly ``depth`` slots per image with no host read (``limit`` marks the valid ones)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run on the static path")
+
+    def static_observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict,
+                       active: torch.Tensor) -> None:
+        """``observe`` with no host read; ``active`` (B,) marks the images still decoding (the others keep
+        nothing: their state may hold anything that stays in its buffers' bounds)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run on the static path")
+
 
 class NullDrafter(Drafter):
     """Drafts nothing: the shared loop then runs plain autoregressive decoding (one token per forward)."""

@@ -57,7 +57,7 @@ from torch import nn
 from coolsd import validate
 from coolsd.drafters.base import Drafter, chain_valid, empty_draft
 from coolsd.io import atomic_write_bytes
-from coolsd.kv_cache import StaticKVCache
+from coolsd.kv_cache import DeviceKVCache, StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
     attention_context,
@@ -246,8 +246,8 @@ def arch_mismatch(config: dict[str, Any], sizes: dict[str, Any]) -> dict[str, tu
     """{field: (checkpoint, target)} where a drafter's ``config.json`` does not fit the target's draft layer, whose
     ``sizes`` are ``FIT_FIELDS`` of ``EagleHead.arch`` and ``num_image_tokens``: this project's format compares
     ``FIT_FIELDS``; a released EAGLE / LANTERN drafter (HF-Llama names) its sizes, its single layer and the
-    RoPE grid LANTERN trained it on (``input_type``). Read from the config alone (``eval.preflight`` checks a
-    run's drafters with it before the target is built)."""
+    RoPE grid LANTERN trained it on (``input_type``). Read from the config alone (``eval.run.preflight``
+    checks a run's drafters with it before the target is built)."""
     if config.get("format") == FORMAT:
         return {k: (config.get(k), sizes[k]) for k in FIT_FIELDS if config.get(k) != sizes[k]}
     heads = config.get("num_attention_heads")
@@ -343,6 +343,32 @@ class DraftStep:
     rows: torch.Tensor | None = None  # the features as cache rows (B·S, T, H) (what the next step feeds), if kept
 
 
+@dataclass(frozen=True)
+class StaticPending:
+    """The static path's drafter state of one batch size, in buffers updated in place: the drafter cache, the
+    pending pairs (the target's features of the committed tokens not fed yet, padded to the most one verify
+    commits) with each image's count and first pair position, and the cache lengths after the latest feed."""
+
+    cache: DeviceKVCache
+    features: torch.Tensor  # (S, B, K, H)
+    tokens: torch.Tensor  # (B, K)
+    count: torch.Tensor  # (B,)
+    start: torch.Tensor  # (B,)
+    after: torch.Tensor  # (B,)
+    columns: torch.Tensor  # (K,) 0 .. K − 1
+
+    @classmethod
+    def new(cls, cache: StaticKVCache, streams: int, batch: int, width: int, hidden: int,
+            dtype: torch.dtype) -> "StaticPending":
+        device = cache.k.device
+        long = dict(dtype=torch.long, device=device)
+        return cls(cache=DeviceKVCache.of(cache), features=torch.zeros(streams, batch, width, hidden, dtype=dtype,
+                                                                       device=device),
+                   tokens=torch.zeros(batch, width, **long), count=torch.zeros(batch, **long),
+                   start=torch.zeros(batch, **long), after=torch.zeros(batch, **long),
+                   columns=torch.arange(width, device=device))
+
+
 class EagleDrafter(Drafter):
     """Chain or tree drafting with an ``EagleHead`` and its own one-layer KV cache, for a batch of images
     (cache rows = the CFG streams of every image).
@@ -411,6 +437,8 @@ class EagleDrafter(Drafter):
         self.after_feed: list[int] = []  # cache lengths right after the pending block
         self.node_features: torch.Tensor | None = None  # tree drafting: outputs of the latest request
         self.in_step = False  # whether the pending pairs were checked against the loop's positions
+        self._static: dict[tuple[int, int, int], StaticPending] = {}  # static path: per (batch, prefix, depth)
+        self.static: StaticPending | None = None  # the current batch's
 
     def new_cache(self, batch: int, prefix_pairs: int = 1) -> StaticKVCache:
         """A cache for ``batch`` images: ``prefix_pairs`` prefix pairs (1 with ``prefix: last``, C with ``all``),
@@ -476,12 +504,19 @@ class EagleDrafter(Drafter):
         same features as cache rows (B·S, T, H) (a previous step's ``DraftStep.rows``), used instead.
         ``shape``: ``tokens.shape`` when the caller knows it (one torch call less).
         """
+        with attention_context(getattr(self.target, "attention_kernel", "auto")):  # the target's decode kernel
+            return self.step_in_context(features, tokens, positions, tree_mask, rows, feature_rows, shape)
+
+    def step_in_context(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                        tree_mask: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+                        feature_rows: torch.Tensor | None = None,
+                        shape: tuple[int, int] | None = None) -> DraftStep:
+        """``step`` with the caller inside the target's decode context (the static path's steps)."""
         s = self.target.num_streams
         b, t = tokens.shape if shape is None else shape
         mask = self.cache.begin_block(t, tree_mask)
-        with attention_context(getattr(self.target, "attention_kernel", "auto")):  # the target's decode kernel
-            out_rows = self.head(to_rows(features) if feature_rows is None else feature_rows, tokens, positions,
-                                 self.cache, mask)  # (B·S, T, H)
+        out_rows = self.head(to_rows(features) if feature_rows is None else feature_rows, tokens, positions,
+                             self.cache, mask)  # (B·S, T, H)
         f_hat = per_stream(out_rows, s)  # (S, B, T, H)
         if rows is not None:
             h = out_rows.shape[-1]
@@ -593,6 +628,74 @@ class EagleDrafter(Drafter):
         self.pending_features, self.pending_tokens, self.pending_count = features, tokens, counts
         self.pending_shape = (b, width)
         self.fed = None
+
+    # -- the static decode path (coolsd.static): chains of a fixed length, pending pairs in fixed buffers -----
+    static_path = True
+
+    def static_begin(self, prefill: TargetOutput, first_tokens: torch.Tensor, streams, depth: int) -> None:
+        """Persistent buffers for this batch size (``StaticPending``), refilled: an empty drafter cache, the prefix
+        pairs but the last fed at once (none with ``prefix: last``), the last one pending with ``x_0``."""
+        b = first_tokens.shape[0]
+        features = self.target.prefix_states(prefill, self.prefix)  # (S, B, C, H)
+        s, _, c, h = features.shape
+        key = (b, c, depth)
+        state = self._static.get(key)
+        if state is None:
+            state = self._static[key] = StaticPending.new(self.new_cache(b, prefix_pairs=c), s, b, depth + 1, h,
+                                                          features.dtype)
+        self.static = state
+        self.cache = state.cache
+        self.streams = streams
+        self.device = first_tokens.device
+        state.cache.lengths.zero_()
+        with attention_context(getattr(self.target, "attention_kernel", "auto")):
+            if c > 1:  # prefix slot j at pair position j − C, with token id 0 (LANTERN's zero ids)
+                positions = torch.arange(-c, -1, device=self.device).expand(b, -1)
+                self.step_in_context(features[:, :, : c - 1], first_tokens.new_zeros(b, c - 1), positions)
+                state.cache.keep(c - 1)
+        state.features.zero_()
+        state.features[:, :, 0] = features[:, :, c - 1]
+        state.tokens.zero_()
+        state.tokens[:, 0] = first_tokens
+        state.count.fill_(1)
+        state.start.fill_(-1)
+
+    def static_propose(self, last_tokens, t, limit, depth) -> Draft:
+        """The pending block (its fixed width, each image's own count), then ``depth − 1`` one-token steps."""
+        state = self.static
+        b, width = state.tokens.shape
+        last = (state.count - 1).clamp_min(0)  # (B,) the last pending pair (a finished image has none)
+        out = self.step_in_context(state.features, state.tokens, state.start[:, None] + state.columns, rows=last,
+                                   shape=(b, width))
+        self.cache.keep(state.count)
+        state.after.copy_(self.cache.lengths)
+        s, _, _, h = out.features.shape
+        out = DraftStep(features=out.features.gather(2, last.view(1, b, 1, 1).expand(s, b, 1, h)), q=out.q,
+                        finite=out.finite)  # (S, B, 1, H): the root's feature
+        ends = state.start + state.count  # (B,) = t − 1 of an image still decoding
+        u = self.streams.uniform(t, DRAFT, depth)  # (B, L)
+        drafted, qs, finite = [], [], [out.finite]
+        for i in range(depth):
+            if i:  # x_{t+i-1} pairs at t + i − 2
+                out = self.step_in_context(out.features, drafted[-1], (ends + (i - 1))[:, None],
+                                           feature_rows=out.rows, shape=(b, 1))
+                finite.append(out.finite)
+            drafted.append(sample(out.q, u[:, i: i + 1]))  # q (B, 1, V) -> (B, 1)
+            qs.append(out.q)
+        return Draft(tokens=torch.cat(drafted, 1), q=torch.cat(qs, 1), valid=chain_valid(limit, depth),
+                     forwards=limit.clamp(max=depth), finite=torch.stack(finite).all(0))
+
+    def static_observe(self, out, p, draft, verdict, active) -> None:
+        """Drop the speculative entries; the verify block's committed rows become the next pending block."""
+        state = self.static
+        n = verdict.num_accepted  # (B,)
+        self.cache.rollback(state.after)
+        state.start.add_(torch.where(active, state.count, 0))
+        width = state.tokens.shape[1]
+        state.features.copy_(out.hidden[:, :, :width])  # f of the last committed token and the accepted drafts
+        tokens = torch.cat([draft.tokens, draft.tokens[:, :1]], 1).scatter(1, n[:, None], verdict.next_token[:, None])
+        state.tokens.copy_(tokens)  # the accepted drafts, then next_token, then stale slots
+        state.count.copy_(torch.where(active, n + 1, 0))
 
     def _append_pending(self, features: torch.Tensor, tokens: torch.Tensor, counts: list[int]) -> None:
         old = self.pending_count

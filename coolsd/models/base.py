@@ -2,7 +2,7 @@
 
 Decoders see guided distributions over codebook ids ``[0, V)`` and image-token positions, nothing else.
 An adapter hides the CFG batch layout, vocabulary offsets, structural tokens (end-of-row, size tokens),
-prompt templates, text encoders and the VQ decoder (design: ``shared/docs/architecture.md``).
+prompt templates, text encoders and the VQ decoder (design: ``docs/design.md``).
 
 Positions are *image-token indices*: the input token ``x_i`` (the i-th image token, 0-based) sits at
 position ``i`` and its output is the distribution of token ``i + 1``. The prefill's output is the
@@ -342,6 +342,25 @@ class ImageARModel(nn.Module, abc.ABC):
         ``tree_mask`` (T, T) shared or (B, T, T) bool: node i attends to node j iff ``tree_mask[..., i, j]``
         (ancestors and itself); ``None`` = causal. Returns logits and hidden states of shape (S, B, T, ·).
         """
+
+    def static_forward(self, cache: Any, tokens: torch.Tensor, positions: torch.Tensor,
+                       tree_mask: torch.Tensor | None = None) -> TargetOutput:
+        """``forward_block`` for the static decode path (``coolsd.static``): over a
+        ``coolsd.kv_cache.DeviceKVCache``, ``tokens`` and ``positions`` already on the device, called inside
+        ``decode_context()``, with no host read and no value that depends on a tensor's contents. Adapters whose
+        forward places structural tokens by position on the host (Lumina-mGPT's and Emu3's end-of-row tokens)
+        do not implement it, and the static path refuses them (``static_path``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no static forward")
+
+    @property
+    def static_path(self) -> bool:
+        """Whether this adapter runs the static decode path (implements ``static_forward``)."""
+        return type(self).static_forward is not ImageARModel.static_forward
+
+    def decode_context(self) -> contextlib.AbstractContextManager:
+        """The context every decode or verify forward runs in (the attention kernel of ``model.attention_kernel``
+        for the adapters that have it); the static path enters it around its steps."""
+        return contextlib.nullcontext()
 
     @abc.abstractmethod
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ Where this adapter follows the official recipe and where it deviates on purpose:
 
 * **Precision (deliberate deviation).** The model runs in bf16 on CUDA, but the guidance combination
   ``u + s (c − u)`` and the softmax run in **float32** (the generation head's logits are promoted to float32
-  and ``coolsd.sampling`` does all arithmetic in float32, as ``shared/docs/algorithms.md`` requires for
+  and ``coolsd.sampling`` does all arithmetic in float32, as ``docs/algorithms.md`` states for
   every model); the official recipe and transformers do CFG and softmax in bf16.
 * **Guidance** at any scale ≠ 1 (``sampling.cfg_rule=not_one``, as ``generation_inference.py`` always
   combines the streams; transformers' ``generate`` adds its CFG processor only above 1).

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -105,11 +105,14 @@ class RMSNorm(nn.Module):
         self.normalized_shape = (dim,)
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor, fp32: bool = False) -> torch.Tensor:
-        """``fp32``: the caller knows ``x`` is float32, so the casts (no-ops then) are skipped: the same values
-        with two torch calls fewer."""
-        # the reference's x.float() * rsqrt(mean(x²) + eps), then type_as(x) * weight, in one fused kernel
-        if fp32:  # the weight inside the kernel: the bits of rms_norm(x) * weight in float32 and float64
+    def forward(self, x: torch.Tensor, fast: bool = False) -> torch.Tensor:
+        """``fast`` (float32 and half-precision models, ``Transformer.fast_path``): one fused kernel with the weight
+        inside, the same call for every dtype. In float32 these are the bits of the reference's
+        ``x.float() * rsqrt(mean(x²) + eps)``, ``type_as(x) * weight`` (tests/test_call_counts.py); in bf16 the
+        weight multiplies in float32 before the one rounding to bf16, where the reference rounds the normalised
+        value first and multiplies in bf16 (a last-bit difference, README "Deviations"). Otherwise (float64) the
+        reference's steps."""
+        if fast:
             return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
         out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return out.type_as(x) * self.weight
@@ -165,6 +168,11 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(xs * rot).flatten(3).type_as(x)
 
 
+#: the dtypes of the one fast path of a layer (``RMSNorm(fast=True)``, ``Attention._project_fast``): float32 and half
+#: precision take the same torch calls; float64 (tests' exact identities) keeps the reference's general steps
+FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 class Float32Rope(nn.Module):
     """Base of the modules that own a ``freqs_cis`` rotation table: casting them to bf16/fp16 keeps the table
     in float32. The reference does the same (its table is a plain attribute, rebuilt in float32 by
@@ -201,6 +209,7 @@ class Float32Rope(nn.Module):
         (``_apply``)."""
         weight = self.attention.wqkv.weight
         self.weights_device, self.float32 = weight.device, weight.dtype == torch.float32
+        self.fast_path = weight.dtype in FAST_DTYPES
 
 
 class Attention(nn.Module):
@@ -220,12 +229,12 @@ class Attention(nn.Module):
         cache: StaticKVCache | None,
         layer: int,
         mask: torch.Tensor | None,
-        fp32: bool = False,
+        fast: bool = False,
     ) -> torch.Tensor:
-        """``rope``: complex rotations (1|B, T, 1, D/2) (``rope_rotation``); ``fp32``: ``x`` is float32 (the
-        caller checked once), which takes the path with fewer torch calls (``_project_fp32``)."""
-        if fp32 and cache is not None:
-            q, k, v = self._project_fp32(x, rope, cache, layer)
+        """``rope``: complex rotations (1|B, T, 1, D/2) (``rope_rotation``); ``fast``: float32 or half precision
+        (the caller checked once), the path with fewer torch calls (``_project_fast``)."""
+        if fast and cache is not None:
+            q, k, v = self._project_fast(x, rope, cache, layer)
         else:
             b, t, _ = x.shape
             kv = self.n_kv_head * self.head_dim
@@ -243,22 +252,18 @@ class Attention(nn.Module):
         out = self.wo(attend(q, k, v, mask, causal, shape).transpose(1, 2).flatten(2))  # (B, T, dim)
         return self.resid_dropout(out) if self.training and self.resid_dropout.p else out  # else the identity
 
-    def _project_fp32(self, x: torch.Tensor, rope: torch.Tensor, cache: StaticKVCache,
+    def _project_fast(self, x: torch.Tensor, rope: torch.Tensor, cache: StaticKVCache,
                       layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, H, T, D) and the cached K/V up to the block end of float32 ``x`` (B, T, dim): the values of the
-        general path (the same views of ``wqkv``'s output, the same complex products, the same cache slots)
-        in 10-12 torch calls instead of about 30. The key rotation is written straight into the cache slots
-        (``torch.mul(..., out=)``) when every row's block starts at the same slot."""
-        q, k, v = self.wqkv(x).unflatten(-1, (-1, self.head_dim // 2, 2)).split(
-            [self.n_head, self.n_kv_head, self.n_kv_head], dim=2)  # (B, T, H, D/2, 2) views
-        q = torch.view_as_real(torch.view_as_complex(q) * rope).flatten(3).transpose(1, 2)  # (B, H, T, D)
-        slots = cache.rotary_slots(layer)  # the block's cache slots, K complex (B, T, Hkv, D/2), V paired
-        if slots is None:
-            k = torch.view_as_real(torch.view_as_complex(k) * rope).flatten(3)
-            return (q, *cache.write_tokens(layer, k, v.flatten(3)))
-        torch.mul(torch.view_as_complex(k), rope, out=slots[0])
-        slots[1].copy_(v)
-        return (q, *cache.attended(layer))
+        """q (B, H, T, D) and the cached K/V up to the block end of ``x`` (B, T, dim), one path for float32 and half
+        precision with the same torch calls: views of ``wqkv``'s output, q and k rotated together in float32 by one
+        complex product (the reference's ``apply_rotary_emb``: ``x.float()``, rotate, ``type_as``; the casts are
+        no-ops in float32), k and v written by the cache (which rounds k to its dtype). The general path's values
+        (checked in float32 by tests/test_call_counts.py) in 14 torch calls instead of about 30."""
+        qk, v = self.wqkv(x).unflatten(-1, (-1, self.head_dim // 2, 2)).split(
+            [self.n_head + self.n_kv_head, self.n_kv_head], dim=2)  # (B, T, H + Hkv, D/2, 2) views
+        qk = torch.view_as_real(torch.view_as_complex(qk.float()) * rope).flatten(3)  # q and k rotated together
+        q, k = qk.split([self.n_head, self.n_kv_head], dim=2)  # (B, T, H|Hkv, D) float32
+        return (q.to(x.dtype).transpose(1, 2), *cache.write_tokens(layer, k, v.flatten(3)))
 
 
 class TransformerBlock(nn.Module):
@@ -269,9 +274,9 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
-    def forward(self, x, rope, cache, layer, mask, fp32: bool = False):
-        h = x + self.attention(self.attention_norm(x, fp32), rope, cache, layer, mask, fp32)
-        return h + self.feed_forward(self.ffn_norm(h, fp32))
+    def forward(self, x, rope, cache, layer, mask, fast: bool = False):
+        h = x + self.attention(self.attention_norm(x, fast), rope, cache, layer, mask, fast)
+        return h + self.feed_forward(self.ffn_norm(h, fast))
 
 
 # -- model.compile: piecewise torch.compile of the decode forwards ------------------------------------------
@@ -386,12 +391,12 @@ class DraftBlock(Float32Rope):
     ) -> torch.Tensor:
         # cell t + 1 of pair position t; past the grid and prefix pairs (t <= -2, clamped to row −1): the zero row
         cells = (positions + 1).clamp(-1, self.num_cells)
-        if self.compiled and cache is not None:
+        if self.compiled and isinstance(cache, StaticKVCache):  # eager decode steps only (forward_hidden)
             return compiled_layer(self, h, *self.cos_sin(cells), cache, 0, mask, norm=False)
         rope = self.rotations(cells)  # (T|B·T, 1, D/2)
-        fp32 = self.float32  # h = fc(...) has the layer's dtype
-        h = h + self.attention(h, rope, cache, 0, mask, fp32)
-        return h + self.feed_forward(self.ffn_norm(h, fp32))
+        fast = self.fast_path  # h = fc(...) has the layer's dtype
+        h = h + self.attention(h, rope, cache, 0, mask, fast)
+        return h + self.feed_forward(self.ffn_norm(h, fast))
 
     def from_eagle_keys(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """HF-Llama names of a released EAGLE/LANTERN layer (``self_attn.q_proj.weight`` ...) -> ours."""
@@ -481,6 +486,7 @@ class Transformer(Float32Rope):
     def _weight_facts(self) -> None:
         weight = self.tok_embeddings.weight
         self.weights_device, self.float32 = weight.device, weight.dtype == torch.float32
+        self.fast_path = weight.dtype in FAST_DTYPES
 
     def init_weights(self, std: float, zero_output: bool) -> None:
         """Reference initialisation: N(0, std) for linear and embedding weights, zero output head."""
@@ -505,20 +511,22 @@ class Transformer(Float32Rope):
         """Input embeddings (B, T, dim) at sequence positions (T,) shared or (B, T) per row -> post-norm hidden
         states (B, T, dim).
 
-        ``num_layers`` runs only the first blocks (layer-skip drafting); ``None`` runs all.
+        ``num_layers`` runs only the first blocks (layer-skip drafting); ``None`` runs all. ``model.compile``'s
+        piecewise compiled layers serve the eager cache only: a static step (``coolsd.kv_cache.DeviceKVCache``)
+        is compiled or captured whole.
         """
         if self.training:
             h = self.tok_dropout(h)  # the identity in eval mode
-        if self.compiled and cache is not None:  # model.compile: decode forwards only
+        if self.compiled and isinstance(cache, StaticKVCache):  # model.compile: eager decode forwards only
             cos, sin = self.cos_sin(seq_positions)
             for i, layer in enumerate(itertools.islice(self.layers, num_layers)):
                 h = compiled_layer(layer, h, cos, sin, cache, i, mask, norm=True)
             return self.norm(h)
         rope = self.rotations(seq_positions)  # rope_rotation(self.freqs_cis[seq_positions])
-        fp32 = self.float32  # every layer's input has the dtype of the model's embeddings and weights
+        fast = self.fast_path  # every layer's input has the dtype of the model's embeddings and weights
         for i, layer in enumerate(itertools.islice(self.layers, num_layers)):  # slicing would build a ModuleList
-            h = layer(h, rope, cache, i, mask, fp32)
-        return self.norm(h, fp32)
+            h = layer(h, rope, cache, i, mask, fast)
+        return self.norm(h, fast)
 
     def forward_train(self, tokens: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced pass over all image tokens (B, N) -> (logits (B, N, V), hidden (B, N, dim)).
@@ -655,22 +663,30 @@ class LlamaGenAdapter(ImageARModel):
 
     @torch.inference_mode()
     def forward_block(self, cache, tokens, positions, tree_mask=None) -> TargetOutput:
-        s, device = self.num_streams, self.device
-        h = self.gpt.tok_embeddings(tokens.to(device))  # (B, T, dim)
-        seq = positions.to(device) + cache.prefix_len  # (B, T)
+        device = self.device
+        with self.decode_context():  # LlamaGen decodes with the math kernel
+            return self.static_forward(cache, tokens.to(device), positions.to(device), tree_mask)
+
+    def decode_context(self):
+        return attention_context(self.attention_kernel)
+
+    def static_forward(self, cache, tokens, positions, tree_mask=None) -> TargetOutput:
+        """``forward_block`` without its context and copies: tokens and positions on the device, the caller inside
+        ``decode_context()``; the static path's forward over a ``DeviceKVCache``."""
+        s = self.num_streams
+        h = self.gpt.tok_embeddings(tokens)  # (B, T, dim)
+        seq = positions + cache.prefix_len  # (B, T)
         if s > 1:  # cache rows are image-major: [image 0's streams, image 1's streams, ...]
             h, seq = stream_rows(h, s), stream_rows(seq, s)
         mask = cache.begin_block(tokens.shape[1], tree_mask)
-        with attention_context(self.attention_kernel):  # LlamaGen decodes with the math kernel
-            hidden = self.gpt.forward_hidden(h, seq, cache, mask, self.active_layers)
+        hidden = self.gpt.forward_hidden(h, seq, cache, mask, self.active_layers)
         return self._output(hidden)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.gpt.tok_embeddings(tokens)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.gpt.output(hidden)
-        return logits if self.gpt.float32 else logits.float()
+        return self.gpt.output(hidden).float()  # float32 logits; the same call in every dtype (a no-op in float32)
 
     def codebook(self) -> torch.Tensor:
         return self.vq.codebook()

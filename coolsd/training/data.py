@@ -532,7 +532,7 @@ def check_eval_overlap(prompts: Sequence[str], data: DistillConfig, data_target:
     of ``eval=coco5k``) has seen the test prompts. ``data_target``/``data_path``: the ``data`` group's
     ``_target_`` and ``path``, so ``data=coco`` on val2017 is recognised without its file."""
     found = eval_overlap(prompts, data.eval_prompt_files)
-    if data_target == "eval.prompts.CocoCaptions" and data_path and "val2017" in Path(str(data_path)).name:
+    if data_target == "coolsd.prompts.CocoCaptions" and data_path and "val2017" in Path(str(data_path)).name:
         found.setdefault(str(Path(data_path).expanduser()), list(prompts))
     if not found:
         return found

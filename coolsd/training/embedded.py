@@ -1,5 +1,6 @@
 """The embedded default model's training pipeline: VQ tokenizer, class-conditional LlamaGen target, EAGLE
-drafter (the stages without evaluation; ``eval.embedded`` adds the classifier, references and model card).
+drafter (the stages without evaluation; ``eval.studies.embedded`` adds the classifier, references and model
+card).
 
 Every artefact goes to ``coolsd/assets/embedded/`` (``--out``) as safetensors (+ JSON configs), small enough
 to ship (< 25 MB together), and is what ``python run.py`` loads. The pipeline runs stage by stage
@@ -22,7 +23,7 @@ Stages:
    float16.
 5. ``drafter_weak`` — the same on 1,000 sequences for 85 steps: the claims experiment's weak drafter
    (vanilla SD on EAGLE-1's tree accepts about 2.4 tokens per step, the paper's regime).
-6.–8. ``classifier``, ``reference``, ``evaluate``: ``eval.embedded``.
+6.–8. ``classifier``, ``reference``, ``evaluate``: ``eval.studies.embedded``.
 
 The VQ, target and classifier loops are plain single-process loops on a CPU (no process group, no gradient
 accumulation, no checkpoints to resume: a stage reruns whole), so they do not use ``accelerate``; their

@@ -1,16 +1,18 @@
-"""Image-quality metrics of a run: FID and KID (Inception features), CLIP score, HPSv2.1, class accuracy.
+"""Image-quality metrics of a run: FID and KID (Inception features), CLIP score, ImageReward, HPSv2.1, class
+accuracy; and the intervals and paired tests of every number of a run (``intervals``).
 
 Written after GaParmar/clean-fid ``cleanfid/fid.py``, ``cleanfid/features.py``,
 ``cleanfid/inception_torchscript.py``; jadohu/LANTERN ``entrypoints/eval_fid_clip.py``; tgxs002/HPSv2
 ``hpsv2/img_score.py``, ``hpsv2/src/open_clip/transform.py``, ``hpsv2/src/open_clip/factory.py``.
 
-One module per metric family (``base``, ``images``, ``fid``, ``clip``, ``hps``, ``classifier``);
-this package re-exports every name, so ``eval.metrics.FIDKID`` etc. (configs' ``_target_``) keep working.
+One module per metric family (``base``, ``images``, ``fid`` with the offline FID network ``fid_inception``,
+``clip``, ``image_reward``, ``hps``, ``classifier``) and one for the statistics (``intervals``); this package
+re-exports every metric's names, so configs name ``eval.metrics.FIDKID`` etc. as their ``_target_``.
 Every metric has ``required_files(cfg)`` (its files, from its config alone: ``scripts/prefetch.py``),
 ``preflight()`` (resolve every file it needs — reference images or features, weights, tokenizer — and fail
-with a message naming the file, where it was looked for and the command that fetches it; ``eval.runner``
+with a message naming the file, where it was looked for and the command that fetches it; ``eval.run.experiment``
 calls it before the model is built), ``compute(image_paths, prompts, device) -> dict``,
-and, for intervals and paired comparisons (``ImageMetric``, ``eval/stats.py``) without scoring twice:
+and, for intervals and paired comparisons (``ImageMetric``, ``eval/metrics/intervals.py``) without scoring twice:
 ``per_image`` (what is resampled: per-image scores, or the generated images' features for FID/KID),
 ``estimate`` (the point estimates from them; ``compute = estimate(per_image(...))``), ``replicates`` (each
 estimate on bootstrap resamples of the images) and ``interval``; ``min_images`` is checked before any image
@@ -57,18 +59,20 @@ model's FID/KID under protocol ``torch_fidelity`` at 28 px, and class accuracy).
 """
 from __future__ import annotations
 
-from eval.metrics.base import (COCO_VAL_URL, HPS_FILES, HPS_REPO, IMAGE_SUFFIXES, PROTOCOLS, ImageMetric, MeanScore,
-                               file_sha256)
+from eval.metrics.base import (COCO_VAL_URL, HPS_FILES, HPS_REPO, IMAGE_SUFFIXES, PROTOCOLS, ImageMetric,
+                               MeanScore, file_sha256)
 from eval.metrics.classifier import ClassAccuracy, Classifier
 from eval.metrics.clip import CLIPScore
-from eval.metrics.fid import (FIDKID, CleanFIDInception, ClassifierFeatures, InceptionFeatures, RandomConvFeatures,
-                              build_extractor, extract, extract_clean)
+from eval.metrics.fid import (FIDKID, ClassifierFeatures, CleanFIDInception, InceptionFeatures,
+                              RandomConvFeatures, build_extractor, extract, extract_clean)
 from eval.metrics.hps import HPSv2, hps_image_tensor, load_hps_state
-from eval.metrics.images import (LanternResize, center_crop_resize, center_square, image_batches, lantern_crop_resize,
-                                 lantern_uint8_round_trip, list_images)
+from eval.metrics.image_reward import ImageReward
+from eval.metrics.images import (LanternResize, center_crop_resize, center_square, image_batches,
+                                 lantern_crop_resize, lantern_uint8_round_trip, list_images)
 
 __all__ = ["COCO_VAL_URL", "FIDKID", "HPS_FILES", "HPS_REPO", "IMAGE_SUFFIXES", "PROTOCOLS", "CLIPScore",
            "ClassAccuracy", "Classifier", "ClassifierFeatures", "CleanFIDInception", "HPSv2", "ImageMetric",
-           "InceptionFeatures", "LanternResize", "MeanScore", "RandomConvFeatures", "build_extractor",
-           "center_crop_resize", "center_square", "extract", "extract_clean", "file_sha256", "hps_image_tensor",
-           "image_batches", "lantern_crop_resize", "lantern_uint8_round_trip", "list_images", "load_hps_state"]
+           "ImageReward", "InceptionFeatures", "LanternResize", "MeanScore", "RandomConvFeatures",
+           "build_extractor", "center_crop_resize", "center_square", "extract", "extract_clean",
+           "file_sha256", "hps_image_tensor", "image_batches", "lantern_crop_resize",
+           "lantern_uint8_round_trip", "list_images", "load_hps_state"]

@@ -1,6 +1,6 @@
 """The metric protocol shared by every image-quality metric (``ImageMetric``, ``MeanScore``) and helpers.
 
-Moved from ``eval/metrics.py`` (one module per metric family, as torchmetrics and clean-fid lay them out);
+One module per metric family (as torchmetrics and clean-fid lay them out);
 ``eval.metrics`` re-exports every name. Example: ``python run.py`` (the embedded model's metrics).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from coolsd.models.checkpoints import MissingWeightsError
-from eval import stats
+from eval.metrics.intervals import shifted_interval, t_interval
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 PROTOCOLS = ("clean", "torch_fidelity")
@@ -27,7 +27,7 @@ HPS_FILES = {"v2.0": "HPS_v2_compressed.pt", "v2.1": "HPS_v2.1_compressed.pt"}
 
 class ImageMetric:
     """What the runner needs of an image-quality metric besides ``preflight``: per-image values, point
-    estimates from them, bootstrap replicates of each estimate and its interval (``eval/stats.py``)."""
+    estimates from them, bootstrap replicates of each estimate and its interval (``eval/metrics/intervals.py``)."""
 
     min_images = 1  # eval.num_prompts below this is refused before generation
 
@@ -47,7 +47,7 @@ class ImageMetric:
     def interval(self, key: str, values: np.ndarray, estimate: dict[str, Any], replicates: dict[str, np.ndarray],
                  level: float) -> list[float] | None:
         """The ``level`` interval of ``estimate[key]`` (default: re-centred bootstrap percentiles)."""
-        return stats.shifted_interval(estimate[key], replicates[key], level)
+        return shifted_interval(estimate[key], replicates[key], level)
 
     def compute(self, image_paths: Sequence[str | Path], prompts: Sequence[str],
                 device: torch.device) -> dict[str, Any]:
@@ -81,7 +81,7 @@ class MeanScore(ImageMetric):
 
     def interval(self, key: str, values: np.ndarray, estimate: dict[str, Any], replicates: dict[str, np.ndarray],
                  level: float) -> list[float] | None:
-        return stats.t_interval(values, level)
+        return t_interval(values, level)
 
 
 

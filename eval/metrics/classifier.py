@@ -1,6 +1,6 @@
 """Class accuracy (``ClassAccuracy``): the embedded model's Fashion-MNIST classifier, its stand-in for CLIP score.
 
-Moved from ``eval/metrics.py``. Example: ``python run.py`` (the embedded model's default metrics).
+Example: ``python run.py`` (the embedded model's default metrics).
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from coolsd.required_files import RequiredFile
-from eval import stats
 from eval.metrics.base import MeanScore
+from eval.metrics.intervals import wilson_interval
 
 # --------------------------------------------------------------------------------------- class accuracy
 
@@ -90,4 +90,4 @@ class ClassAccuracy(MeanScore):
 
     def interval(self, key: str, values: np.ndarray, estimate: dict[str, Any], replicates: dict[str, np.ndarray],
                  level: float) -> list[float] | None:
-        return stats.wilson_interval(float(np.sum(values)), len(values), level)
+        return wilson_interval(float(np.sum(values)), len(values), level)

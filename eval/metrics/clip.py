@@ -1,7 +1,7 @@
 """CLIP score (``CLIPScore``, open_clip ViT-B-32-quickgelu with the openai weights, LANTERN's recipe) and the
 open_clip helpers HPSv2 shares.
 
-Moved from ``eval/metrics.py`` (the recipe is described in ``eval.metrics``); written after jadohu/LANTERN
+The recipe is described in ``eval.metrics``; written after jadohu/LANTERN
 ``entrypoints/eval_fid_clip.py``. Example: ``python run.py model=janus_pro_1b eval=coco5k``.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FID and KID (``FIDKID``) under the clean (clean-fid) or torch_fidelity protocol, and their feature extractors.
 
-Moved from ``eval/metrics.py`` (the protocols are described in ``eval.metrics``); written after GaParmar/clean-fid
+The protocols are described in ``eval.metrics``; written after GaParmar/clean-fid
 ``cleanfid/fid.py``, ``cleanfid/features.py``, ``cleanfid/inception_torchscript.py``.
 Example: ``python run.py model=llamagen_t2i_512 decoder=coolsd eval=coco5k``.
 """
@@ -17,10 +17,10 @@ from torch import nn
 
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.required_files import RequiredFile
-from eval import stats
 from eval.metrics.base import COCO_VAL_URL, PROTOCOLS, ImageMetric, file_sha256
 from eval.metrics.classifier import load_classifier
 from eval.metrics.images import LanternResize, image_batches, list_images
+from eval.metrics.intervals import ReferenceStats, fid_replicates, kid_replicates
 
 # ------------------------------------------------------------------------------------ feature extractors
 
@@ -52,7 +52,7 @@ class InceptionFeatures(nn.Module):
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
         if weights_path == "auto":
-            from eval.fid_inception import default_inception_weights
+            from eval.metrics.fid_inception import default_inception_weights
 
             weights_path = default_inception_weights()
         digest = "download"
@@ -95,7 +95,7 @@ class CleanFIDInception(nn.Module):
 
         from cleanfid.inception_torchscript import InceptionV3W
 
-        from eval import fid_inception
+        from eval.metrics import fid_inception
 
         name = fid_inception.CLEANFID_NAME
         if weights_path == "auto":
@@ -187,7 +187,7 @@ class FIDKID(ImageMetric):
     """FID and KID of generated images against a reference image folder (features cached).
 
     Intervals: bootstrap over the generated images' features with the reference fixed, re-centred on the
-    estimate (``eval/stats.py``); at least 2 images (one image has no covariance)."""
+    estimate (``eval/metrics/intervals.py``); at least 2 images (one image has no covariance)."""
 
     min_images = 2
 
@@ -212,13 +212,13 @@ class FIDKID(ImageMetric):
         self.batch_size, self.num_workers, self.cache_dir, self.seed = batch_size, num_workers, cache_dir, seed
         self._extractor: nn.Module | None = None
         self._reference: np.ndarray | None = None
-        self._reference_stats: tuple[np.ndarray, stats.ReferenceStats] | None = None
+        self._reference_stats: tuple[np.ndarray, ReferenceStats] | None = None
 
     @classmethod
     def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
         """The reference (image folder or features file) and the extractor's weights (Inception per protocol
-        and ``weights_path``, ``eval.fid_inception.required_files``; the classifier's checkpoint)."""
-        from eval import fid_inception
+        and ``weights_path``, ``eval.metrics.fid_inception.required_files``; the classifier's checkpoint)."""
+        from eval.metrics import fid_inception
 
         out = []
         if cfg.get("reference_features"):
@@ -339,7 +339,7 @@ class FIDKID(ImageMetric):
     def replicates(self, values: np.ndarray, weights: np.ndarray, device: torch.device) -> dict[str, np.ndarray]:
         reference = self.reference_features(device)
         if self._reference_stats is None or self._reference_stats[0] is not reference:  # S_r^1/2 once per run
-            self._reference_stats = (reference, stats.ReferenceStats.of(reference, device))
+            self._reference_stats = (reference, ReferenceStats.of(reference, device))
         fid_key, kid_key = self.keys()
-        return {fid_key: stats.fid_replicates(values, self._reference_stats[1], weights, device),
-                kid_key: stats.kid_replicates(values, reference, weights, device)}
+        return {fid_key: fid_replicates(values, self._reference_stats[1], weights, device),
+                kid_key: kid_replicates(values, reference, weights, device)}

@@ -1,6 +1,6 @@
 """HPSv2.1 (``HPSv2``): open_clip ViT-H-14 with HPSv2's weights and HPSv2's own image path.
 
-Moved from ``eval/metrics.py``; written after tgxs002/HPSv2 ``hpsv2/img_score.py``,
+Written after tgxs002/HPSv2 ``hpsv2/img_score.py``,
 ``hpsv2/src/open_clip/transform.py``, ``hpsv2/src/open_clip/factory.py``.
 Example: ``python run.py model=llamagen_t2i_512 decoder=coolsd eval=coco5k_hps``.
 """

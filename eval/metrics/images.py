@@ -1,6 +1,6 @@
 """Image paths of the metrics: centre crops and resizes (torch-fidelity's and LANTERN's), reference folders.
 
-Moved from ``eval/metrics.py``; written after GaParmar/clean-fid and jadohu/LANTERN
+Written after GaParmar/clean-fid and jadohu/LANTERN
 ``entrypoints/eval_fid_clip.py`` (see ``eval.metrics``). Example: ``lantern_crop_resize(image, 256)``.
 """
 from __future__ import annotations

@@ -1,0 +1,365 @@
+"""The static decode path's state and steps: one named step per path, chosen when the decoder is built.
+
+A batch's state lives on the device in a ``Workspace`` kept per batch size and refilled in place for every batch:
+the KV cache at its final capacity with per-image lengths (``coolsd.kv_cache.DeviceKVCache``), the tokens, the
+per-image committed counts ``t``, the per-image random streams (their keys refilled; every draw is a pure
+function of seed and position, ``coolsd.rng``), and the statistics the records need. A step reads and writes only
+these tensors and the drafter's own buffers (``Drafter.static_*``), with fixed shapes and no host read, so it can be
+compiled or captured (``coolsd.static.capture``):
+
+* ``ar``: forward the last token of every image at its position, draw the next from ``p`` (SAMPLE draw 0 at the
+  position, as the eager loop draws it), commit it where the image is still decoding;
+* ``chain`` (an EAGLE drafter's chain: vanilla SD, COOL-SD, LANTERN, LANTERN++) and ``jacobi_window`` (the
+  target's own Jacobi window: SJD, SCD-MC/GS, GSD): draft exactly ``L`` tokens per image (those past an image's end
+  are invalid, ``limit``), verify the fixed ``L + 1`` block over the whole cache with a mask from positions, find
+  the first rejection and draw the next token on the device (``verify_chain``, the rules' own ``accept_prob`` and
+  ``residual``), commit by a masked scatter and keep the accepted prefix by moving each image's length (no KV copy).
+
+Images that finish stay in the batch and commit nothing; the loop reads one value per iteration (whether every
+image has finished), none per AR step (AR takes exactly ``N − 1`` steps), and the statistics once at the end. The
+tokens equal the eager loop's in float32 on the embedded model (``tests/test_static_path.py``): the same draws at the
+same positions, and a forward's bits do not depend on how many keys or rows it spans there (padding-invariant
+attention, batch-invariant linears). Latency is wall time from the prefill to the last token, by CUDA events on a
+GPU (synchronised once at the end) and ``perf_counter`` elsewhere; the TV diagnostic of a relaxed rule runs
+between steps, timed apart and not counted; no other phase is timed (the anatomy pass of ``scripts/bench.py`` does
+that on the eager path).
+
+Example: ``Decoder(..., path="static")`` builds a ``StaticLoop``; ``python run.py decoder=sjd decoder.path=static``.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from coolsd.acceptance import summed_tv, verify_chain
+from coolsd.drafters.base import NullDrafter
+from coolsd.kv_cache import DeviceKVCache, padding_invariant_attention
+from coolsd.rng import ACCEPT, SAMPLE, Streams, sample
+from coolsd.sampling import finite_images
+from coolsd.static.capture import Runner, mode_for
+from coolsd.types import DecodeStats, Generation, Verdict
+
+STEPS = ("ar", "chain", "jacobi_window")
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The device state of one batch size (module doc); every tensor is updated in place, never replaced."""
+
+    cache: DeviceKVCache
+    streams: Streams
+    tokens: torch.Tensor  # (B, N + room) committed tokens, then scratch
+    t: torch.Tensor  # (B,) committed image tokens
+    done: torch.Tensor  # () bool: every image has finished (the one value read per iteration)
+    bad_target: torch.Tensor  # (B,) first position whose target logits were not finite (−1: none)
+    bad_drafter: torch.Tensor  # (B,) the same for the drafter's logits
+    iterations: torch.Tensor  # (B,) verify forwards (AR steps)
+    hist: torch.Tensor  # (B, C) iterations that committed c + 1 tokens
+    drafter_forwards: torch.Tensor  # (B,)
+    tv_sum: torch.Tensor  # (B,) float64, the exact one-step TV summed over the tests
+    tv_steps: torch.Tensor  # (B,) acceptance tests made
+    tests: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # the latest tests' p', q (B, L, V), made (B, L)
+
+    @classmethod
+    def new(cls, cache: DeviceKVCache, streams: Streams, batch: int, width: int, commits: int, depth: int,
+            vocab: int, tests: bool) -> "Workspace":
+        device = cache.k.device
+        long = dict(dtype=torch.long, device=device)
+        return cls(cache=cache, streams=streams,
+                   tokens=torch.zeros(batch, width, **long), t=torch.ones(batch, **long),
+                   done=torch.zeros((), dtype=torch.bool, device=device),
+                   bad_target=torch.full((batch,), -1, **long), bad_drafter=torch.full((batch,), -1, **long),
+                   iterations=torch.zeros(batch, **long), hist=torch.zeros(batch, commits, **long),
+                   drafter_forwards=torch.zeros(batch, **long),
+                   tv_sum=torch.zeros(batch, dtype=torch.float64, device=device),
+                   tv_steps=torch.zeros(batch, **long),
+                   tests=(torch.zeros(batch, depth, vocab, device=device),
+                          torch.zeros(batch, depth, vocab, device=device),
+                          torch.zeros(batch, depth, dtype=torch.bool, device=device)) if tests else None)
+
+    def reset(self, first_tokens: torch.Tensor, prefill_finite: torch.Tensor) -> None:
+        """A new batch: the first tokens, every count zeroed (in place)."""
+        self.tokens.zero_()
+        self.tokens[:, 0] = first_tokens
+        self.t.fill_(1)
+        self.done.fill_(False)
+        self.bad_target.copy_(torch.where(prefill_finite, -1, 0))
+        self.bad_drafter.fill_(-1)
+        for counter in (self.iterations, self.hist, self.drafter_forwards, self.tv_sum, self.tv_steps):
+            counter.zero_()
+
+
+def _first_failure(bad: torch.Tensor, ok: torch.Tensor, active: torch.Tensor, t: torch.Tensor) -> None:
+    """Record position ``t`` for the images whose logits were not finite (``ok`` false) for the first time."""
+    bad.copy_(torch.where(active & ~ok & (bad < 0), t, bad))
+
+
+class StaticLoop:
+    """The static path of one ``Decoder``: its named step, workspaces and runners (module doc)."""
+
+    def __init__(self, decoder: Any) -> None:
+        refusal = static_refusal(decoder)
+        if refusal:
+            raise ValueError(f"decoder {decoder.name!r} cannot run on decoder.path=static: {refusal}; use "
+                             "decoder.path=eager (the papers' loop)")
+        self.decoder = decoder
+        self.model = decoder.model
+        self.drafter = decoder.drafter
+        self.depth = decoder.max_depth  # L: draft slots of every iteration
+        self.step_name = "ar" if decoder.plain_ar else ("jacobi_window" if self.drafter.self_drafting else "chain")
+        self.step = {"ar": self.ar_step, "chain": self.chain_step, "jacobi_window": self.jacobi_step}[self.step_name]
+        self.mode = mode_for(self.model.device, bool(getattr(self.model, "compile", False)))
+        #: AR steps per call (per captured graph on a GPU): AR needs no read between its steps
+        self.ar_steps = 8 if self.mode == "graph" else 1
+        self.diagnose_tv = decoder.track_tv and not decoder.rule.lossless and not decoder.plain_ar
+        self._workspaces: dict[int, tuple[Workspace, Runner]] = {}
+        self._streams: dict[int, Streams] = {}  # per batch size: the persistent random streams
+        self._offsets: dict[torch.device, torch.Tensor] = {}
+
+    # -- the steps --------------------------------------------------------------------------------------
+    def ar_step(self, ws: Workspace) -> None:
+        """Plain AR: one token per image (module doc)."""
+        model = self.model
+        n_tokens = model.num_image_tokens
+        t = ws.t
+        active = t < n_tokens
+        at = (t - 1)[:, None]  # (B, 1) the last committed token's position
+        out = model.static_forward(ws.cache, ws.tokens.gather(1, at), at)
+        _first_failure(ws.bad_target, finite_images(out.logits), active, t)
+        x = sample(model.probs(out)[:, 0], ws.streams.uniform(t, SAMPLE, 1)[:, 0])  # (B,)
+        ws.tokens.scatter_(1, t[:, None], torch.where(active, x, ws.tokens.gather(1, t[:, None])[:, 0])[:, None])
+        step = active.long()
+        ws.cache.keep(step)
+        ws.iterations.add_(step)
+        ws.hist[:, 0].add_(step)
+        ws.t.add_(step)
+
+    def chain_step(self, ws: Workspace) -> None:
+        """Draft ``L`` tokens with the drafter network, verify the ``L + 1`` block, commit (module doc)."""
+        self._speculative_step(ws)
+
+    def jacobi_step(self, ws: Workspace) -> None:
+        """The Jacobi window of ``L`` tokens (the target drafting for itself), verified as a chain (module doc)."""
+        self._speculative_step(ws)
+
+    def _speculative_step(self, ws: Workspace) -> None:
+        model, decoder = self.model, self.decoder
+        n_tokens = model.num_image_tokens
+        depth = self.depth
+        t = ws.t
+        active = t < n_tokens
+        limit = (n_tokens - 1 - t).clamp(0, depth)  # (B,) drafts that fit in each image
+        last = ws.tokens.gather(1, (t - 1)[:, None])[:, 0]  # (B,)
+        # 1. draft
+        draft = self.drafter.static_propose(last, t, limit, depth)
+        # 2. verify [last committed token, x_1..x_L] at positions t − 1 .. t − 1 + L (past the grid: clamped)
+        offsets = self._columns(depth + 1, t.device)
+        out = model.static_forward(ws.cache, torch.cat([last[:, None], draft.tokens], 1),
+                                   ((t - 1)[:, None] + offsets).clamp(max=n_tokens - 1))
+        p = model.probs(out)  # (B, L + 1, V)
+        # 3. accept / resample with each image's ACCEPT draws 0..L−1 and SAMPLE draw 0 at t (the eager loop's)
+        u_accept = ws.streams.uniform(t, ACCEPT, decoder.max_nodes)[:, :depth]
+        verdict = verify_chain(decoder.rule, p, draft, u_accept, ws.streams.uniform(t, SAMPLE, 1)[:, 0])
+        n = verdict.num_accepted  # (B,)
+        # 4. commit: the accepted drafts and the next token at t .., where the image is still decoding
+        columns = t[:, None] + offsets  # (B, L + 1)
+        values = torch.cat([draft.tokens, draft.tokens[:, :1]], 1).scatter(1, n[:, None], verdict.next_token[:, None])
+        write = (offsets <= n[:, None]) & active[:, None]
+        ws.tokens.scatter_(1, columns, torch.where(write, values, ws.tokens.gather(1, columns)))
+        committed = torch.where(active, n + 1, 0)
+        ws.cache.keep(committed)
+        # 5. observe
+        self.drafter.static_observe(out, p, draft, verdict, active)
+        # statistics, on the device
+        _first_failure(ws.bad_target, finite_images(out.logits), active, t)
+        if draft.finite is not None:
+            _first_failure(ws.bad_drafter, draft.finite, active, t)
+        if isinstance(draft.forwards, torch.Tensor):
+            ws.drafter_forwards.add_(draft.forwards * active)
+        step = active.long()
+        ws.iterations.add_(step)
+        ws.hist.scatter_add_(1, n[:, None], step[:, None])
+        if decoder.track_tv:
+            (_, q, _, tested), = verdict.tests
+            made = tested & active[:, None]
+            ws.tv_steps.add_(made.sum(-1))
+            if ws.tests is not None:  # the relaxed rule's TV, computed between steps (``diagnose``)
+                ws.tests[0].copy_(p[:, :depth])
+                ws.tests[1].copy_(q)
+                ws.tests[2].copy_(made)
+        ws.t.add_(committed)
+        ws.done.copy_((ws.t >= n_tokens).all())
+
+    def diagnose(self, ws: Workspace) -> None:
+        """The exact one-step TV of the latest iteration's tests (a relaxed rule's; not part of the latency)."""
+        p, q, made = ws.tests
+        depth = self._columns(self.depth, p.device) + 1
+        verdict = Verdict(num_accepted=ws.t, next_token=ws.t, path=ws.tokens[:, :0],
+                          tests=((p, q, depth.expand(made.shape), made),))
+        tv, _ = summed_tv(self.decoder.rule, verdict)
+        ws.tv_sum.add_(tv)
+
+    def _columns(self, count: int, device: torch.device) -> torch.Tensor:
+        key = (count, device)
+        if key not in self._offsets:
+            self._offsets[key] = torch.arange(count, device=device)[None, :]
+        return self._offsets[key]
+
+    # -- a batch ----------------------------------------------------------------------------------------
+    def decode(self, ws: Workspace, runner: Runner, clock: "_Clock") -> int:
+        """Run the steps to the end of every image of the batch; return the number of step calls. AR takes
+        exactly ``N − 1`` steps and reads nothing; the others read ``ws.done`` once per iteration."""
+        n_tokens = self.model.num_image_tokens
+        if self.decoder.plain_ar:
+            calls = -(-(n_tokens - 1) // self.ar_steps)
+            for _ in range(calls):
+                runner()
+            return calls
+        for call in range(1, n_tokens + 1):  # at most N − 1 iterations: each commits a token per image
+            runner()
+            if self.diagnose_tv:
+                with clock.apart():
+                    self.diagnose(ws)
+            if bool(ws.done):  # the iteration's one host read
+                return call
+        return n_tokens
+
+    def _workspace(self, cache: Any, batch: int) -> tuple[Workspace, Runner]:
+        """The batch size's workspace and runner, built at its first batch (over that batch's prefilled cache) and
+        refilled for every later one."""
+        found = self._workspaces.get(batch)
+        if found is None:
+            model = self.model
+            ws = Workspace.new(DeviceKVCache.of(cache), self._streams[batch], batch,
+                               width=model.num_image_tokens + self.decoder.max_nodes + 2,
+                               commits=self.decoder.max_commit + 1, depth=max(self.depth, 1), vocab=model.codebook_size,
+                               tests=self.diagnose_tv)
+            if self.step_name == "ar":
+                steps = self.ar_steps
+                fn = (lambda: [self.ar_step(ws) for _ in range(steps)]) if steps > 1 else (lambda: self.ar_step(ws))
+            else:
+                fn = lambda: self.step(ws)  # noqa: E731
+            found = self._workspaces[batch] = (ws, Runner(fn, self.mode))
+        else:
+            found[0].cache.load(cache)
+        return found
+
+    def generate_batch(self, prompts: Sequence[str], seeds: Sequence[int], labels: list) -> list[Generation]:
+        decoder, model = self.decoder, self.model
+        b = len(prompts)
+        n_tokens = model.num_image_tokens
+        device = model.device
+        cuda = device.type == "cuda"
+        clock = _Clock(cuda)
+        clock.mark("start")
+        if b not in self._streams:
+            self._streams[b] = Streams.persistent_for(b, device)
+        self._streams[b].reseed(seeds)
+        with _piecewise_off(model):  # model.compile's piecewise layers serve the eager loop only
+            cache, out = model.prefill(list(prompts), extra_slots=decoder.max_nodes + 1, streams=self._streams[b])
+        ws, runner = self._workspace(cache, b)
+        del cache
+        first = sample(model.probs(out)[:, -1], ws.streams.uniform(torch.zeros_like(ws.t), SAMPLE, 1)[:, 0])
+        ws.reset(first, finite_images(out.logits))
+        invariant = model.batch_invariant and not decoder.plain_ar
+        with model.decode_context(), padding_invariant_attention(invariant):
+            if not decoder.plain_ar:
+                self.drafter.static_begin(out, first, ws.streams, self.depth)
+            clock.mark("prefill")
+            self.decode(ws, runner, clock)
+        clock.mark("end")
+        host = torch.cat([ws.t, ws.iterations, ws.drafter_forwards, ws.tv_steps, ws.bad_target, ws.bad_drafter,
+                          ws.hist.flatten()]).tolist()  # the batch's one read of its statistics
+        tv = ws.tv_sum.tolist()
+        latency, prefill_s, diagnostics_s = clock.seconds()
+        t_end, iterations, forwards, tests, bad_target, bad_drafter = (host[i * b:(i + 1) * b] for i in range(6))
+        hist = host[6 * b:]
+        rows = list(range(b))
+        if any(x < n_tokens for x in t_end):
+            raise RuntimeError(f"the static loop stopped before every image was complete (committed {t_end} of "
+                               f"{n_tokens} tokens)")
+        for source, bad in (("target", bad_target), ("drafter", bad_drafter)):
+            decoder._check([x < 0 for x in bad], source, labels, list(prompts), list(seeds), bad)
+        commits = decoder.max_commit + 1  # StatsRecorder.hist: one more than the most committed
+        tokens = ws.tokens[:, :n_tokens].clone()
+        return [Generation(tokens=tokens[i], stats=DecodeStats(
+            num_tokens=n_tokens, iterations=iterations[i], accepted_hist=tuple(hist[i * commits:(i + 1) * commits]),
+            target_forwards=iterations[i] + 1, drafter_forwards=forwards[i], latency_s=latency, prefill_s=prefill_s,
+            draft_s=0.0, verify_s=0.0, accept_s=0.0, observe_s=0.0, diagnostics_s=diagnostics_s, tv_sum=tv[i],
+            tv_steps=tests[i], batch_size=b, tv_measured=decoder.tv_measured)) for i in rows]
+
+
+def static_refusal(decoder: Any) -> str | None:
+    """Why ``decoder`` (a ``coolsd.decoding.Decoder``) cannot run on the static path, or None."""
+    model = decoder.model
+    if not model.static_path:
+        return (f"{type(model).__name__} places structural tokens by position on the host, so its forward has "
+                "no static form (the LlamaGen adapters have one)")
+    if decoder.order is not None:
+        return "spatial generation orders (ZipAR, PJD) run on the eager path only"
+    if decoder.verifier is not None:
+        return f"its verifier ({type(decoder.verifier).__name__}) runs on the eager path only"
+    if decoder.changes_rounds:
+        return "its rounds skip verification (VVS), which runs on the eager path only"
+    if decoder.tree is not None:
+        return "draft trees are not on the static path yet (chains and Jacobi windows are)"
+    if not decoder.plain_ar and not decoder.drafter.static_path:
+        return f"its drafter ({type(decoder.drafter).__name__}) has no static form"
+    if not decoder.plain_ar and isinstance(decoder.drafter, NullDrafter):
+        return "a draft length without a drafter"
+    return None
+
+
+@contextlib.contextmanager
+def _piecewise_off(model: torch.nn.Module):
+    """Every module's ``compiled`` flag (``model.compile``'s piecewise compiled layers) off inside."""
+    flagged = [m for m in model.modules() if getattr(m, "compiled", False) is True]
+    for module in flagged:
+        module.compiled = False
+    try:
+        yield
+    finally:
+        for module in flagged:
+            module.compiled = True
+
+
+class _Clock:
+    """Wall time of a batch: CUDA events on a GPU (read once, after the final synchronisation), ``perf_counter``
+    elsewhere; ``apart`` excludes a span (the diagnostics) from the latency."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.marks: dict[str, Any] = {}
+        self.spans: list[tuple[Any, Any]] = []
+
+    def _now(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = self._now()
+
+    @contextlib.contextmanager
+    def apart(self):
+        begin = self._now()
+        yield
+        self.spans.append((begin, self._now()))
+
+    def _between(self, a: Any, b: Any) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+    def seconds(self) -> tuple[float, float, float]:
+        """(latency without the spans apart, prefill, the spans apart), after the batch's final synchronisation."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        apart = sum(self._between(a, b) for a, b in self.spans)
+        total = self._between(self.marks["start"], self.marks["end"])
+        return total - apart, self._between(self.marks["start"], self.marks["prefill"]), apart

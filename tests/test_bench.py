@@ -39,7 +39,12 @@ def test_cli_smoke_run_writes_table_and_record(tmp_path):
     assert "| decoder | T | τ |" in proc.stdout
     record = json.loads((tmp_path / "tiny_cpu.json").read_text())
     assert (tmp_path / "tiny_cpu.md").read_text().startswith("# Benchmark: tiny_cpu")
-    assert set(record["decoders"]) == {"ar", "sd", "sd_tree"}
+    # both paths (paths: [eager, static]); the tiny model's layer-skip drafter and the tree stay eager
+    assert set(record["decoders"]) == {"ar", "sd", "sd_tree", "ar@static"}
+    assert set(record["setup"]["static_refused"]) == {"sd@static", "sd_tree@static"}
+    assert "ModelDrafter" in record["setup"]["static_refused"]["sd@static"]
+    assert "draft trees" in record["setup"]["static_refused"]["sd_tree@static"]
+    assert "Not on the static path: sd@static" in proc.stdout
     assert "## Throughput" in proc.stdout  # img/s per batch size, and each gain over batch 1 among the goals
     assert set(record["throughput"]["sd"]["img_s"]) == {"1", "2"}  # JSON keys
     assert any("batch-1 img/s" in g["goal"] for g in record["goals"])
@@ -55,8 +60,8 @@ def test_cli_smoke_run_writes_table_and_record(tmp_path):
     assert record["environment"]["torch"] and record["setup"]["image_tokens"] == 64
     goals = [g["goal"] for g in record["goals"]]
     assert [g.split(":")[0] for g in goals if "efficiency" in g] == ["sd"]
-    assert {g.split(":")[0] for g in goals if "overhead" in g} == {"ar", "sd", "sd_tree"}
-    assert {g.split(":")[0] for g in goals if "img/s" in g} == {"ar", "sd", "sd_tree"}
+    assert {g.split(":")[0] for g in goals if "overhead" in g} == {"ar", "sd", "sd_tree", "ar@static"}
+    assert {g.split(":")[0] for g in goals if "img/s" in g} == {"ar", "sd", "sd_tree", "ar@static"}
 
 
 def test_random_drafter_variants_and_paper_lengths(tmp_path):
@@ -171,7 +176,8 @@ def test_the_latency_part_is_written_before_the_throughput_run(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         bench.run_bench(cfg, "tiny")
     record = json.loads((tmp_path / "t.json").read_text())
-    assert record["complete"] is False and record["throughput"] == {} and set(record["decoders"]) == {"ar", "sd"}
+    assert record["complete"] is False and record["throughput"] == {}
+    assert set(record["decoders"]) == {"ar", "sd", "ar@static"}
     assert "**Incomplete**" in (tmp_path / "t.md").read_text()
 
 
@@ -182,3 +188,23 @@ def test_a_misspelt_accepted_length_stops_before_the_model_is_built(monkeypatch)
     cfg = compose_bench(["bench=lumina_mgpt_7b"])  # the GPU presets compose (their sizes are built on a GPU only)
     assert cfg.model.random_init.vocab_size == 65536 and cfg.decoders == ["ar", "sd", "coolsd"]
     assert compose_bench(["bench=llamagen_xl_512"]).throughput.decoders == ["ar", "sd"]
+
+
+def test_both_paths_are_timed_side_by_side_each_over_its_own_ar(tmp_path):
+    """``paths: [eager, static]``: every decoder the static path runs is timed there too, interleaved with the
+    eager ones, labelled ``<name>@static``, its speedup over ``ar@static``; the page says which path is which."""
+    cfg = compose_bench(["bench=embedded_random", *SMALL, "decoders=[ar,sd,sjd]", "variants={}", "cost.trees=[]",
+                         "throughput.batch_sizes=[]", "call_counts=false", f"out_dir={tmp_path}", "name=p"])
+    record = bench.run_bench(cfg, "embedded")
+    rows = record["decoders"]
+    assert set(rows) == {"ar", "sd", "sjd", "ar@static", "sd@static", "sjd@static"}
+    assert record["setup"]["paths"] == ["eager", "static"] and record["setup"]["static_steps"] == "eager"
+    for name in ("sd", "sjd"):
+        for suffix, ar in (("", "ar"), ("@static", "ar@static")):
+            row = rows[name + suffix]
+            assert row["measured_speedup"] == pytest.approx(rows[ar]["latency_s"] / row["latency_s"])
+    assert rows["sd@static"]["accepted_length"] == rows["sd"]["accepted_length"]  # the same tokens
+    page = (tmp_path / "p.md").read_text()
+    assert "| sd@static |" in page and "speedup is over ar@static" in page
+    with pytest.raises(ValueError, match="paths must list eager and/or static"):
+        bench.run_bench(compose_bench(["paths=[graph]"]), "tiny")

@@ -18,7 +18,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from coolsd.fingerprint import TOKEN_CODE_VERSION
-from eval.records.legacy import MOVED_MODULES, MOVED_NAMES, MOVED_PACKAGES, current_target, current_targets
+from eval.records.legacy import (MOVED_MODULES, MOVED_NAMES, MOVED_PACKAGES, current_config, current_target,
+                                 current_targets)
 from eval.records.run_json import read_run
 from eval.report.html_page import write_report
 from eval.run.experiment import finished_record
@@ -37,12 +38,13 @@ MOVED = {
 OLD = {new: old for old, new in MOVED.items()}
 
 
-def run_config(path) -> dict:
-    """A run's resolved config, as ``run.json`` stores it, with each class path given by ``path(old path)``."""
+def run_config(path, today: bool = False) -> dict:
+    """A run's resolved config, as ``run.json`` stores it, with each class path given by ``path(old path)``;
+    ``today``: with the decoder keys added since (``decoder.path``), as today's configs compose it."""
     return {
         "model": {"_target_": "coolsd.models.lookup.LookupModel", "image_size": 8},
         "decoder": {"_target_": "coolsd.decoding.Decoder", "name": "sd", "draft_len": 2,
-                    "rule": {"_target_": "baselines.exact.ExactRule"}},
+                    "rule": {"_target_": "baselines.exact.ExactRule"}, **({"path": "eager"} if today else {})},
         "data": {"_target_": path("eval.prompts.ClassPrompts")},
         "eval": {"_target_": path("eval.runner.EvalSuite"), "num_prompts": 2, "seed": 0,
                  "bootstrap": {"_target_": path("eval.stats.Bootstrap"), "resamples": 100, "seed": 0, "level": 0.95},
@@ -76,6 +78,7 @@ def test_the_old_class_paths_map_to_todays():
     assert current_target("eval.peers.llamagen.SPEC") == "eval.bench.peers.llamagen.SPEC"
     assert current_target("eval.claims.statistics.Claim") == "eval.studies.claims.analysis.Claim"
     assert current_targets(run_config(str)) == run_config(lambda old: MOVED[old])
+    assert current_config(run_config(str)) == run_config(lambda old: MOVED[old], today=True)
 
 
 def test_every_new_path_of_the_map_exists():
@@ -107,10 +110,15 @@ def test_todays_class_paths_are_left_as_they_are():
 
 
 def test_a_finished_row_of_the_old_layout_is_still_finished(tmp_path):
-    today = OmegaConf.create(run_config(lambda old: MOVED[old]))
+    """A run.json of the flat layout, without the decoder keys added since (``decoder.path``), is the row today's
+    config composes: finished."""
+    today = OmegaConf.create(run_config(lambda old: MOVED[old], today=True))
     folder = finished_folder(tmp_path / "old", run_config(str))
     found = finished_record(folder, today)
-    assert found is not None and found["config"] == run_config(lambda old: MOVED[old])
+    assert found is not None and found["config"] == run_config(lambda old: MOVED[old], today=True)
+    static = OmegaConf.create({**run_config(lambda old: MOVED[old]), "decoder": {
+        **run_config(str)["decoder"], "path": "static"}})
+    assert finished_record(folder, static) is None  # the row was made on the eager path
     assert read_run(folder / "run.json")["config"]["eval"]["_target_"] == "eval.run.suite.EvalSuite"
     other = OmegaConf.create({**run_config(lambda old: MOVED[old]), "decoder": {"name": "sd", "draft_len": 3}})
     assert finished_record(folder, other) is None  # a config that differs otherwise is still not finished

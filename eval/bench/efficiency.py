@@ -344,13 +344,31 @@ def verify_block(decoder: Decoder) -> Verify:
     return Verify(tokens=decoder.max_nodes + 1, tree=tree.name if isinstance(tree, TreeShape) else None)
 
 
-def build_decoders(cfg: DictConfig, model: ImageARModel) -> dict[str, Decoder]:
+#: the label suffix of a decoder on the static path (``sd@static``); its speedup is over ``ar@static``
+STATIC = "@static"
+
+
+def path_of(label: str) -> str:
+    """``eager`` or ``static``: the decode path of a bench label (``STATIC``)."""
+    return "static" if label.endswith(STATIC) else "eager"
+
+
+def ar_label(label: str) -> str:
+    """The AR decoder on the path of ``label``: each speedup is over AR on the same path."""
+    return "ar" + STATIC if path_of(label) == "static" else "ar"
+
+
+def build_decoders(cfg: DictConfig, model: ImageARModel, path: str = "eager",
+                   refused: dict[str, str] | None = None) -> dict[str, Decoder]:
     """The decoders named in ``cfg.decoders``: suite entries, or ``cfg.variants`` (label -> a suite decoder
-    ``decoder:`` with overrides of its config).
+    ``decoder:`` with overrides of its config), on ``path`` (static labels end in ``@static``).
 
     ``drafter_weights=random`` gives every decoder that uses the model's drafter group one shared untrained
-    EAGLE head of the target's own kind (real costs, meaningless acceptance); ``config`` builds the group.
+    EAGLE head of the target's own kind (real costs, meaningless acceptance); ``config`` builds the group. A
+    decoder the static path refuses (a tree, the layer-skip drafter, ...) is left out of ``path=static`` and its
+    reason put in ``refused``.
     """
+    refused = {} if refused is None else refused
     if cfg.drafter_weights not in DRAFTER_WEIGHTS:
         raise ValueError(f"drafter_weights must be one of {DRAFTER_WEIGHTS}, got {cfg.drafter_weights!r}")
     labels = list(cfg.decoders)
@@ -370,12 +388,20 @@ def build_decoders(cfg: DictConfig, model: ImageARModel) -> dict[str, Decoder]:
                              f"variant with a suite `decoder:` (variants: {list(variants)})")
         uses_group = OmegaConf.to_container(cfg.suite[base], resolve=False).get("drafter") == "${drafter}"
         node = OmegaConf.to_container(cfg.suite[base], resolve=not (shared and uses_group))
-        node.update(spec, name=label, track_tv=False, sync_phases=cuda)
-        if shared is not None and uses_group:
-            node["drafter"] = None
-            decoders[label] = instantiate(node, model=model, drafter=shared)
-        else:
-            decoders[label] = instantiate(node, model=model)
+        node.update(spec, name=label, track_tv=False, sync_phases=cuda and path == "eager", path=path)
+        key = label + (STATIC if path == "static" else "")
+        try:
+            if shared is not None and uses_group:
+                node["drafter"] = None
+                decoders[key] = instantiate(node, model=model, drafter=shared)
+            else:
+                decoders[key] = instantiate(node, model=model)
+        except Exception as error:  # a decoder the static path refuses is left out of it, with the reason
+            reason = str(error.__cause__ or error)
+            if path != "static" or "cannot run on decoder.path=static" not in reason:
+                raise
+            refused[key] = reason.split(": ", 1)[-1]
+            progress(f"{key} left out: {refused[key]}")
     return decoders
 
 
@@ -549,15 +575,16 @@ def check_goals(cfg: DictConfig, costs: Costs, results: dict[str, DecoderResult]
         out.append({"goal": goal, "value": value, "limit": limit, "met": bool(ok)})
 
     if goals.min_efficiency is not None:
-        for name in goals.efficiency_decoders:
+        for name in [n + suffix for n in goals.efficiency_decoders for suffix in ("", STATIC)]:
             if name in results:
                 r = results[name]
                 add(f"{name}: efficiency ({r.efficiency_basis}) >= {goals.min_efficiency}", r.efficiency,
                     goals.min_efficiency, r.efficiency >= goals.min_efficiency)
-    if goals.max_ar_latency_s is not None and "ar" in results:
-        lat = results["ar"].latency_s
-        add(f"ar: latency per image <= {goals.max_ar_latency_s} s", lat, goals.max_ar_latency_s,
-            lat <= goals.max_ar_latency_s)
+    for ar in ("ar", "ar" + STATIC):
+        if goals.max_ar_latency_s is not None and ar in results:
+            lat = results[ar].latency_s
+            add(f"{ar}: latency per image <= {goals.max_ar_latency_s} s", lat, goals.max_ar_latency_s,
+                lat <= goals.max_ar_latency_s)
     if goals.max_tree_ratio is not None and goals.tree in costs.tree_forward_s:
         tokens = costs.tree_tokens[goals.tree]
         ratio = costs.tree_forward_s[goals.tree] / costs.forward_s[1]
@@ -568,13 +595,14 @@ def check_goals(cfg: DictConfig, costs: Costs, results: dict[str, DecoderResult]
             add(f"same, CUDA-graph replay <= {goals.max_tree_ratio}", ratio, goals.max_tree_ratio,
                 ratio <= goals.max_tree_ratio)
     gains = record_gains(throughput)
-    if goals.min_ar_batch_gain is not None and "ar" in gains:
-        b, gain = gains["ar"]["at_largest"]
-        add(f"ar: img/s at B = {b} >= {goals.min_ar_batch_gain}x its batch-1 img/s", gain, goals.min_ar_batch_gain,
-            gain >= goals.min_ar_batch_gain)
+    for ar in ("ar", "ar" + STATIC):
+        if goals.min_ar_batch_gain is not None and ar in gains:
+            b, gain = gains[ar]["at_largest"]
+            add(f"{ar}: img/s at B = {b} >= {goals.min_ar_batch_gain}x its batch-1 img/s", gain,
+                goals.min_ar_batch_gain, gain >= goals.min_ar_batch_gain)
     if goals.min_batch_gain is not None:
         for name, g in gains.items():
-            if name != "ar":
+            if name != ar_label(name):
                 b, gain = g["best"]
                 add(f"{name}: best batched img/s (B = {b}) >= {goals.min_batch_gain}x its batch-1 img/s", gain,
                     goals.min_batch_gain, gain >= goals.min_batch_gain)
@@ -639,7 +667,11 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
         "",
         ("ideal speedup = τ·c_1 / (c_d + c_v(T)); efficiency = measured speedup ÷ ideal (τ measured) or "
          "projected speedup τ·t_AR/t_iter ÷ ideal (τ from the paper: random weights). Times per iteration "
-         "in ms; overhead = iteration − network forwards (drafter steps + target forward over T)."),
+         "in ms; overhead = iteration − network forwards (drafter steps + target forward over T). A decoder "
+         f"ending in {STATIC} ran on the static path (decoder.path=static, steps: {setup.get('static_steps')}): "
+         f"its speedup is over ar{STATIC}, and its phases are not timed there (–); the forwards and the ideal "
+         "are the eager path's cost model.")
+        + "".join(f" Not on the static path: {k} ({v})." for k, v in (setup.get("static_refused") or {}).items()),
         "",
         ("| decoder | T | τ | τ source | latency s/img | speedup | ideal | efficiency | drafter fwd/iter | "
          "iteration | draft | verify | accept | observe | forwards | overhead |"),
@@ -652,8 +684,9 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
         lines.append(
             f"| {r.name} | {t} | {r.tau:.2f} | {r.tau_source} | {r.latency_s:.3f} | {speed} | "
             f"{r.ideal_speedup:.2f}x | {r.efficiency:.2f} | {r.drafter_forwards_per_iter:.2f} | "
-            f"{ms(r.iteration_s)} | {ms(r.phase_s['draft'])} | {ms(r.phase_s['verify'])} | "
-            f"{ms(r.phase_s['accept'])} | {ms(r.phase_s['observe'])} | {ms(r.forwards_s)} | "
+            f"{ms(r.iteration_s)} | " + " | ".join(ms(None if path_of(r.name) == "static" else r.phase_s[p])
+                                                   for p in ("draft", "verify", "accept", "observe")) + " | "
+            f"{ms(r.forwards_s)} | "
             f"{ms(r.overhead_s)} ({r.overhead_frac:.0%}) |")
     throughput = record.get("throughput") or {}
     if throughput:
@@ -846,7 +879,12 @@ def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
         raise ValueError("cuda_graphs=true needs model.device=cuda")
     if cfg.compile:
         compile_modules(model, list(cfg.compile_modules), cfg.compile_mode)
-    decoders = build_decoders(cfg, model)
+    paths = list(OmegaConf.select(cfg, "paths", default=["eager"]))
+    if not paths or any(p not in ("eager", "static") for p in paths) or len(set(paths)) != len(paths):
+        raise ValueError(f"paths must list eager and/or static once each, got {paths}")
+    eager = build_decoders(cfg, model) if "eager" in paths else {}
+    refused: dict[str, str] = {}
+    decoders = {**eager, **(build_decoders(cfg, model, "static", refused) if "static" in paths else {})}
     prompts = instantiate(cfg.data).load(model, cfg.images, key="images")
     timer = Timer(model.device)
     name = cfg.name or f"{model_name}_{model.device.type}"
@@ -856,20 +894,26 @@ def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
         "image_tokens": model.num_image_tokens, "streams": model.num_streams, "images": cfg.images,
         "warmup": cfg.warmup, "drafter_weights": cfg.drafter_weights,
         "compile": cfg.compile_mode if cfg.compile else False, "cuda_graphs": cfg.cuda_graphs, "note": cfg.note,
+        "paths": paths, "static_steps": next((d.static.mode for d in decoders.values() if d.static), None),
+        "static_refused": refused,
     }
     with torch.inference_mode():
-        cost = CostModel(cfg, model, decoders, prompts[0], timer)
+        cost = CostModel(cfg, model, eager or decoders, prompts[0], timer)
         progress(f"cost model probes built ({len(cost.probes.fns)})")
         stats = run_interleaved(decoders, prompts, cfg, cost)
-        counts = {name: decode_counts(dec, prompts[0], cfg.seed) for name, dec in decoders.items()} \
-            if cfg.call_counts else {}
+        counts = {name: decode_counts(dec, prompts[0], cfg.seed) for name, dec in eager.items()} \
+            if cfg.call_counts else {}  # the static path's forwards are not hooked: its steps read nothing
         costs = cost.costs()
         results: dict[str, DecoderResult] = {}
-        results["ar"] = summarize("ar", stats["ar"], decoders["ar"], costs, None, None)
-        ar = {"latency_s": results["ar"].latency_s, "iteration_s": results["ar"].iteration_s}
+        for label in decoders:  # AR of each path first: the denominator of that path's speedups
+            if label == ar_label(label):
+                results[label] = summarize(label, stats[label], decoders[label], costs, None, None)
         for label in decoders:
-            if label != "ar":
-                results[label] = summarize(label, stats[label], decoders[label], costs, ar, paper.get(label))
+            if label != ar_label(label):
+                base = results[ar_label(label)]
+                ar = {"latency_s": base.latency_s, "iteration_s": base.iteration_s}
+                results[label] = summarize(label, stats[label], decoders[label], costs, ar,
+                                           paper.get(label.removesuffix(STATIC)))
         record = {
             "setup": {**setup, "repeats": len(cost.probes.samples["sample"])},
             "complete": False,
@@ -877,7 +921,8 @@ def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
             "call_anatomy": cost.anatomy,
             "call_counts": {label: {**asdict(c), **c.summary()} for label, c in counts.items()},
             "graph_errors": cost.graph_errors,
-            "ar_graph_projection_s": ar_graph_projection(costs, results["ar"], model.num_image_tokens),
+            "ar_graph_projection_s": ar_graph_projection(costs, results[next(iter(results))],
+                                                         model.num_image_tokens),
             "decoders": {k: asdict(v) for k, v in results.items()},
             "per_image": {k: [s.as_dict() for s in v] for k, v in stats.items()},
             "throughput": {},

@@ -27,6 +27,9 @@ WEIGHT_LOCATIONS = ("gpt_checkpoint", "vq_checkpoint", "weights_dir")
 #: model keys added after records were made, left out of the fingerprint at these (their default) values, so
 #: older records still match; another value is fingerprinted (``model.compile=true`` makes other bits)
 MODEL_DEFAULTS = {"compile": False}
+#: decoder keys added after records were made, left out at their default in the same way (``decoder.path=static``
+#: is fingerprinted: its steps may make other last bits on a GPU)
+DECODER_DEFAULTS = {"path": "eager"}
 
 
 def decoder_fingerprint(cfg: DictConfig, name: str, decoder_cfg: DictConfig) -> dict[str, Any]:
@@ -40,12 +43,13 @@ def decoder_fingerprint(cfg: DictConfig, name: str, decoder_cfg: DictConfig) -> 
 def normalised(fp: dict[str, Any]) -> dict[str, Any]:
     """A fingerprint without the keys no image depends on: ``UNFINGERPRINTED`` decoder keys, the weights'
     locations (``WEIGHT_LOCATIONS``, the drafter's ``checkpoint``) once the digest of those weights is in it, and
-    ``MODEL_DEFAULTS`` keys at their default.
+    ``MODEL_DEFAULTS`` and ``DECODER_DEFAULTS`` keys at their default.
     Also applied to a stored fingerprint of an older version, which kept them."""
     fp = dict(fp)
     dec = fp.get("decoder")
     if isinstance(dec, dict):
-        dec = {k: v for k, v in dec.items() if k not in UNFINGERPRINTED}
+        dec = {k: v for k, v in dec.items() if k not in UNFINGERPRINTED
+               and not (k in DECODER_DEFAULTS and v == DECODER_DEFAULTS[k])}
         if "drafter_weights_sha1" in fp and isinstance(dec.get("drafter"), dict):
             dec["drafter"] = {k: v for k, v in dec["drafter"].items() if k != "checkpoint"}
         fp["decoder"] = dec

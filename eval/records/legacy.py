@@ -175,3 +175,20 @@ def current_targets(obj: Any) -> Any:
     if isinstance(obj, list):
         return [current_targets(v) for v in obj]
     return obj
+
+
+#: decoder keys later versions added, with the value every earlier run behaved as: a stored config without them is
+#: read with them (``current_config``), so a finished row from before still matches today's composed config
+ADDED_DECODER_KEYS = {"path": "eager"}
+
+
+def current_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored run config as this version composes it: ``current_targets``, and ``ADDED_DECODER_KEYS`` filled in
+    where missing in ``decoder`` and every ``suite`` entry (the decoder configs of a run)."""
+    config = current_targets(config)
+    nodes = [config.get("decoder")] + list((config.get("suite") or {}).values())
+    for node in nodes:
+        if isinstance(node, dict) and "_target_" in node:
+            for key, value in ADDED_DECODER_KEYS.items():
+                node.setdefault(key, value)
+    return config

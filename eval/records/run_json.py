@@ -2,9 +2,9 @@
 resolved config, the evaluation card, the machine), written by rank 0 at the end of ``eval.run.experiment`` and read
 back by the paper tables, the report page, the sweep status, the claims and the check for a finished row.
 
-``read_run`` reads it as this version names its classes: the stored config's ``_target_`` paths of earlier
-versions become today's (``eval.records.legacy``), so a run folder from before a move still matches and groups
-with new ones.
+``read_run`` reads it as this version composes its config: the stored config's ``_target_`` paths of earlier
+versions become today's and decoder keys added since are filled in (``eval.records.legacy``), so a run folder from
+before a move or a new option still matches and groups with new ones.
 
 Example: ``read_run(Path("outputs/<run>/run.json"))["per_decoder"]["sd"]["speedup"]``.
 """
@@ -14,13 +14,14 @@ import json
 import os
 from typing import Any
 
-from eval.records.legacy import current_targets
+from eval.records.legacy import current_config
 
 
 def current_record(record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` with its ``config`` as this version names its classes (``current_targets``)."""
+    """``record`` with its ``config`` as this version composes it (``current_config``: today's class paths, keys
+    added since filled in with the value the run behaved as)."""
     if isinstance(record, dict) and isinstance(record.get("config"), dict):
-        record = {**record, "config": current_targets(record["config"])}
+        record = {**record, "config": current_config(record["config"])}
     return record
 
 

@@ -17,7 +17,8 @@ puts it in every table's notes.
 
 ``card_key`` is the part of a card that must agree for two rows' numbers to share a column of one model's
 group in a table (``eval.report.paper_tables``): everything that changes an image or a number — prompts, images
-per decoder, timed subset and warm-up, seeds, bootstrap, the reference set and size, resize and crop, extractor
+per decoder, timed subset and warm-up, the decode path (eager or static: latencies and speedups of the two are not
+comparable), seeds, bootstrap, the reference set and size, resize and crop, extractor
 and weights, the other scorers, CFG scale, top-k, top-p, temperature and precision (a bfloat16 and a float32 run
 sample other tokens). Left out: the device, hardware and world size (they change wall-clock times only,
 which the tables read through speedups measured within one run; the last bits of the arithmetic are tracked
@@ -40,7 +41,8 @@ from typing import Any
 NOT_RECORDED = "not recorded"
 
 #: every field of a card, in order
-FIELDS = ("prompts", "images per decoder", "timed images", "timing", "batch size", "image seeds", "bootstrap",
+FIELDS = ("prompts", "images per decoder", "timed images", "timing", "decode path", "batch size", "image seeds",
+          "bootstrap",
           "image metrics", "reference set", "reference images", "resize and crop", "feature extractor",
           "extractor weights", "CLIP score", "ImageReward", "HPS", "class accuracy", "CFG scale", "top-k", "top-p",
           "temperature", "precision", "device", "hardware", "world size")
@@ -261,11 +263,25 @@ def record_card(record: Mapping[str, Any]) -> dict[str, Any]:
     return evaluation_card(record.get("config") or {}, record)
 
 
+#: ``decode path`` text of a run's path and static steps (``eval.run.experiment.decode_path``)
+DECODE_PATHS = {("eager", None): "eager (the papers' loop)", ("static", "graph"): "static, captured in CUDA graphs",
+                ("static", "compiled"): "static, compiled whole", ("static", "eager"): "static, uncaptured steps"}
+
+
+def _decode_path(cfg: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+    """How a run's decoders ran: its record's ``decode_path`` and ``static_steps``, else its config's
+    ``decoder.path`` (a record made before the option existed: eager)."""
+    path = run.get("decode_path") or (cfg.get("decoder") or {}).get("path") or "eager"
+    steps = run.get("static_steps") if path == "static" else None
+    return DECODE_PATHS.get((path, steps), f"{path} path" + (f", {steps} steps" if steps else ""))
+
+
 def _eval_fields(cfg: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, Any]:
     suite, data, model = cfg.get("eval"), cfg.get("data"), cfg.get("model") or {}
     per_decoder = run.get("per_decoder") or {}
     recorded_timed = next((m.get("num_timed") for m in per_decoder.values() if m.get("num_timed") is not None), None)
-    out: dict[str, Any] = {"prompts": prompts_text(data, model) if data else NOT_RECORDED}
+    out: dict[str, Any] = {"prompts": prompts_text(data, model) if data else NOT_RECORDED,
+                           "decode path": _decode_path(cfg, run)}
     if not suite:  # a record made without its eval config: what the record itself counted
         uncertainty = run.get("uncertainty") or {}
         out.update({

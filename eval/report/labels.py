@@ -52,6 +52,7 @@ def canonical(value: Any) -> str:
 def decoder_options(decoder_cfg: dict[str, Any]) -> dict[str, Any]:
     """What identifies a decoder configuration: its options minus bookkeeping keys."""
     options = {k: v for k, v in decoder_cfg.items() if k not in BOOKKEEPING}
+    options["path"] = options.get("path", "eager")  # a record from before decoder.path: the eager loop
     order = options.pop("order", None)  # a generation order's options are the method's (ZipAR's window)
     if isinstance(order, dict):
         options.update({k: v for k, v in order.items() if k not in ("_target_", "_partial_")})
@@ -97,6 +98,8 @@ def option_text(key: str, value: Any, options: dict[str, Any], skip: Sequence[st
         return f"drafter {value_text(value)}"
     if key == "sv":
         return "subsequence verification" if value else "token verification"
+    if key == "path":
+        return f"{value} path"
     return f"{SYMBOLS.get(key, key)}={value_text(value)}"
 
 

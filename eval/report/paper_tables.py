@@ -65,7 +65,7 @@ import pandas as pd
 
 from coolsd.io import atomic_write_bytes
 from eval.metrics.intervals import FID_MIN_IMAGES
-from eval.records.legacy import current_targets
+from eval.records.legacy import current_config
 from eval.records.run_json import read_run
 from eval.report.evaluation_card import (FIELDS, KEY_FIELDS, NOT_RECORDED, conflicts, field_text, known,
                                          record_card, value_text)
@@ -234,7 +234,7 @@ def record_from_wandb_summary(run: Any, tmp: Path) -> dict[str, Any]:
         "model": summary.get("model") or model_target.rsplit(".", 1)[-1],
         "metrics": metrics,
         "per_decoder": per_decoder,
-        "config": current_targets(config),
+        "config": current_config(config),
         "environment": {"gpu": metadata.get("gpu"), "processor": metadata.get("cpu"),
                         "cpu_count": metadata.get("cpu_count"), "torch": None},
         "started": str(getattr(run, "created_at", "") or ""),

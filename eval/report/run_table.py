@@ -168,7 +168,10 @@ def one_line_summary(record: dict[str, Any]) -> str:
     ar = record["per_decoder"]["ar"]
     ci = m.get("speedup_ci")
     interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
-    return (f"{record['decoder']} on {record.get('model') or 'model'}: accepted length "
+    steps = {"graph": "CUDA graphs", "compiled": "compiled", "eager": "uncaptured steps"}
+    where = f" (static path, {steps.get(record.get('static_steps'), 'steps not recorded')})" \
+        if record.get("decode_path") == "static" else ""
+    return (f"{record['decoder']} on {record.get('model') or 'model'}{where}: accepted length "
             f"{m['mean_accepted_length']:.2f}, {m['latency_s']:.3f} s/img vs AR {ar['latency_s']:.3f} s/img "
             f"= {m.get('speedup', float('nan')):.2f}x{interval} (95 %), TV/step {tv_text(m)}, "
             f"{record['num_prompts']} prompts -> {record['output_dir']}/run.json")

@@ -431,6 +431,7 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
                         "compare_to": compared, "fid_min_images": intervals.FID_MIN_IMAGES, "intervals": UNCERTAINTY},
         "job": dict(job or {}),
         "num_prompts": len(prompts),
+        **decode_path(decoders[selected]),
         "world_size": shards.world,
         "numerics": {**numerics["check"], "ranks": numerics["ranks"], "accepted_mismatch": records.accepted_numerics,
                      "record_signatures": record_signatures(ordered)},
@@ -458,6 +459,14 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
     print(one_line_summary(record))
     shards.finish(counts)  # the ranks waiting for rank 0 may leave
     return record
+
+
+def decode_path(decoder: Decoder) -> dict[str, str | None]:
+    """Which path made a run's images (every decoder of a run shares it, ``eval.run.suite.select_decoders``):
+    ``decode_path`` ``eager`` (the papers' loop) or ``static``, and how the static steps ran (``static_steps``:
+    ``graph``, CUDA graphs; ``compiled``, ``torch.compile``; ``eager``, uncaptured)."""
+    loop = getattr(decoder, "static", None)
+    return {"decode_path": "eager" if loop is None else "static", "static_steps": None if loop is None else loop.mode}
 
 
 def run_report(out_dir: Path) -> Path | None:

@@ -89,7 +89,8 @@ class EvalSuite:
 
 
 def select_decoders(cfg: DictConfig, decoder_overridden: bool) -> dict[str, DictConfig]:
-    """The decoder configs this run compares, AR first; ``cfg.decoder`` (with its overrides) wins its name.
+    """The decoder configs this run compares, AR first; ``cfg.decoder`` (with its overrides) wins its name, and
+    every one runs on its path (``decoder.path``), so each speedup is over AR on the same path.
 
     ``compare``: ``auto`` (the set ``all``, the default run's decoders, when no ``decoder=`` was given on the
     command line, else none), ``none``, the name of a set of ``compare_sets`` (suite entry -> overrides of its
@@ -124,4 +125,8 @@ def select_decoders(cfg: DictConfig, decoder_overridden: bool) -> dict[str, Dict
         else:
             chosen[name] = suite[name]
     chosen[cfg.decoder.name] = cfg.decoder
+    path = OmegaConf.select(cfg, "decoder.path", default="eager")
+    for name, node in chosen.items():  # one path per run: a speedup is over AR on the same path
+        if OmegaConf.select(node, "path", default="eager") != path:
+            chosen[name] = OmegaConf.merge(OmegaConf.to_container(node, resolve=True), {"path": path})
     return chosen

@@ -61,6 +61,7 @@ Example: ``python run.py decoder=scd_mc``; ``python run.py decoder=sjd decoder.d
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -106,6 +107,7 @@ class TreeTemplate:
     rank: torch.Tensor
     first_chain: torch.Tensor
     carry_path: torch.Tensor
+    depth: int  # window slots the layout spans (the first-child path's length)
 
     @classmethod
     def build(cls, width: int, levels: int, nodes: int) -> "TreeTemplate":
@@ -155,12 +157,7 @@ class TreeTemplate:
 
         return cls(width=width, levels=levels, nodes=m, parents=torch.tensor(parents, dtype=torch.long),
                    slot=torch.tensor(slot, dtype=torch.long), rank=torch.tensor(rank, dtype=torch.long),
-                   first_chain=table(chains), carry_path=table(carries))
-
-    @property
-    def depth(self) -> int:
-        """Window slots the layout spans (the first-child path's length)."""
-        return int(self.slot.max()) + 1 if self.nodes else 0
+                   first_chain=table(chains), carry_path=table(carries), depth=max(slot) + 1 if m else 0)
 
 
 def _ancestry(parents: list[int], j: int) -> list[int]:
@@ -201,6 +198,7 @@ class JacobiDrafter(Drafter):
         self.batch, self.device = 0, torch.device("cpu")  # set by begin
         self.carried: torch.Tensor | None = None  # (B,) per image: how many of the C slots are carried
         self._templates: dict[int, TreeTemplate] = {}
+        self._device_templates: dict[tuple[int, torch.device], TreeTemplate] = {}
         self._draft_len = 0
         self._t: torch.Tensor | None = None
 
@@ -213,6 +211,16 @@ class JacobiDrafter(Drafter):
         if nodes not in self._templates:
             self._templates[nodes] = TreeTemplate.build(self.tree_width, self.tree_depth - 1, nodes)
         return self._templates[nodes]
+
+    def template_on(self, nodes: int, device: torch.device) -> TreeTemplate:
+        """``template(nodes)`` with its tensors on ``device``, copied there once (no copy inside a decode step)."""
+        key = (nodes, device)
+        if key not in self._device_templates:
+            tmpl = self.template(nodes)
+            self._device_templates[key] = dataclasses.replace(
+                tmpl, parents=tmpl.parents.to(device), slot=tmpl.slot.to(device), rank=tmpl.rank.to(device),
+                first_chain=tmpl.first_chain.to(device), carry_path=tmpl.carry_path.to(device))
+        return self._device_templates[key]
 
     def block_shape(self, draft_len: int) -> tuple[int, int]:
         self._draft_len = draft_len
@@ -273,7 +281,7 @@ class JacobiDrafter(Drafter):
         if self.init == "random_uniform_q":
             q_fresh = torch.full_like(q_carried, 1.0 / self.vocab)
         else:
-            q_fresh = torch.nn.functional.one_hot(fresh, self.vocab).to(self.q.dtype)  # (B, L, V)
+            q_fresh = torch.zeros_like(q_carried).scatter_(-1, fresh[..., None], 1.0)  # (B, L, V) one-hot
         return tokens, torch.where(is_carried[..., None], q_carried, q_fresh)
 
     def jacobi_update(self, q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -314,8 +322,8 @@ class JacobiDrafter(Drafter):
         """SJD-PAC's tree over the window slots ``tokens``/``q`` (B, S) / (B, S, V) (module doc, (D))."""
         b, s = tokens.shape
         device = tokens.device
-        tmpl = self.template(self._draft_len)
-        slot, rank = tmpl.slot.to(device), tmpl.rank.to(device)
+        tmpl = self.template_on(self._draft_len, device)
+        slot, rank = tmpl.slot, tmpl.rank
         levels = min(tmpl.levels, s)
         # K candidates per branching level: rank 0 = the window slot's draft, ranks 1.. without replacement
         picks = tokens[:, :levels, None].expand(-1, -1, self.tree_width).clone()  # (B, Lv, K)
@@ -335,7 +343,7 @@ class JacobiDrafter(Drafter):
         node_tokens = torch.where(in_tree, picks[:, lv, rank], tokens[:, slot.clamp(max=s - 1)])  # (B, M)
         node_q = torch.where(in_tree[None, :, None], conds[:, lv, rank], q[:, slot.clamp(max=s - 1)])
         ok = torch.where(in_tree, enough[:, lv, rank], True) & (slot[None, :] < limit[:, None])
-        parents = tmpl.parents.to(device)
+        parents = tmpl.parents
         valid = ok.clone()
         for _ in range(tmpl.depth):  # a node is valid only under a valid parent
             valid = valid & torch.where(parents >= 0, valid[:, parents.clamp_min(0)], True)
@@ -343,9 +351,7 @@ class JacobiDrafter(Drafter):
                      parents=parents.expand(b, -1))
 
     # -- the static decode path (coolsd.static): a window of exactly ``depth`` slots, state in fixed buffers ----
-    @property
-    def static_path(self) -> bool:
-        return not self.is_tree  # SJD-PAC's tree comes with the static trees
+    static_path = True
 
     def static_begin(self, prefill, first_tokens, streams, depth) -> None:
         """``begin`` with persistent (B, depth) buffers: nothing carried, so the first window is all fresh."""
@@ -361,8 +367,8 @@ class JacobiDrafter(Drafter):
         self.q, self.x, self.carried = self._static[key]
         self.carried.zero_()
 
-    def static_propose(self, last_tokens, t, limit, depth) -> Draft:
-        return self.propose(last_tokens, t, limit, depth)
+    def static_propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
+        return self.propose(last_tokens, t, limit, depth, tree)
 
     def static_observe(self, out, p, draft, verdict, active) -> None:
         """``observe``, its results copied into the fixed buffers (a finished image's are stale and never read)."""
@@ -393,12 +399,12 @@ class JacobiDrafter(Drafter):
             path = torch.where(path < draft.valid.sum(-1, keepdim=True), path, -1)
             parents = torch.arange(-1, m - 1, device=device)  # node j's parent: j − 1
         else:
-            tmpl = self.template(m)
+            tmpl = self.template_on(m, device)
             last = verdict.path.gather(1, (n - 1).clamp_min(0)[:, None])[:, 0]
-            path = tmpl.carry_path.to(device)[torch.where(n > 0, last + 1, 0)]  # (B, C)
+            path = tmpl.carry_path[torch.where(n > 0, last + 1, 0)]  # (B, C)
             path = torch.where((path >= 0) & draft.valid.gather(1, path.clamp_min(0)), path, -1)
             path = torch.where(path.lt(0).long().cummax(1).values.bool(), -1, path)  # stop at the first gap
-            parents = tmpl.parents.to(device)
+            parents = tmpl.parents
         carried = (path >= 0).sum(-1)  # (B,): the path's 2nd..last nodes + one slot after its last node
         width = path.shape[1]  # a bound on every image's carried count, known without a host sync; slots past
         # an image's count are garbage that ``window`` never reads (slot k's draws do not depend on the width)

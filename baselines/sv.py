@@ -1,9 +1,11 @@
 """SJD-SV — speculative Jacobi decoding with subsequence ("semantics") verification (Zhang, Shan, Fang, Lin, Li &
 Ye, arXiv 2609.13245, ICML 2026): a verification wrapper over the Jacobi-window decoders (SJD-SV, GSD-SV and
-LANTERN-SV inside the Jacobi loop).
+LANTERN-SV inside the Jacobi loop). **Unofficial.**
 
-There is no public code: this is implemented from a third-party description of the paper
-(``docs/algorithms.md``, "SJD-SV"; ``docs/reference-behaviour.md``). Notation: ``p`` the target distribution,
+There is no public code, and the paper's own text has not been read here: the rule is implemented from a
+secondary, third-party description of the paper (a paper note; ``docs/algorithms.md``, "SJD-SV";
+``docs/reference-behaviour.md``), so every result of it is labelled unofficial until the paper's text or code is
+read. Notation: ``p`` the target distribution,
 ``q`` the draft distribution (in SJD the previous iteration's distribution at that slot). For the drafted chain
 ``x_1..x_m`` of a window:
 
@@ -27,9 +29,14 @@ Choices the paper leaves open, each a named option (``decoder.sv.<option>``), de
 
 * ``alpha`` (0.8): the suffix's share of the run's target mass, in (0, 1].
 * ``fallback`` (true): the progressive fallback; false = the paper's ablation "without fallback" (one test per run).
-* ``fallback_uniform``: ``fresh`` (default) = the test that ends at position i uses that position's uniform, so
-  every fallback test has its own; ``same`` = every test of a run uses the uniform of its first test (the one
-  that ends at ``e``).
+* ``fallback_uniform``: ``same`` (default) = every test of a run uses the uniform of its first test (the one that
+  ends at ``e``), as the description has one uniform per subsequence; ``fresh`` = the test that ends at position i
+  uses that position's uniform, so every fallback test has its own (the default before issue 60: a search over
+  independent chances).
+* ``zero_prob``: ``ride`` (default, the description's rule) = a token whose target probability ``p_i(x_i)`` is 0
+  carries no mass, so it can fall before ``b_g`` and ride along even at α = 1; ``test`` = a run holding such a
+  token is tested from its start (``b_g = b``: the token's ratio 0 rejects it). Within a run ``p_i(x_i)`` does not
+  decrease, so its zero-probability tokens are always its first ones.
 * ``reject_at``: where to resample when even the suffix start ``b_g`` alone fails (and, without fallback, when the
   run fails): ``run_start`` (default) = at ``b``, since ``b..b_g−1`` ride along with the suffix decision;
   ``suffix_start`` = accept ``b..b_g−1`` and resample at ``b_g``.
@@ -62,11 +69,12 @@ from coolsd.models.base import ImageARModel
 from coolsd.rng import sample
 from coolsd.types import Draft, Verdict
 
-FALLBACK_UNIFORMS = ("fresh", "same")
+FALLBACK_UNIFORMS = ("same", "fresh")
+ZERO_PROB = ("ride", "test")
 REJECT_AT = ("run_start", "suffix_start")
 EARLIER_RUNS = ("keep", "drop")
 #: the keys of a decoder's ``sv`` block (``configs/decoder/sjd_sv.yaml``)
-SV_KEYS = ("enabled", "alpha", "fallback", "fallback_uniform", "reject_at", "earlier_runs")
+SV_KEYS = ("enabled", "alpha", "fallback", "fallback_uniform", "reject_at", "earlier_runs", "zero_prob")
 
 
 @dataclass(frozen=True)
@@ -92,20 +100,22 @@ def _per_run(values: torch.Tensor, run: torch.Tensor, reduce: str, fill: int) ->
 
 
 class SubsequenceVerifier:
-    """SJD-SV's verification of chain drafts (module doc), with ``verify_chain``'s signature and Verdict."""
+    """SJD-SV's verification of chain drafts (module doc; unofficial: the rule of a secondary description of the
+    paper), with ``verify_chain``'s signature and Verdict."""
 
     #: the config key a refusal names (``coolsd.decoding.Decoder``)
     option = "decoder.sv"
     #: a joint test has no analytic one-step TV: the loop records the TV as not measured
     analytic_tv = False
 
-    def __init__(self, alpha: float = 0.8, fallback: bool = True, fallback_uniform: str = "fresh",
-                 reject_at: str = "run_start", earlier_runs: str = "keep") -> None:
+    def __init__(self, alpha: float = 0.8, fallback: bool = True, fallback_uniform: str = "same",
+                 reject_at: str = "run_start", earlier_runs: str = "keep", zero_prob: str = "ride") -> None:
         self.alpha = validate.number("decoder.sv.alpha", alpha, minimum=0.0, maximum=1.0, min_open=True)
         self.fallback = validate.boolean("decoder.sv.fallback", fallback)
         self.fallback_uniform = validate.choice("decoder.sv.fallback_uniform", fallback_uniform, FALLBACK_UNIFORMS)
         self.reject_at = validate.choice("decoder.sv.reject_at", reject_at, REJECT_AT)
         self.earlier_runs = validate.choice("decoder.sv.earlier_runs", earlier_runs, EARLIER_RUNS)
+        self.zero_prob = validate.choice("decoder.sv.zero_prob", zero_prob, ZERO_PROB)
 
     def check(self, rule: AcceptanceRule) -> None:
         """Refuse a rule without an unclipped ratio (the joint test multiplies ratios before clipping)."""
@@ -134,6 +144,9 @@ class SubsequenceVerifier:
         total = suffix.gather(1, start)  # Σ_{i = b..e}
         holds = valid & (suffix >= self.alpha * total)  # a prefix of each run (suffix sums do not grow)
         g = _per_run(torch.where(holds, j, -1), run, "amax", -1).maximum(start)
+        if self.zero_prob == "test":  # a zero-probability token (always a run's first ones) never rides along
+            zero = _per_run((valid & (px <= 0)).long(), run, "amax", 0) > 0
+            g = torch.where(zero, start, g)
         # 4. the joint test ending at j: u < min(1, Π_{b_g..j} r_i); one token is the base rule's own test
         tested = valid & (j >= g)
         ratio64 = ratio.double()
@@ -206,7 +219,8 @@ def sv_verifier(sv: Mapping[str, Any] | None, rule: AcceptanceRule) -> Subsequen
 
 
 class SVDecoder(Decoder):
-    """A chain decoder (the Jacobi window: SJD-SV) whose verification is the ``sv`` block's subsequence test."""
+    """A chain decoder (the Jacobi window: SJD-SV) whose verification is the ``sv`` block's subsequence test
+    (unofficial: the rule of a secondary description of the paper, module doc)."""
 
     def __init__(self, name: str, model: ImageARModel, rule: AcceptanceRule, draft_len: int,
                  drafter: Callable[..., Drafter] | Drafter, sv: Mapping[str, Any] | None = None,

@@ -15,7 +15,9 @@ drafters, no new training) in which some rounds make **no target forward**:
   ``min(last index, ⌊mean length with the root⌋ − 1)``), without a target forward. The drafter is fed the last
   ``a`` cached target features in place of the missing ones (``reuse_feature: reuse_prev``).
 * **The next verified round** runs the skipped tokens through the target as a causal chain before the new tree
-  (``BlockPrefix``): they get their KV entries and features there and are never tested.
+  (``BlockPrefix``): they get their KV entries and features there and are never tested. The paper calls this round
+  "post verification", which implies that the skipped tokens are checked there; the released code only encodes
+  them, and this module follows the code (no test, no rollback of a skipped token).
 
 Options where the released code and the method's description differ (both kept, by name):
 
@@ -29,7 +31,12 @@ Options where the released code and the method's description differ (both kept, 
 * ``similarity_paths``: the code compares every other candidate path (``candidates[::2]``, ``every_other``) in
   the lexicographic order of their node indices (here, the harness's tree numbering); ``all`` compares every
   leaf path.
-The published numbers come from the released code's run (``run_vvs.sh``): ``reference_code`` in both.
+The released code's behaviour is ``reference_code`` in both. Its run script (``run_vvs.sh``: uniform skipping every 5
+rounds, LANTERN δ = 0.2) cannot run as released (it loops over ``skip_policies``, ``select_token_policies``,
+``reuse_feature_policies`` but passes the unset ``$skip_policy``, ``$select_token_policy``, ``$reuse_feature_policy``);
+the published rows' settings come from a note on the paper (a secondary description; the paper's text was not
+read): stage I interval 4 at δ = 0.2, stage II interval 2 at δ = 0.1, dynamic threshold 0.65 (``row=vvs_uniform``,
+``row=vvs_dynamic``; the script's 5 and the earlier 0.70 are ``row=vvs_uniform5``, ``row=vvs_dynamic070``).
 The code as released calls ``skip_verify`` with one positional argument too many (it fails); this module follows
 the evident intent (the loop index as the step).
 

@@ -26,6 +26,7 @@ import torch
 
 from coolsd.rng import sample
 from coolsd.sampling import normalize
+from coolsd.trees import node_depths
 from coolsd.types import Draft, Verdict
 
 
@@ -289,6 +290,87 @@ def _verify_one_tree(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_acce
                    next_token=sample(residual, u_sample),
                    path=torch.tensor([path + [0] * (m - len(path))], dtype=torch.long, device=device),
                    tests=tuple(tests))
+
+
+def children_slots(parents: torch.Tensor, valid: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, M + 1, ``width``) node indices of the valid children of the root (row 0) and of node j (row j + 1), in
+    node order, −1 padded: ``children_table`` with a width fixed by the caller (no host read; children ranked
+    ``width`` or later are dropped, so it must be at least the widest node's count)."""
+    b, m = parents.shape
+    device = parents.device
+    same = parents[:, :, None] == parents[:, None, :]  # (B, M, M)
+    earlier = torch.ones(m, m, dtype=torch.bool, device=device).tril(-1)
+    rank = (same & earlier & valid[:, None, :]).sum(-1)  # (B, M) rank among the valid earlier siblings
+    slot = torch.where(valid & (rank < width), (parents + 1) * width + rank, (m + 1) * width)  # else: a dump slot
+    kids = torch.full((b, (m + 2) * width), -1, dtype=torch.long, device=device)
+    kids.scatter_(1, slot, torch.arange(m, device=device).expand(b, m))
+    return kids[:, : (m + 1) * width].view(b, m + 1, width)
+
+
+def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: torch.Tensor,
+                         u_sample: torch.Tensor, width: int, levels: int) -> Verdict:
+    """``verify_tree``'s verdict with no host read, in ``width`` rule steps over every node at once and ``levels``
+    gathers (the static path; vLLM's and SGLang's tree samplers walk on the device too).
+
+    Each node's sibling walk starts from its own target row ``p[row]``, whatever path led there, so every node's
+    walk is computed at once: for rank c = 0 .. width − 1, the c-th valid child of every row is tested with the
+    row's current residual (the rule's ``accept_prob``), and a rejection updates that row's residual (the rule's
+    ``residual``), as the walk would at that node. Then the walk descends from the root, level by level, to each
+    row's first accepted child, and the next token is drawn from the residual of the row where it stops (its
+    ``p`` at a leaf: the bonus token). The tests and their operands at every node are the sequential walk's, so
+    the verdict (accepted count, path, next token) is bitwise ``_verify_tree_batch``'s
+    (tests/test_trees.py); the tests are reported per rank over the rows the walk visited (B, levels + 1: the root,
+    then the accepted path; ``made`` up to each row's accepted child), which ``summed_tv`` sums alike. ``width``: at
+    least the most children of a node; ``levels``: at least the tree's depth.
+    """
+    b, m = draft.tokens.shape
+    rows, v = m + 1, p.shape[-1]
+    device = p.device
+    if m == 0:  # an empty tree: the next token from the root's p
+        return Verdict(num_accepted=torch.zeros(b, dtype=torch.long, device=device),
+                       next_token=sample(p[:, 0], u_sample), path=draft.tokens, tests=())
+    kids = children_slots(draft.parents, draft.valid, width)  # (B, M + 1, C)
+    depth = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), node_depths(draft.parents, levels)],
+                      1) + 1  # (B, M + 1): the depth of a row's children, as the rule sees them
+    flat_depth = depth.reshape(-1)
+    residual = p  # (B, M + 1, V): every row's current residual
+    chosen = torch.full((b, rows), -1, dtype=torch.long, device=device)  # each row's first accepted child
+    tests = []
+    for c in range(width):
+        child = kids[..., c]  # (B, M + 1)
+        undecided = chosen < 0
+        testing = (child >= 0) & undecided
+        j = child.clamp_min(0)
+        q = draft.q.gather(1, j[..., None].expand(-1, -1, v))  # (B, M + 1, V)
+        x = draft.tokens.gather(1, j)  # (B, M + 1)
+        flat_r, flat_q, flat_x = residual.reshape(-1, v), q.reshape(-1, v), x.reshape(-1)
+        accepted = testing & (u_accept.gather(1, j) < rule.accept_prob(flat_r, flat_q, flat_x, flat_depth).view(b, rows))
+        tests.append((residual, q, depth, testing))
+        rejected = testing & ~accepted
+        residual = torch.where(rejected[..., None], rule.residual(flat_r, flat_q, flat_x, flat_depth).view(b, rows, v),
+                               residual)
+        chosen = torch.where(accepted, child, chosen)
+    current = torch.zeros(b, dtype=torch.long, device=device)  # the row the walk is at
+    n = torch.zeros(b, dtype=torch.long, device=device)
+    steps = []
+    for _ in range(levels):
+        nxt = chosen.gather(1, current[:, None])[:, 0]  # (B,) the accepted child of the current row, or −1
+        go = nxt >= 0
+        steps.append(torch.where(go, nxt, 0))
+        current = torch.where(go, nxt + 1, current)
+        n = n + go
+    path = torch.stack(steps, 1) if steps else torch.zeros(b, 0, dtype=torch.long, device=device)
+    if path.shape[1] < m:
+        path = torch.cat([path, torch.zeros(b, m - path.shape[1], dtype=torch.long, device=device)], 1)
+    final = residual.gather(1, current[:, None, None].expand(-1, 1, v))[:, 0]  # (B, V)
+    # the tests the walk made: at the rows it visited (the root, then the accepted path), up to each row's
+    # accepted child; kept as (B, levels + 1) rows per rank, so the TV diagnostic reads no other row
+    visited = torch.cat([torch.zeros_like(n[:, None]), path[:, :levels] + 1], 1)  # (B, levels + 1)
+    reached = torch.arange(levels + 1, device=device)[None, :] <= n[:, None]
+    index = visited[..., None].expand(-1, -1, v)
+    tests = tuple((r.gather(1, index), q.gather(1, index), d.gather(1, visited), made.gather(1, visited) & reached)
+                  for r, q, d, made in tests)
+    return Verdict(num_accepted=n, next_token=sample(final, u_sample), path=path[:, :m], tests=tests)
 
 
 def summed_tv(rule: AcceptanceRule, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,10 @@ A batch script that starts ``python run.py`` without ``srun`` in a job of severa
 describes as task 0 of many: the other tasks would never come, so it stops at once (``BatchStepError``) and says
 how to start them.
 
+``submitit`` (the ``launchers`` extra: ``pip install -e ".[launchers]"``, or ``requirements.txt``) is imported only
+where a SLURM task or a submitit job is read (``submitit_helpers``); without it such a process stops with the install
+line, and one process or torchrun never needs it.
+
 Example: ``launch_environment()`` -> ``LaunchEnvironment(source='torchrun', rank=3, world=8, local_rank=3,
 init_method='env://')`` inside ``torchrun --nproc_per_node=8``.
 """
@@ -32,6 +36,21 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
 
 class BatchStepError(RuntimeError):
     """A SLURM job of several tasks ran this process in its batch step, without ``srun``."""
+
+
+#: how to install what the cluster path imports (docs/cluster.md)
+LAUNCHERS_INSTALL = 'pip install -e ".[launchers]"'
+
+
+def submitit_helpers():
+    """``submitit.helpers``, or an ``ImportError`` naming the extra that installs it."""
+    try:
+        from submitit import helpers
+    except ImportError as err:
+        raise ImportError(f"this process is a SLURM task or a submitit job, whose place is read through submitit, "
+                          f"which is not installed ({err}). Install the cluster extra: {LAUNCHERS_INSTALL} "
+                          "(docs/cluster.md, step 1), or pip install -r requirements.txt") from None
+    return helpers
 
 
 @dataclass(frozen=True)
@@ -58,9 +77,7 @@ def launch_environment() -> LaunchEnvironment:
         # a SLURM task that submitit did not start (srun python run.py): submitit's SLURM environment reads it
         os.environ["SUBMITIT_EXECUTOR"] = "slurm"
     if "SUBMITIT_EXECUTOR" in os.environ:
-        from submitit.helpers import TorchDistributedEnvironment
-
-        env = TorchDistributedEnvironment()
+        env = submitit_helpers().TorchDistributedEnvironment()
         if env.world_size == 1:
             return LaunchEnvironment("submitit")
         addr = os.environ.get("MASTER_ADDR", env.master_addr)
@@ -110,7 +127,7 @@ def export_for_torch(env: LaunchEnvironment) -> dict[str, str]:
         return {}
     from urllib.parse import urlsplit
 
-    from submitit.helpers import TorchDistributedEnvironment
+    TorchDistributedEnvironment = submitit_helpers().TorchDistributedEnvironment
 
     address = urlsplit(env.init_method or "")
     if address.scheme != "tcp" or not address.hostname or address.port is None:

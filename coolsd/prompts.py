@@ -108,11 +108,17 @@ class FixedPrompts:
 
 
 COCO_URL = "http://images.cocodataset.org/annotations/annotations_trainval2017.zip"
+
+
+def coco_url(path: str) -> str:
+    """The annotations archive that holds a COCO captions file: 2014's for ``captions_val2014.json`` (the COCO-30k
+    protocol, ``data=coco2014``), else 2017's."""
+    return COCO_URL.replace("2017", "2014") if "2014" in Path(str(path)).name else COCO_URL
 PARTI_URL = "https://raw.githubusercontent.com/google-research/parti/main/PartiPrompts.tsv"
 
 
 class CocoCaptions:
-    """MS-COCO 2017 captions (``annotations/captions_val2017.json``).
+    """MS-COCO captions (``annotations/captions_val2017.json``; 2014's ``captions_val2014.json`` for COCO-30k).
 
     ``selection``: ``longest`` — the longest caption of every image, images in ascending id order (the
     LANTERN / COOL-SD protocol; ties keep the first caption in file order); ``random`` — one caption per
@@ -128,8 +134,10 @@ class CocoCaptions:
     def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
         """``captions_val2017.json`` (``data.path``; not on the Hugging Face hub)."""
         path = str(cfg["path"])
-        return [RequiredFile("MS-COCO 2017 val captions", local=path,
-                             manual=f"curl -LO {COCO_URL} && unzip annotations_trainval2017.zip -d $COCO_DIR "
+        url = coco_url(path)
+        year = "2014" if url != COCO_URL else "2017"
+        return [RequiredFile(f"MS-COCO {year} val captions", local=path,
+                             manual=f"curl -LO {url} && unzip {url.rsplit('/', 1)[1]} -d $COCO_DIR "
                                     f"(so that {path} exists; export COCO_DIR or set data.path)")]
 
     def captions(self) -> list[tuple[int, str]]:
@@ -140,8 +148,8 @@ class CocoCaptions:
         path = Path(self.path).expanduser()
         if not path.is_file():
             raise FileNotFoundError(
-                f"MS-COCO captions not found at {path}. Download {COCO_URL}, unzip it and point data.path at "
-                f"annotations/captions_val2017.json (e.g. export COCO_DIR=<folder holding annotations/>)")
+                f"MS-COCO captions not found at {path}. Download {coco_url(path.name)}, unzip it and point data.path "
+                f"at annotations/{path.name} (e.g. export COCO_DIR=<folder holding annotations/>)")
         hint = "point data.path at MS-COCO's annotations/captions_val2017.json"
         try:
             data = json.loads(utf8_text(path, "data.path"))

@@ -90,7 +90,7 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 def _float_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """``logits_to_probs`` of float32 logits."""
     if cfg.temperature == 0.0:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)  # one-hot, no host read
     if cfg.temperature != 1.0:
         logits = logits / cfg.temperature
     logits = filter_logits(logits, cfg.top_k, cfg.top_p)

@@ -151,20 +151,32 @@ def children_of(parents: Sequence[int]) -> list[list[int]]:
     return kids
 
 
-def ancestor_masks(parents: torch.Tensor) -> torch.Tensor:
+def ancestor_masks(parents: torch.Tensor, levels: int | None = None) -> torch.Tensor:
     """Per-image (B, M+1, M+1) bool over [root, nodes...] from parents (B, M) (−1 = root): entry (i, j) is
-    True iff j is i itself or an ancestor of i. Pointer jumping: one gather per tree level."""
+    True iff j is i itself or an ancestor of i. Pointer jumping: one gather per tree level, until every pointer
+    has reached the root (a host read per level), or exactly ``levels`` times (no host read: the static path,
+    with ``levels`` at least the tree's depth)."""
     b, m = parents.shape
     device = parents.device
     up = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), parents + 1], dim=1)  # (B, M+1)
     mask = torch.eye(m + 1, dtype=torch.bool, device=device).expand(b, -1, -1).clone()
     ptr = up
-    while True:
+    for _ in range(m + 1 if levels is None else levels):
         mask.scatter_(-1, ptr[:, :, None], True)
         nxt = up.gather(1, ptr)
-        if torch.equal(nxt, ptr):  # every pointer has reached the root
+        if levels is None and torch.equal(nxt, ptr):  # every pointer has reached the root
             return mask
         ptr = nxt
+    return mask
+
+
+def node_depths(parents: torch.Tensor, levels: int) -> torch.Tensor:
+    """(B, M) depth of every node (the root's children: 1) from parents (B, M), in ``levels`` steps with no host
+    read (``levels`` at least the tree's depth)."""
+    depth = torch.ones_like(parents)
+    for _ in range(max(levels - 1, 0)):
+        depth = torch.where(parents >= 0, depth.gather(1, parents.clamp_min(0)) + 1, 1)
+    return depth
 
 
 @dataclass(frozen=True)
@@ -277,48 +289,76 @@ def _draw_index(shape: TreeShape, levels: int, device: torch.device) -> tuple[to
     return _shaped(("draw index", shape, levels, device), make)
 
 
+@dataclass(frozen=True)
+class _LevelTensors:
+    """A static plan level's constants on a device (``_level_tensors``): the frontier nodes, their parent rows, the
+    request mask, and the created children as index tensors (no boolean-mask indexing: no host read)."""
+
+    frontier: torch.Tensor  # (F,)
+    parent_row: torch.Tensor  # (F,)
+    mask: torch.Tensor  # (F, K)
+    width: int  # C: the most children of a frontier node
+    slots: torch.Tensor  # (n,) positions in the level's flattened (F·C) picks that create a node
+    nodes: torch.Tensor  # (n,) the shape node each of them creates
+
+
+def _level_tensors(shape: TreeShape, level: int, device: torch.device) -> _LevelTensors:
+    def make() -> _LevelTensors:
+        plan = _static_plan(shape)[level]
+        flat = [c for row in plan.children for c in row]
+        slots = [i for i, c in enumerate(flat) if c >= 0]
+        return _LevelTensors(frontier=torch.tensor(plan.frontier, device=device),
+                             parent_row=torch.tensor(plan.parent_row, device=device), mask=plan.mask.to(device),
+                             width=len(plan.children[0]), slots=torch.tensor(slots, device=device),
+                             nodes=torch.tensor([flat[i] for i in slots], device=device))
+
+    return _shaped(("level", shape, level, device), make)
+
+
 def draft_static_tree(shape: TreeShape, root_pos: torch.Tensor, limit: torch.Tensor, expand: ExpandFn,
-                      streams, key_pos: torch.Tensor) -> Draft:
+                      streams, key_pos: torch.Tensor, static: bool = False) -> Draft:
     """Sample a static tree for every image, level by level (children without replacement, conditional q).
 
     ``root_pos`` (B,) image position of each root (the last committed token), ``limit`` (B,) how many more
-    draft levels fit in each image; ``streams`` (``coolsd.rng.Streams``) and ``key_pos`` (B,) key the draws. A node is invalid (never tested) when its parent's distribution has fewer non-zero entries
-    than its rank, when its parent is invalid, or when it lies deeper than the image's limit.
+    draft levels fit in each image; ``streams`` (``coolsd.rng.Streams``) and ``key_pos`` (B,) key the draws. A
+    node is invalid (never tested) when its parent's distribution has fewer non-zero entries than its rank, when
+    its parent is invalid, or when it lies deeper than the image's limit. ``static``: every level of the shape
+    is drafted whatever the limits (the static path's fixed shapes; nodes past a limit are invalid) and the
+    forward counts stay on the device: no host read.
     """
     device = root_pos.device
     b = root_pos.shape[0]
     parents_list = shape.parents()
     m = len(parents_list)
-    depth = torch.tensor(depths_of(parents_list), device=device)
-    levels_needed = min(shape.depth, int(limit.max()) if b else 0)
+    depth = _shaped(("depths", shape, device), lambda: torch.tensor(depths_of(parents_list), device=device))
+    levels_needed = shape.depth if static else min(shape.depth, int(limit.max()) if b else 0)
     tokens = torch.zeros(b, m, dtype=torch.long, device=device)
     valid = torch.zeros(b, m, dtype=torch.bool, device=device)
     qs: torch.Tensor | None = None
     finite = None
-    plans = _static_plan(shape)[:levels_needed]
     # every level's draws in one call (the hash is elementwise: the same uniforms as one call per level)
     index, offsets = _draw_index(shape, levels_needed, device)
-    u_all = streams.uniform_at(key_pos, DRAFT, index) if plans else None
-    for level, plan in enumerate(plans):
+    u_all = streams.uniform_at(key_pos, DRAFT, index) if levels_needed else None
+    for level in range(levels_needed):
+        plan = _level_tensors(shape, level, device)
         if level == 0:
             request = Expansion(root=True)
         else:
-            front = torch.tensor(plan.frontier, device=device)
+            front = plan.frontier
             request = Expansion(root=False, tokens=tokens[:, front], positions=root_pos[:, None] + depth[front],
-                                parent_index=torch.tensor(plan.parent_row, device=device).expand(b, -1),
-                                mask=plan.mask.to(device))
+                                parent_index=plan.parent_row.expand(b, -1), mask=plan.mask)
         rows = expand(request)
         finite = rows.finite if finite is None or rows.finite is None else finite & rows.finite
         q = rows.q.float()  # (B, F, V)
         v = q.shape[-1]
         if qs is None:
             qs = torch.zeros(b, m, v, device=device)
-        children = torch.tensor(plan.children, device=device)  # (F, C)
-        width = children.shape[1]
+        width = plan.width
+        f = plan.frontier.shape[0]
         # children without replacement, one rank at a time: rank r is drawn from what ranks < r left; the
         # draw index of (frontier f, rank r) at level l is l + STRIDE·(f·C + r) (``_draw_index``), so a
         # one-path tree draws exactly what a chain does
-        u = u_all[:, offsets[level]: offsets[level + 1]].view(b, len(plan.frontier), width).unbind(-1)
+        u = u_all[:, offsets[level]: offsets[level + 1]].view(b, f, width).unbind(-1)
         remaining = q.clone()
         picks, cond = [], []
         for r in range(width):
@@ -327,37 +367,37 @@ def draft_static_tree(shape: TreeShape, root_pos: torch.Tensor, limit: torch.Ten
             if r + 1 < width:  # what the next rank draws from
                 remaining = remaining.scatter(-1, picks[-1][..., None], 0.0)
         picks, cond = torch.stack(picks, 2), torch.stack(cond, 2)  # (B, F, C), (B, F, C, V)
-        enough = torch.arange(width, device=device) < (q > 0).sum(-1, keepdim=True)  # (B, F, C)
-        if level == 0:
-            parent_ok = torch.ones(b, 1, dtype=torch.bool, device=device)
-        else:
-            parent_ok = valid[:, torch.tensor(plan.frontier, device=device)]
-        exists = children >= 0
-        node = children.clamp_min(0)[exists]  # (n,) shape nodes created at this level
-        tokens[:, node] = picks[:, exists]
-        qs[:, node] = cond[:, exists]
-        ok = (enough & parent_ok[:, :, None])[:, exists] & (depth[node] <= limit[:, None])
+        enough = _shaped(("ranks", width, device), lambda: torch.arange(width, device=device)) \
+            < (q > 0).sum(-1, keepdim=True)  # (B, F, C)
+        parent_ok = valid[:, plan.frontier] if level else torch.ones(b, 1, dtype=torch.bool, device=device)
+        node = plan.nodes  # (n,) shape nodes created at this level
+        tokens[:, node] = picks.flatten(1)[:, plan.slots]
+        qs[:, node] = cond.flatten(1, 2)[:, plan.slots]
+        ok = (enough & parent_ok[:, :, None]).flatten(1)[:, plan.slots] & (depth[node] <= limit[:, None])
         valid[:, node] = ok
     if qs is None:  # nothing fits: an empty tree
         qs = torch.zeros(b, m, 1, device=device)
-    forwards = torch.clamp(limit, max=shape.depth).tolist()
-    return Draft(tokens=tokens, q=qs, valid=valid, forwards=forwards,
-                 parents=torch.tensor(parents_list, device=device).expand(b, -1), finite=finite)
+    forwards = torch.clamp(limit, max=levels_needed)
+    return Draft(tokens=tokens, q=qs, valid=valid, forwards=forwards if static else forwards.tolist(),
+                 parents=_shaped(("parents", shape, b, device), lambda: torch.tensor(
+                     parents_list, device=device).expand(b, -1)), finite=finite)
 
 
-def draft_dynamic_tree(spec: DynamicTree, root_pos: torch.Tensor, limit: torch.Tensor, expand: ExpandFn) -> Draft:
+def draft_dynamic_tree(spec: DynamicTree, root_pos: torch.Tensor, limit: torch.Tensor, expand: ExpandFn,
+                       static: bool = False) -> Draft:
     """EAGLE-2 for every image: grow by cumulative log q, keep the ``total_tokens`` best nodes; q one-hot.
 
     Every expanded node proposes its ``top_k`` children (all scored); each image's ``top_k`` best new
     candidates become its next frontier. After ``min(depth + 1, limit)`` draft levels the best
     ``total_tokens`` candidates form the tree (ancestors score at least as high as their descendants, and
     win ties by depth); siblings are ordered best first. Candidates of zero draft probability, or deeper
-    than an image's limit, are invalid.
+    than an image's limit, are invalid. ``static``: all ``depth + 1`` levels whatever the limits, forward counts
+    on the device (the static path: no host read).
     """
     device = root_pos.device
     b = root_pos.shape[0]
     k = spec.top_k
-    levels = min(spec.depth + 1, int(limit.max()) if b else 0)
+    levels = spec.depth + 1 if static else min(spec.depth + 1, int(limit.max()) if b else 0)
     tok, par, score, depth, front_row = [], [], [], [], []  # per level, (B, n_level)
     frontier = None  # (B, F) candidate ids of the current frontier
     lineage = _shaped(("lineage", b, device), lambda: torch.ones(b, 1, 1, dtype=torch.bool, device=device))  # (B, F, K)
@@ -418,6 +458,7 @@ def draft_dynamic_tree(spec: DynamicTree, root_pos: torch.Tensor, limit: torch.T
     parents = index.gather(1, par.gather(1, chosen) + 1)
     valid = torch.isfinite(score.gather(1, chosen))
     tokens = tok.gather(1, chosen)
-    q = torch.nn.functional.one_hot(tokens, v).float()  # (B, M, V): q ≡ 1 on each drafted token
-    forwards = torch.clamp(limit, max=levels).tolist()
-    return Draft(tokens=tokens, q=q, valid=valid, forwards=forwards, parents=parents, finite=finite)
+    q = torch.zeros(b, m, v, device=device).scatter_(-1, tokens[..., None], 1.0)  # (B, M, V): q ≡ 1 on each draft
+    forwards = torch.clamp(limit, max=levels)
+    return Draft(tokens=tokens, q=q, valid=valid, forwards=forwards if static else forwards.tolist(), parents=parents,
+                 finite=finite)

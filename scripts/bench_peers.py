@@ -5,7 +5,9 @@ explains).
         --python sjd=.peers/venv/bin/python --peer sjd=../Accelerating-T2I-AR-with-SJD --prompts 20
 
 Each --peer NAME=DIR is a clone of the peer's repository at the commit eval/bench/peers/NAME.py pins (the error says
-the clone command). Peers that pin other package versions than ours (the Lumina-mGPT-based ones: transformers
+the clone command). --keep <earlier .json> keeps that table's rows, as measured, for the peers this run does not
+measure (``python scripts/bench_peers.py --keep results/bench/peers_cpu.json`` rewrites the table with every peer's
+current reason for not running, its rows unchanged). Peers that pin other package versions than ours (the Lumina-mGPT-based ones: transformers
 4.47.1) run under --python NAME=<interpreter of a venv made with --system-site-packages over ours>; see
 docs/benchmark.md "Against the authors' code". Writes results/bench/peers_cpu.{md,json} (--out).
 """
@@ -46,20 +48,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", action="append", default=[], help="our decoder names to run (default: all pairs)")
     parser.add_argument("--out", default="results/bench/peers_cpu.md")
     parser.add_argument("--device", default="CPU", help="the table's heading (CPU; the peer bench is CPU-only)")
+    parser.add_argument("--keep", default=None, help="an earlier table's .json: keep its rows, as measured, for "
+                                                     "every peer this run does not measure (e.g. to add a peer)")
+    parser.add_argument("--path", default="eager", choices=("eager", "static"),
+                        help="our decode path (decoder.path): the papers' eager loop or the static path")
     args = parser.parse_args(argv)
     if args.prompts < 1:
         raise SystemExit("--prompts must be at least 1")
     peers = {k: Path(v).expanduser().resolve() for k, v in pairs_of(args.peer, "--peer").items()}
     pythons = pairs_of(args.python, "--python")
     prompts = comparison.prompts_for(args.prompts, args.prompt_file)
-    record = comparison.run(peers, pythons, prompts, args.seed, args.warmup, args.threads, args.only)
+    record = comparison.run(peers, pythons, prompts, args.seed, args.warmup, args.threads, args.only, path=args.path)
     command = "python scripts/bench_peers.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    meta = comparison.meta_for(command, len(prompts), args.seed, args.warmup, args.threads, args.device)
+    meta = comparison.meta_for(command, len(prompts), args.seed, args.warmup, args.threads, args.device, args.path)
+    if args.keep:
+        import json
+
+        record, meta = comparison.keep(record, meta, json.loads(Path(args.keep).read_text()))
     out = Path(args.out)
     comparison.write(out, record, meta)
     print(comparison.markdown(record["rows"], record["skipped"], meta, record["specs"]).split("\n## ")[0])
     faster = sum(1 for r in record["rows"] if comparison.verdict(r) != "ours slower")
-    print(f"{len(record['rows'])} pairs measured, ours at least as fast in {faster}; "
+    kept = sum(1 for r in record["rows"] if r["peer"] in meta.get("kept", {}).get("peers", ()))
+    print(f"{len(record['rows']) - kept} pairs measured" + (f" and {kept} kept" if kept else "")
+          + f", ours at least as fast in {faster}; "
           f"{len(record['skipped'])} peers not run; wrote {out} and {out.with_suffix('.json')}")
 
 

@@ -5,6 +5,9 @@
     python scripts/claims.py results/runs/embedded_claims --out results --export results/claims_data
     python scripts/claims.py results/claims_data --out results --readme docs/claims.md   # page, figures and the summary in docs/claims.md
                                                                                     # again, from the committed data alone
+    python run.py -m experiment=embedded_claims_more ...   # more images of the deciding points (its config's header)
+    python scripts/claims.py results/claims_data --extend results/runs/embedded_claims_more --out results \
+        --readme docs/claims.md                            # joins them to the committed data, then the page
     python run.py -m experiment=embedded_claims_quick      # under 10 minutes
     python scripts/claims.py results/runs/embedded_claims_quick
 
@@ -14,7 +17,9 @@ interval), ``<out>/embedded_claims.json``, ``<out>/embedded_claims_summary.md`` 
 ``<out>/figures/embedded_claims_*.{png,pdf}``. ``--out`` defaults
 to the input folder. ``--export`` writes each regime's compact per-image data (``<regime>.claims.npz``: accepted
 lengths, TV sums, timed latencies, float16 classifier features) and decides from it; a folder of such files is
-itself a valid input, with no run folders or images.
+itself a valid input, with no run folders or images. ``--extend`` joins the runs of
+``experiment=embedded_claims_more`` (more images of a claim's deciding points) to that data as
+``<regime>.<group>.claims.npz``; the claims each decides then replace the regime's on the page.
 """
 from __future__ import annotations
 
@@ -36,8 +41,16 @@ def main() -> None:
                         help="also rewrite this file's claims summary (between its claims-summary markers)")
     parser.add_argument("--export", type=Path, default=None,
                         help="write the compact per-image data here (and decide from it)")
+    parser.add_argument("--extend", type=Path, default=None,
+                        help="the runs of experiment=embedded_claims_more: join them to FOLDER's compact data as "
+                             "<regime>.<group>.claims.npz (written into FOLDER), then decide from FOLDER")
     args = parser.parse_args()
     out = args.out or args.folder
+    if args.extend is not None:
+        from eval.studies.claims import build_extensions
+
+        for path in build_extensions(args.folder, args.extend, device=args.device):
+            print(f"extension -> {path}")
     command = "python scripts/claims.py " + " ".join(sys.argv[1:])
     record = run(args.folder, out, resamples=args.resamples, command=command, device=args.device,
                  export=args.export, readme=args.readme)

@@ -19,6 +19,7 @@ Examples::
     python scripts/make_tables.py --wandb my-entity/coolsd --name wandb_table
     python scripts/make_tables.py --published --out /tmp/published   # the published table alone
     python scripts/make_tables.py runs/a runs/b --mixed-protocols     # rows of different evaluation cards
+    python scripts/make_tables.py results/runs/table_llamagen --columns speedup batch_speedup throughput_img_s peak_mem_mb
 """
 from __future__ import annotations
 
@@ -48,18 +49,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="add the published numbers as a second table (the measured decoders' rows) and the "
                              "methods not reproduced here as a third, marked 'reported', with the reason")
     parser.add_argument("--published-file", default=str(tables.PUBLISHED_CSV), help="the published numbers (CSV)")
-    parser.add_argument("--columns", nargs="+", default=list(tables.COLUMN_KEYS), metavar="KEY",
-                        help=f"metric columns, in order (default: all of {', '.join(tables.COLUMN_KEYS)}, "
-                             "those no run reports are left out)")
+    parser.add_argument("--columns", nargs="+", default=list(tables.DEFAULT_COLUMN_KEYS), metavar="KEY",
+                        help=f"metric columns, in order, of {', '.join(tables.COLUMN_KEYS)} (default: all but "
+                             f"{', '.join(tables.OPTIONAL_COLUMNS)}; those no run reports are left out)")
     parser.add_argument("--no-plots", action="store_true", help="write the tables only")
     parser.add_argument("--mixed-protocols", action="store_true",
                         help="allow rows of one model whose evaluation cards differ (eval/report/evaluation_card.py "
                              "card_key); the caption says so and the notes list each row's differing fields")
+    parser.add_argument("--mixed-hardware", action="store_true",
+                        help="allow rows of one model measured on different GPU models (their latencies do not "
+                             "compare); the caption says so")
     args = parser.parse_args(argv)
     try:
         written = tables.write_tables(args.paths, wandb=args.wandb, name=args.name, out=args.out,
                                       published=args.published, published_file=args.published_file,
-                                      columns=args.columns, mixed_protocols=args.mixed_protocols)
+                                      columns=args.columns, mixed_protocols=args.mixed_protocols,
+                                      mixed_hardware=args.mixed_hardware)
     except tables.UsageError as err:
         parser.error(str(err))
     out, name = written.out, written.name

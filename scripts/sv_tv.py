@@ -1,4 +1,5 @@
-"""How far SJD-SV, its options and LANTERN-SV in the Jacobi loop are from the target: the plug-in total-variation
+"""How far SJD-SV (unofficial: the rule of a secondary description of the paper, ``baselines/sv.py``), its options and
+LANTERN-SV in the Jacobi loop are from the target: the plug-in total-variation
 distance between each decoder's sequence distribution and the exact one, on the lookup model of the exactness
 tests (3 codes, a 1×5 grid: 243 sequences per prompt, two prompts), window 4.
 
@@ -10,7 +11,7 @@ split-sample lower bound at N = 1,000.
 
 Example::
 
-    python scripts/sv_tv.py                 # N = 20,000 per prompt (25 s on one CPU thread)
+    python scripts/sv_tv.py                 # N = 20,000 per prompt (about 30 s on one CPU thread)
     python scripts/sv_tv.py --images 2000   # a quick look
 """
 from __future__ import annotations
@@ -52,10 +53,13 @@ def variants(model: LookupModel) -> dict[str, Decoder]:
                            neighbour_metric="l2_raw", neighbour_cache=None)
     return {
         "SJD": Decoder("sjd", model, ExactRule(), draft_len=WINDOW_DRAFTS, drafter=jacobi()),
-        "SJD-SV, α = 0.8 (default)": sv(ExactRule()),
+        "SJD-SV, α = 0.8 (default: the same uniform for a run's tests)": sv(ExactRule()),
+        "SJD-SV, α = 0.8, a fresh uniform per fallback test": sv(ExactRule(), fallback_uniform="fresh"),
         "SJD-SV, α = 0.5": sv(ExactRule(), alpha=0.5),
         "SJD-SV, no fallback": sv(ExactRule(), fallback=False),
-        "SJD-SV, α = 1 (the whole run in the product)": sv(ExactRule(), alpha=1.0),
+        "SJD-SV, α = 1 (the whole run's mass in the product)": sv(ExactRule(), alpha=1.0),
+        "SJD-SV, α = 1, zero_prob = test (no token outside the product)": sv(ExactRule(), alpha=1.0,
+                                                                             zero_prob="test"),
         "LANTERN (Jacobi), k = 1, δ = 0.1 (token tests)": Decoder("lantern_sjd", model, lantern,
                                                                   draft_len=WINDOW_DRAFTS, drafter=jacobi()),
         "LANTERN-SV (Jacobi), k = 1, δ = 0.1": sv(lantern),

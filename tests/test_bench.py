@@ -39,11 +39,10 @@ def test_cli_smoke_run_writes_table_and_record(tmp_path):
     assert "| decoder | T | τ |" in proc.stdout
     record = json.loads((tmp_path / "tiny_cpu.json").read_text())
     assert (tmp_path / "tiny_cpu.md").read_text().startswith("# Benchmark: tiny_cpu")
-    # both paths (paths: [eager, static]); the tiny model's layer-skip drafter and the tree stay eager
+    # both paths (paths: [eager, static]); the tiny model's layer-skip drafter stays eager
     assert set(record["decoders"]) == {"ar", "sd", "sd_tree", "ar@static"}
     assert set(record["setup"]["static_refused"]) == {"sd@static", "sd_tree@static"}
-    assert "ModelDrafter" in record["setup"]["static_refused"]["sd@static"]
-    assert "draft trees" in record["setup"]["static_refused"]["sd_tree@static"]
+    assert all("ModelDrafter" in reason for reason in record["setup"]["static_refused"].values())
     assert "Not on the static path: sd@static" in proc.stdout
     assert "## Throughput" in proc.stdout  # img/s per batch size, and each gain over batch 1 among the goals
     assert set(record["throughput"]["sd"]["img_s"]) == {"1", "2"}  # JSON keys

@@ -113,8 +113,10 @@ ROW = ("import pathlib, runpy, sys, time\n"
 
 def test_two_concurrent_rows_make_ar_once(tmp_path):
     """Two rows of a table (the same AR settings, other decoders) started together with one AR cache: one makes
-    AR's 22 batched images while the other makes its own decoder's, then waits for the first and takes AR's
-    from the cache; AR's batched images are made once in all."""
+    AR's 22 batched images while the other makes its own decoder's; the other then shares the rest of AR's work
+    instead of waiting idle for the first (it takes what the cache holds and makes unclaimed batches from the end,
+    the first skips what the cache holds): AR's batched images are made once in all, save at most the one batch
+    the two may start at the same moment where they meet."""
     import os
     import subprocess
     import sys
@@ -123,7 +125,8 @@ def test_two_concurrent_rows_make_ar_once(tmp_path):
     env = {**os.environ, "COOLSD_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true",
            "OMP_NUM_THREADS": "1"}
     common = ["model=lookup", "drafter=lookup", "data=fixed", "data.prompts=[a,b,c]", "logger=none", "compare=none",
-              "eval.num_prompts=24", "eval.speed_prompts=2", "eval.batch_size=2", "eval.warmup=0", "eval.threads=1"]
+              "eval.num_prompts=24", "eval.speed_prompts=2", "eval.batch_size=2", "eval.warmup=0", "eval.threads=1",
+              "dist.poll_s=1"]
     rows = {"sd2": ["decoder=sd", "decoder.draft_len=2"], "sd3": ["decoder=sd", "decoder.draft_len=3"]}
     procs = {name: subprocess.Popen([sys.executable, "-c", ROW, str(tmp_path / f"{name}.ready"),
                                      str(tmp_path / f"{other}.ready"), *common, *extra,
@@ -133,14 +136,47 @@ def test_two_concurrent_rows_make_ar_once(tmp_path):
     out = {name: p.communicate(timeout=300) for name, p in procs.items()}
     for name, p in procs.items():
         assert p.returncode == 0, out[name][1][-3000:]
-    made, reused, waited = 0, 0, []
+    made, reused, shared = 0, 0, []
     for name in rows:
         records = [json.loads(line) for line in (tmp_path / name / "records" / "ar.jsonl").read_text().splitlines()]
         assert sorted(r["index"] for r in records) == list(range(24))
         made += sum(not r["timed"] and not r.get("reused") for r in records)
         reused += sum(bool(r.get("reused")) for r in records)
         if "being made by another job" in out[name][0] + out[name][1]:
-            waited.append(name)
-    assert made == 22 and reused == 22 and len(waited) == 1, (made, reused, waited)
-    run = json.loads((tmp_path / waited[0] / "run.json").read_text())
+            shared.append(name)
+    assert 22 <= made <= 24 and made + reused == 44 and len(shared) == 1, (made, reused, shared)
+    helper = [json.loads(line) for line in (tmp_path / shared[0] / "records" / "ar.jsonl").read_text().splitlines()]
+    assert any(not r["timed"] and not r.get("reused") for r in helper)  # it made some itself: it did not wait idle
+    run = json.loads((tmp_path / shared[0] / "run.json").read_text())
     assert run["per_decoder"]["ar"]["num_images"] == 24
+
+
+def test_the_cache_lock_is_checked_on_the_caches_file_system(tmp_path, monkeypatch):
+    """A file system that does not enforce locks (a second handle takes a held lock, as on an NFS mount without a
+    lock daemon) stops the run at the cache's creation, naming the folder and the fix; a working one passes."""
+    import filelock
+    import pytest
+
+    from eval.run.ar_cache import CacheLockError, check_lock
+
+    check_lock(tmp_path)  # this disk enforces them
+
+    class Ignored:  # what such a file system gives: every handle gets the lock
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def acquire(self, timeout=None):
+            return self
+
+        def release(self) -> None:
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    monkeypatch.setattr(filelock, "FileLock", Ignored)
+    with pytest.raises(CacheLockError, match="not enforced on the file system of .*eval.reuse_ar=false"):
+        ARCache(tmp_path / "cache", "digest")

@@ -599,3 +599,187 @@ def test_load_compact_refuses_points_on_other_images_and_subset_slices(tmp_path)
     pts["sd"].indices = [i + 1 for i in range(n)]
     with pytest.raises(ValueError, match="same image indices"):
         claims.load_compact(claims.save_compact(regime, tmp_path))
+
+
+# -- issue 60: the power of an inconclusive difference, and the deciding points with more images -----------------
+def test_an_inconclusive_fid_difference_states_its_power_to_find_the_margin():
+    """A FID difference with replicates of standard deviation 0.3 around 0 and an effect of 10 % of a baseline FID
+    of 10 (1.0): power Φ(1.0 / 0.3 − 1.96) = Φ(1.373) = 0.915; the difference found with power 0.8 is 2.80158 ·
+    0.3 = 0.840; power 0.8 at 1.0 needs 2,000 (0.840 / 1.0)² = 1,411.6 -> 1,500 images. With a standard deviation
+    of 0.6 the power is Φ(−0.293) = 0.385 and 2,000 (1.681 / 1.0)² = 5,650.6 -> 5,700 images; the metric stays
+    "inconclusive" (the verdict rule is unchanged) and its note gives the lowest power and the images."""
+    from eval.studies.claims.analysis import _z
+
+    q = np.array([_z((i + 0.5) / 4000) for i in range(4000)])
+
+    def diff(sd, effect=1.0):
+        return claims.compare("FID: x", 0.0, sd * q / q.std(ddof=1), metric="FID", effect=effect, n=2000,
+                              effect_share=0.1)
+
+    good, weak = diff(0.3), diff(0.6)
+    assert good.power == pytest.approx(0.915, abs=0.002) and good.margin_80 == pytest.approx(0.8405, abs=1e-3)
+    assert good.n_80 == 1500 and weak.power == pytest.approx(0.385, abs=0.002) and weak.n_80 == 5700
+    assert claims.compare("FID: x", 0.0, 0.3 * q).power is None  # no effect given: no power
+    tv = claims.Comparison("TV", -1.0, [-1.1, -0.9], 0.001, None, metric="TV")
+    c = claims.decide_claim("X", "x", {"TV": [tv], "FID": [good]})
+    assert c.metric_verdicts["FID"] == claims.INCONCLUSIVE
+    assert "FID: inconclusive (power 0.92 at N = 2,000 to find a difference of 10% of the baseline's FID)" in c.note
+    c = claims.decide_claim("X", "x", {"TV": [tv], "FID": [good, weak]})
+    assert "FID: inconclusive (power 0.38 at N = 2,000 to find a difference of 10% of the baseline's FID; " \
+           "power 0.8 needs N ≈ 5,700)" in c.note
+
+
+def test_c3_fid_differences_carry_their_power_at_the_fid_margin():
+    """C3a's FID differences are powered against 10 % of the published point's FID, C3b's against 10 % of the larger
+    k's published point; TV differences carry none."""
+    def lpp(name, k, tv, fid, resample):
+        return make_point(name, "lantern_pp", 3.0, fid, tv, seed=k, k=k, lam=5.0, resample=resample)
+
+    regime = regime_of([lpp("r5", 5, 0.05, 10.0, "reference"), lpp("g5", 5, 0.045, 10.0, "optimal"),
+                        lpp("r20", 20, 0.06, 12.0, "reference"), lpp("g20", 20, 0.05, 12.0, "optimal")])
+    with_reps(regime, 0.2)
+    decided = {c.key: c for c in claims.decide(regime)}
+    fid3 = [x for x in decided["C3a"].comparisons if x.metric == "FID"]
+    assert [x.effect for x in fid3] == pytest.approx([1.0, 1.2]) and all(x.n == 50 for x in fid3)
+    assert [x.effect for x in decided["C3b"].comparisons if x.metric == "FID"] == pytest.approx([1.2])
+    assert all(x.power is None for c in decided.values() for x in c.comparisons if x.metric == "TV/token")
+
+
+def _extension_pair(n_base=20, added=(30,), offset=None, seed=None, decides=("C4",), options=None):
+    """A regime of ``n_base`` images (points ar, sd, coolsd, latencies on images 0 and 1) and runs of
+    experiment=embedded_claims_more adding ``added`` images each (images n_base + i, seed n_base + i)."""
+    offset = n_base if offset is None else offset
+
+    def config(eval_seed, more=None):
+        cfg = {"decoder": {"name": "ar"}, "suite": {"ar": {"name": "ar"}, "sd": {"name": "sd", "tree": None},
+                                                      "coolsd": {"name": "coolsd", "delta": 1.1, "tree": None}},
+               "eval": {"seed": eval_seed, "num_prompts": n_base}, "data": {"_target_": "coolsd.prompts.ClassPrompts"},
+               "model": {"class_names": list("abcdefghij")}, "drafter": {"checkpoint": "embedded/drafter"},
+               "claims": {"regime": "strong_chain"}}
+        if more is not None:
+            cfg["claims_more"] = more
+        return cfg
+
+    def regime(name, n, first, cfg, latency, opts=None):
+        rng = np.random.default_rng(first)
+        points = {}
+        for k in ("ar", "sd", "coolsd"):
+            c = dict(cfg["suite"][k]) if k != "ar" else {"name": "ar"}
+            if k == "coolsd" and opts:
+                c.update(opts)
+            points[k] = claims.Point(k, k, c, list(range(n)), rng.integers(10, 48, n).astype(float),
+                                     np.full(n, 12.0), rng.random(n), {i: 0.1 + i for i in latency},
+                                     features=rng.normal(size=(n, 4)))
+        return claims.Regime(name, Path(name), {"config": cfg, "wall_s": 7.0}, points)
+
+    base = regime("strong_chain", n_base, 0, config(0), (0, 1))
+    runs = []
+    for j, a in enumerate(added):
+        more = {"group": "c4", "offset": offset, "key": "strong_chain_c4", "decides": {"strong_chain_c4": list(decides)}}
+        run = regime(f"run{j}", a, 100 + j, config(n_base if seed is None else seed, more), (0, 1), options)
+        run.record["wall_s"] = 60.0 + j
+        runs.append(run)
+    return base, runs
+
+
+def test_extend_continues_a_regime_with_the_runs_images_and_keeps_its_timing():
+    """The extension holds base's images then the run's, as images 20..49 (seed 0 + index); only base's timed
+    latencies (the run's timing is not the page's); the record names base, group, decides, images and the run."""
+    base, runs = _extension_pair()
+    ext = claims.extend(base, runs, 50, "c4", ["C4"])
+    assert ext.name == "strong_chain.c4" and list(ext.points) == ["ar", "sd", "coolsd"]
+    assert ext.indices == list(range(50)) and ext.num_images == 50
+    sd = ext.points["sd"]
+    assert np.array_equal(sd.committed, np.concatenate([base.points["sd"].committed, runs[0].points["sd"].committed]))
+    assert np.array_equal(sd.features[20:], runs[0].points["sd"].features) and sd.latency == base.points["sd"].latency
+    info = claims.extension(ext)
+    assert info == {"base": "strong_chain", "group": "c4", "decides": ["C4"], "offset": 20, "images": 50,
+                    "runs": [{"run": "run0", "images": 30, "points": ["ar", "sd", "coolsd"], "wall_s": 60.0}],
+                    "token_code_version": info["token_code_version"]}
+    assert ext.record["config"]["eval"]["num_prompts"] == 50 and "wall_s" not in ext.record
+    shorter = claims.extend(base, runs, 35, "c2b", [])  # the first images of a longer run
+    assert shorter.indices == list(range(35)) and np.array_equal(shorter.points["sd"].committed[20:],
+                                                                 runs[0].points["sd"].committed[:15])
+
+
+def test_extend_refuses_runs_that_do_not_continue_the_regime(tmp_path):
+    base, runs = _extension_pair(seed=0)  # images 0.. again, not 20..
+    with pytest.raises(ValueError, match="eval.seed 0 is not base's seed 0 \\+ 20"):
+        claims.extend(base, runs, 50, "c4", [])
+    base, runs = _extension_pair(n_base=25, offset=25, seed=25)  # 25 is not a multiple of the 10 classes
+    with pytest.raises(ValueError, match="multiple of the number of classes"):
+        claims.extend(base, runs, 55, "c4", [])
+    base, runs = _extension_pair(options={"delta": 2.0})  # another COOL-SD than the regime's
+    with pytest.raises(ValueError, match="'coolsd' is configured differently"):
+        claims.extend(base, runs, 50, "c4", [])
+    base, runs = _extension_pair()
+    runs[0].record["config"]["drafter"] = {"checkpoint": "embedded/drafter_weak"}
+    with pytest.raises(ValueError, match="drafter differs .*checkpoint"):
+        claims.extend(base, runs, 50, "c4", [])
+    base, runs = _extension_pair()
+    with pytest.raises(ValueError, match="no run covers 60"):
+        claims.extend(base, runs, 60, "c4", [])
+    base, runs = _extension_pair()  # a compact round trip keeps the extension record
+    back = claims.load_compact(claims.save_compact(claims.extend(base, runs, 50, "c4", ["C4"]), tmp_path))
+    assert back.name == "strong_chain.c4" and claims.extension(back)["decides"] == ["C4"]
+
+
+def test_decide_extensions_replaces_the_claims_it_decides_and_keeps_the_earlier_verdict():
+    """C4 on 50 images of each point: on the regime's 50 images the FID test is underpowered (FID noise 2.0 on 10);
+    the extension (the same points, noise 0.1) decides it and replaces it, with the earlier claim as ``before``;
+    an extension without a point that a comparison needs is refused."""
+    def regime(name, noise):
+        sd = make_point("sd", "sd", 2.42, 10.0, 0.0)
+        r = regime_of(cool_curve() + [sd, make_point("ar", "ar", 1.0, 10.0, 0.0)])
+        r.name = name
+        with_reps(r, noise)
+        return r
+
+    base, ext = regime("weak_tree", 2.0), regime("weak_tree.c4", 0.1)
+    ext.record = {"config": {}, "extension": {"base": "weak_tree", "group": "c4", "decides": ["C4"], "offset": 25,
+                                              "images": 50, "runs": []}}
+    decided = {"weak_tree": claims.decide(base)}
+    before = next(c for c in decided["weak_tree"] if c.key == "C4")
+    assert before.metric_verdicts["FID"] == claims.UNDERPOWERED
+    out = claims.decide_extensions([base], [ext], decided)
+    after = next(c for c in decided["weak_tree"] if c.key == "C4")
+    assert after is not before and after.before is before and after.images == 50 and after.extension == "weak_tree.c4"
+    assert after.metric_verdicts["FID"] == claims.HELD and out[0]["decides"] == ["C4"]
+    others = {c.key: c.verdict for c in claims.decide(base)}
+    assert all(c.verdict == others[c.key] for c in decided["weak_tree"] if c.key != "C4")
+    from eval.studies.claims.page import _at_text
+
+    assert _at_text(after).startswith(" at 50 images per point (its deciding points extended, `weak_tree.c4`; "
+                                      "before: ") and "FID test's power" in _at_text(after)
+    lacking = regime("weak_tree.c4", 0.1)
+    del lacking.points["sd"]
+    lacking.record = ext.record
+    with pytest.raises(ValueError, match="lacks a point"):
+        claims.decide_extensions([base], [lacking], {"weak_tree": claims.decide(base)})
+
+
+def test_the_more_images_experiment_runs_exactly_the_regimes_next_images_of_their_deciding_points():
+    """experiment=embedded_claims_more: every group's points are the regime's own configs (the same suite), its images
+    continue the regime's (eval.seed = 2,000, a multiple of the 10 classes), AR is the only other decoder, and the
+    N of each group is at least the power calculation's on the committed page (C4: 4,200, 7,000 and 7,600; C2b:
+    4,100)."""
+    from eval.run.suite import select_decoders
+
+    need = {"strong_chain_c4": 4200, "weak_tree_c4": 7000, "weak_tree_fitted_c4": 7600, "weak_tree_c2b": 4100}
+    for regime, group in (("strong_chain", "c4"), ("weak_tree", "c4"), ("weak_tree_fitted", "c4"),
+                          ("weak_tree", "c2b")):
+        more = cfg_for("experiment=embedded_claims_more", f"regime={regime}", f"claims_more.group={group}")
+        base = cfg_for("experiment=embedded_claims", f"regime={regime}",
+                       "claims.fitted_mu.d1_1=-2.0092", "claims.fitted_mu.d2=-3.0093")
+        offset = base.eval.num_prompts
+        assert more.claims_more.offset == offset == 2000 and more.eval.seed == base.eval.seed + offset
+        assert offset % len(more.model.class_names) == 0
+        assert offset + more.eval.num_prompts >= need[f"{regime}_{group}"]
+        chosen = select_decoders(more, decoder_overridden=False)
+        assert set(chosen) == {"ar", *more.compare} and set(more.compare) <= set(base.compare) | {"sd"}
+        from omegaconf import OmegaConf
+
+        for name in more.compare:
+            assert OmegaConf.to_container(more.suite[name], resolve=True) == \
+                OmegaConf.to_container(base.suite[name], resolve=True), (regime, name)
+        assert more.drafter.checkpoint == base.drafter.checkpoint

@@ -350,7 +350,7 @@ def test_slurm_preset_writes_the_sbatch_options_and_allows_requeues(monkeypatch,
     executor, sbatch = sbatch_of(monkeypatch, cfg, ["decoder=sd"])
     assert executor.max_num_timeout == 20
     for line in ("--time=1440", "--gpus-per-node=4", "--ntasks-per-node=4", "--partition=gpu", "--account=lab",
-                 "--mem=256GB", "--signal=USR2@300", "--cpus-per-task=8", "export SLURM_KILL_BAD_EXIT=1"):
+                 "--mem=256GB", "--signal=USR2@300", "--cpus-per-task=8", "--requeue", "export SLURM_KILL_BAD_EXIT=1"):
         assert line in sbatch, line
 
 

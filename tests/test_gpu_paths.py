@@ -19,6 +19,7 @@ def test_the_gpu_script_runs_every_step_dry_on_the_cpu(tmp_path):
     res = report["results"]
     assert res["ar"]["static"]["tokens_equal_eager"] and res["ar"]["captured"]["tokens_equal_eager"]
     assert set(res["iterations"]) == {"eager", "static", "captured"}
+    assert set(res["iterations"]["captured"]) == {"sd", "coolsd", "sd_tree", "coolsd_tree", "sjd"}
     assert {f"captured/{name}" for name in PAPER_TAU} <= set(res["projection"])
     for key, value in res["projection"].items():
         path = key.split("/")[0]

@@ -18,8 +18,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from coolsd.fingerprint import TOKEN_CODE_VERSION
-from eval.records.legacy import (MOVED_MODULES, MOVED_NAMES, MOVED_PACKAGES, current_config, current_target,
-                                 current_targets)
+from eval.records.legacy import (ADDED_EVAL_KEYS, MOVED_MODULES, MOVED_NAMES, MOVED_PACKAGES, current_config,
+                                 current_target, current_targets)
 from eval.records.run_json import read_run
 from eval.report.html_page import write_report
 from eval.run.experiment import finished_record
@@ -40,13 +40,15 @@ OLD = {new: old for old, new in MOVED.items()}
 
 def run_config(path, today: bool = False) -> dict:
     """A run's resolved config, as ``run.json`` stores it, with each class path given by ``path(old path)``;
-    ``today``: with the decoder keys added since (``decoder.path``), as today's configs compose it."""
+    ``today``: with the decoder and eval keys added since (``decoder.path``, ``eval.code_mismatch``, ...), as
+    today's configs compose it."""
     return {
         "model": {"_target_": "coolsd.models.lookup.LookupModel", "image_size": 8},
         "decoder": {"_target_": "coolsd.decoding.Decoder", "name": "sd", "draft_len": 2,
                     "rule": {"_target_": "baselines.exact.ExactRule"}, **({"path": "eager"} if today else {})},
         "data": {"_target_": path("eval.prompts.ClassPrompts")},
         "eval": {"_target_": path("eval.runner.EvalSuite"), "num_prompts": 2, "seed": 0,
+                 **(ADDED_EVAL_KEYS if today else {}),
                  "bootstrap": {"_target_": path("eval.stats.Bootstrap"), "resamples": 100, "seed": 0, "level": 0.95},
                  "metrics": [{"_target_": "eval.metrics.FIDKID", "protocol": "torch_fidelity"},
                              {"_target_": path("eval.image_reward.ImageReward")}]},

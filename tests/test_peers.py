@@ -149,6 +149,41 @@ def test_summary_and_report_mark_slower_pairs_and_unexplained_statistics():
     assert "explained by the difference above" in text
 
 
+def test_keep_adds_peers_to_a_table_and_keeps_earlier_rows_as_measured(tmp_path):
+    """``--keep``: rows of peers this run does not measure come from the earlier record with the spec recorded with
+    them; a peer whose glue is not written (PJD: ``SPEC.not_run``) is listed with its reason, and so is a peer that
+    cannot run (VVS: ``SPEC.cpu``), whether or not a checkout is given; a kept table with another protocol is
+    refused."""
+    import dataclasses
+    import json
+
+    from eval.bench.peers import pjd, vvs
+
+    meta = {"device": "CPU", "command": "first", "date": "d0", "prompts": 20, "seed": 0, "warmup": 2, "threads": 1,
+            "cpu": "x", "torch": "t", "transformers": "v", "path": "eager"}
+    rows = comparison.summarize([_result(2.0, 0.8)])
+    comparison.write(tmp_path / "old.md", {"rows": rows, "skipped": {"vvs": "old reason"},
+                                           "specs": {"fake": peer_fake.SPEC}, "images": {"fake/sd": {"ours": []}}},
+                     meta)
+    earlier = json.loads((tmp_path / "old.json").read_text())
+    now = comparison.run({}, {}, ["a cat"], 0, 0, 1, log=lambda text: None)
+    assert now["rows"] == [] and now["skipped"]["pjd"] == pjd.NOT_RUN and now["skipped"]["vvs"] == vvs.SPEC.cpu
+    assert "no checkout given" in now["skipped"]["llamagen"]
+    record, merged = comparison.keep(now, {**meta, "command": "second", "date": "d1"}, earlier)
+    assert record["rows"] == earlier["rows"] and "fake" not in record["skipped"] and "pjd" in record["skipped"]
+    assert dataclasses.asdict(record["specs"]["fake"]) == dataclasses.asdict(peer_fake.SPEC)
+    assert merged["kept"]["peers"] == ["fake"] and merged["kept"]["command"] == "first"
+    assert record["images"] == {"fake/sd": {"ours": []}}
+    text = comparison.markdown(record["rows"], record["skipped"], merged, record["specs"])
+    assert "Written by `second` on d1, measuring no pair; the rows of fake are kept as measured by `first` on d0" in text
+    assert "| fake | `sd` | theirs | 20 |" in text and f"**Not run:** {pjd.NOT_RUN}" in text
+    assert "### pjd: [boyaliao/PJD]" in text and "(this writing;" not in text  # the same machine
+    with pytest.raises(ValueError, match="prompts=20, this run with prompts=5"):
+        comparison.keep(now, {**meta, "prompts": 5}, earlier)
+    with pytest.raises(NotImplementedError, match="no checkout of boyaliao/PJD"):
+        pjd.build(tmp_path, {}, pjd.SPEC.pairs[0])
+
+
 # -- the worker, end to end -----------------------------------------------------------------------------------------
 def test_a_fake_peer_runs_in_its_worker_with_its_patches_and_the_table_reads_right(monkeypatch, tmp_path):
     monkeypatch.setattr(peer_fake, "export", lambda ours, pair: {

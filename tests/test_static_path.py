@@ -15,6 +15,7 @@ correct implementation fails for a random choice of seeds, per test and per prom
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -43,6 +44,13 @@ N_ALONE = 600
 BATCH = 8
 #: the decoders of the default run and the Jacobi family: every decoder whose step the static path runs
 STATIC = ("ar", "sd", "lantern", "lantern_pp", "coolsd", "sjd", "scd_mc", "scd_gs", "gsd")
+#: the tree decoders: the suite's with a tree (label -> suite name, overrides), and SJD-PAC's window tree
+TREES = {"sd_static_tree": ("sd", {"tree": "naive_extend_57"}), "sd_dynamic_tree": ("sd", {"tree": "dynamic"}),
+         "lantern_dynamic_tree": ("lantern", {"tree": "dynamic"}),
+         "lantern_pp_static_tree": ("lantern_pp", {"tree": "naive_extend_57"}),
+         "coolsd_eagle1_tree": ("coolsd", {"tree": "mc_sim_7b_63"}), "sjd_pac": ("sjd_pac", {})}
+STEP_NAMES = {"ar": "ar", "sjd": "jacobi_window", "scd_mc": "jacobi_window", "scd_gs": "jacobi_window",
+              "gsd": "jacobi_window", "sjd_pac": "jacobi_window"}
 PROMPTS = ["dress", "bag", "sneaker", "coat"]
 
 
@@ -55,26 +63,31 @@ def embedded():
 
 
 def build(cfg, model, name: str, path: str) -> Decoder:
-    node = OmegaConf.to_container(cfg.suite[name], resolve=True)
-    node["path"] = path
+    """A suite decoder, or a tree decoder of ``TREES``, on ``path``."""
+    base, overrides = TREES.get(name, (name, {}))
+    node = OmegaConf.to_container(cfg.suite[base], resolve=True)
+    node.update(overrides, path=path)
     return instantiate(node, model=model)
 
 
 def same_generation(a, b) -> bool:
-    fields = ("iterations", "accepted_hist", "target_forwards", "drafter_forwards", "tv_sum", "tv_steps")
-    return torch.equal(a.tokens, b.tokens) and all(getattr(a.stats, f) == getattr(b.stats, f) for f in fields)
+    """The same tokens and statistics (the summed TV up to float64 rounding: a tree's tests are summed per sibling
+    rank on the static path, per walk step on the eager one)."""
+    fields = ("iterations", "accepted_hist", "target_forwards", "drafter_forwards", "tv_steps")
+    return (torch.equal(a.tokens, b.tokens) and all(getattr(a.stats, f) == getattr(b.stats, f) for f in fields)
+            and math.isclose(a.stats.tv_sum, b.stats.tv_sum, rel_tol=1e-12, abs_tol=1e-15))
 
 
-@pytest.mark.parametrize("name", STATIC)
+@pytest.mark.parametrize("name", [*STATIC, *TREES])
 def test_static_path_gives_the_eager_tokens_and_statistics(embedded, name):
-    """On the embedded model in float32 every static decoder gives the eager decoder's tokens and statistics
-    (iterations, accepted-length histogram, forwards, TV), alone and in a batch of 4 whose images finish at
-    different iterations. Where the machine's kernels are not batch-invariant (``invariance_property``) float32
-    rounding may flip a rare token: at most one image of five may then differ."""
+    """On the embedded model in float32 every static decoder (chains, Jacobi windows, static and EAGLE-2 trees,
+    SJD-PAC's window tree) gives the eager decoder's tokens and statistics (iterations, accepted-length histogram,
+    forwards, TV), alone and in a batch of 4 whose images finish at different iterations. Where the machine's
+    kernels are not batch-invariant (``invariance_property``) float32 rounding may flip a rare token: at most one
+    image of five may then differ."""
     model, cfg = embedded
     eager, static = build(cfg, model, name, "eager"), build(cfg, model, name, "static")
-    assert static.static.step_name == {"ar": "ar", "sjd": "jacobi_window", "scd_mc": "jacobi_window",
-                                       "scd_gs": "jacobi_window", "gsd": "jacobi_window"}.get(name, "chain")
+    assert static.static.step_name == STEP_NAMES.get(name, "tree" if name in TREES else "chain")
     seeds = [3, 4, 5, 6]
     pairs = list(zip(eager.generate_batch(PROMPTS, seeds), static.generate_batch(PROMPTS, seeds)))
     pairs.append((eager.generate(PROMPTS[0], 7), static.generate(PROMPTS[0], 7)))
@@ -155,11 +168,11 @@ def guarded_decode(monkeypatch, decoder: Decoder, prompts, seeds) -> tuple[SyncG
     return guard, calls[0]
 
 
-@pytest.mark.parametrize("name", STATIC)
+@pytest.mark.parametrize("name", [*STATIC, *TREES])
 def test_sync_guard_static_steps_read_nothing_and_iterations_read_once(embedded, monkeypatch, name):
-    """On the embedded model: 0 host reads in all of AR's steps; at most 1 per iteration of a chain or Jacobi
-    window (whether every image has finished), whatever the batch (1 and 3 images), after the first batch of a
-    size has built its constants."""
+    """On the embedded model: 0 host reads in all of AR's steps; at most 1 per iteration of a chain, a tree or a
+    Jacobi window (whether every image has finished), whatever the batch (1 and 3 images), after the first batch
+    of a size has built its constants; the TV diagnostic of the relaxed rules included."""
     model, cfg = embedded
     static = build(cfg, model, name, "static")
     for prompts, seeds in ((PROMPTS[:1], [0]), (PROMPTS[:3], [1, 2, 3])):
@@ -188,21 +201,29 @@ def test_sync_guard_static_steps_on_the_tiny_models(monkeypatch, tiny_model):
 
 
 # -- compiled whole on a CPU ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["ar", "chain", "jacobi_window"])
+@pytest.mark.parametrize("kind", [pytest.param("ar", marks=pytest.mark.slow), "chain",
+                                  pytest.param("jacobi_window", marks=pytest.mark.slow),
+                                  pytest.param("tree", marks=pytest.mark.slow),
+                                  pytest.param("dynamic_tree", marks=pytest.mark.slow)])
 def test_static_path_steps_compile_whole_without_recompiling(kind):
     """Each step compiles with ``fullgraph=True, dynamic=False`` (a graph break raises) and is not recompiled
-    across the positions of an image (first, middle, last) or for a second batch of the same size (dynamo's
-    ``error_on_recompile``); every image is complete."""
+    across the positions of an image (first, middle, last), the accept outcomes of its iterations, or for a
+    second batch of the same size (dynamo's ``error_on_recompile``); every image is complete. The chain's in the
+    default suite, the others (a minute or more each) in ``-m slow``."""
     import torch._dynamo
 
     torch._dynamo.reset()
     model = tiny_llamagen(dtype="float32")
     model.compile = True  # model.compile=true: the static step is compiled whole on a CPU
-    drafter = {"ar": None, "chain": lambda: EagleDrafter(model, head=EagleHead(model, init_seed=1)),
+    eagle = lambda: EagleDrafter(model, head=EagleHead(model, init_seed=1))  # noqa: E731
+    drafter = {"ar": None, "chain": eagle, "tree": eagle, "dynamic_tree": eagle,
                "jacobi_window": lambda: JacobiDrafter(model, init="random")}[kind]
+    tree = {"tree": "mc_sim_7b_63", "dynamic_tree": "dynamic"}.get(kind)
     decoder = Decoder(kind, model, ExactRule(), draft_len=0 if drafter is None else 3, path="static",
-                      drafter=None if drafter is None else drafter())
-    assert decoder.static.mode == "compiled" and decoder.static.step_name == kind
+                      drafter=None if drafter is None else drafter(), tree=tree,
+                      dynamic_tree=dict(top_k=3, depth=3, total_tokens=10))
+    assert decoder.static.mode == "compiled"
+    assert decoder.static.step_name == {"dynamic_tree": "tree"}.get(kind, kind)
     with torch._dynamo.config.patch(error_on_recompile=True):
         for seeds in ([0, 1], [2, 3]):
             images = decoder.generate_batch(["one", "two"], seeds)
@@ -247,14 +268,23 @@ def exact_grid_probs(model: LlamaGen, prompt: str) -> torch.Tensor:
 
 
 def static_lossless(model: LlamaGen) -> dict[str, Decoder]:
-    """Every lossless decoder the static path runs: AR, SD with a random EAGLE head's chain, SJD, SCD-MC, SCD-GS."""
+    """Every lossless decoder the static path runs: AR, SD with a random EAGLE head's chain, the EAGLE-1 static tree
+    and an EAGLE-2 dynamic tree, SJD, SJD-PAC (its K = 2, D = 3 tree, both branching levels full), SCD-MC, SCD-GS;
+    drafts past the grid's end (4 tokens) are invalid, so the trees are cut by the limit."""
     def jacobi(**options):
-        return JacobiDrafter(model, init="random", **options)
+        return JacobiDrafter(model, **{"init": "random", **options})
+
+    def eagle():
+        return EagleDrafter(model, head=EagleHead(model, init_seed=4))
 
     return {
         "ar": Decoder("ar", model, ExactRule(), path="static"),
-        "sd_eagle_chain": Decoder("sd", model, ExactRule(), draft_len=2, path="static",
-                                  drafter=EagleDrafter(model, head=EagleHead(model, init_seed=4))),
+        "sd_eagle_chain": Decoder("sd", model, ExactRule(), draft_len=2, path="static", drafter=eagle()),
+        "sd_eagle_tree": Decoder("sd", model, ExactRule(), path="static", drafter=eagle(), tree="mc_sim_7b_63"),
+        "sd_eagle_dynamic_tree": Decoder("sd", model, ExactRule(), path="static", drafter=eagle(), tree="dynamic",
+                                         dynamic_tree=dict(top_k=2, depth=3, total_tokens=6)),
+        "sjd_pac": Decoder("sjd_pac", model, ExactRule(), draft_len=7, path="static", drafter=jacobi(
+            init="random_uniform_q", carry="maximal", tree_width=2, tree_depth=3)),
         "sjd": Decoder("sjd", model, ExactRule(), draft_len=3, drafter=jacobi(), path="static"),
         "scd_mc": Decoder("scd_mc", model, ExactRule(), draft_len=3, drafter=jacobi(carry="maximal"), path="static"),
         "scd_gs": Decoder("scd_gs", model, ExactRule(), draft_len=3, drafter=jacobi(carry="gumbel"), path="static"),
@@ -284,7 +314,8 @@ def grid_pvalues(decoder: Decoder, model: LlamaGen, exact: dict, n: int, batch: 
 
 @pytest.mark.parametrize(("n", "batch"), [(N_QUICK, BATCH), pytest.param(N_FULL, BATCH, marks=pytest.mark.slow),
                                           pytest.param(N_ALONE, 1, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("name", ["ar", "sd_eagle_chain", "sjd", "scd_mc", "scd_gs"])
+@pytest.mark.parametrize("name", ["ar", "sd_eagle_chain", "sd_eagle_tree", "sd_eagle_dynamic_tree", "sjd",
+                                  "sjd_pac", "scd_mc", "scd_gs"])
 def test_static_path_lossless_decoders_are_exact(enumerable, name, n, batch):
     """Pearson chi-square of ``n`` images per lossless static decoder against the exact grid distribution of
     each prompt (module doc). Seeds are fixed (0..n−1); the test fails when a p-value is below ``ALPHA`` = 1e-3,
@@ -339,19 +370,12 @@ def test_device_cache_blocks_equal_the_eager_cache(tiny_model):
     assert static.lengths.tolist() == eager.lengths
 
 
-@pytest.mark.parametrize(("build_decoder", "reason"), [
-    (lambda m: Decoder("sd", m, ExactRule(), drafter=EagleDrafter(m, head=EagleHead(m, init_seed=1)),
-                       tree="mc_sim_7b_63", path="static"), "draft trees"),
-    (lambda m: Decoder("sd", m, ExactRule(), draft_len=2, path="static",
-                       drafter=ModelDrafter(m, layer_skip_copy(m, 1))), "ModelDrafter"),
-    (lambda m: Decoder("pac", m, ExactRule(), draft_len=7, path="static", drafter=JacobiDrafter(
-        m, init="random", carry="maximal", tree_width=2, tree_depth=3)), "JacobiDrafter"),
-])
-def test_static_path_refuses_what_it_does_not_run(tiny_model, build_decoder, reason):
-    """Trees, drafters without a static form and SJD-PAC's tree are refused when the decoder is built, naming
-    why and the eager path."""
-    with pytest.raises(ValueError, match=rf"decoder.path=static.*{reason}.*decoder.path=eager"):
-        build_decoder(tiny_model)
+def test_static_path_refuses_a_drafter_without_a_static_form(tiny_model):
+    """The layer-skip drafter (no static form) is refused when the decoder is built, naming why and the eager
+    path."""
+    with pytest.raises(ValueError, match=r"decoder.path=static.*ModelDrafter.*decoder.path=eager"):
+        Decoder("sd", tiny_model, ExactRule(), draft_len=2, path="static",
+                drafter=ModelDrafter(tiny_model, layer_skip_copy(tiny_model, 1)))
 
 
 @pytest.mark.parametrize(("overrides", "reason"), [

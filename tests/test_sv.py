@@ -83,16 +83,16 @@ def test_the_joint_test_accepts_a_run_whose_suffix_product_passes():
 
 
 def test_the_progressive_fallback_and_where_it_resamples():
-    """Run [3..5] with u_4 = 0.7 fails at e = 5 and at b_g = 4: ``reject_at`` run_start resamples at b = 3,
-    suffix_start accepts b..b_g−1 = [3] and resamples at 4. Without fallback only the full test is made."""
+    """``fresh`` uniforms: run [3..5] with u_4 = 0.7 fails at e = 5 and at b_g = 4: ``reject_at`` run_start resamples
+    at b = 3, suffix_start accepts b..b_g−1 = [3] and resamples at 4. Without fallback only the full test is made."""
     u = (0.9, 0.9, 0.5, 0.9, 0.7, 0.3, 0.5)
-    assert plan(u=u).num_accepted.tolist() == [3]
-    assert plan(u=u, reject_at="suffix_start").num_accepted.tolist() == [4]
+    assert plan(u=u, fallback_uniform="fresh").num_accepted.tolist() == [3]
+    assert plan(u=u, fallback_uniform="fresh", reject_at="suffix_start").num_accepted.tolist() == [4]
     assert plan(fallback=False).num_accepted.tolist() == [3]  # the fallback test b..4 would have passed
     assert plan(fallback=False, reject_at="suffix_start").num_accepted.tolist() == [4]
     # one run of 4 with b_g = b (α = 0.95; suffix masses 1.0, 0.9, 0.8, 0.45): products 0.9, 0.81, 0.729, 0.0729
     px, ratio = [0.1, 0.1, 0.35, 0.45], [0.9, 0.9, 0.9, 0.1]
-    longer = dict(px=px, ratio=ratio, drafted=4, alpha=0.95)
+    longer = dict(px=px, ratio=ratio, drafted=4, alpha=0.95, fallback_uniform="fresh")
     assert plan(u=(0.99, 0.99, 0.7, 0.5), **longer).suffix_start.tolist() == [[0] * 4]
     assert plan(u=(0.99, 0.99, 0.7, 0.5), **longer).num_accepted.tolist() == [3]  # e' = 2 passes (0.7 < 0.729)
     assert plan(u=(0.99, 0.8, 0.75, 0.5), **longer).num_accepted.tolist() == [2]  # e' = 2 fails, e' = 1 passes
@@ -100,11 +100,13 @@ def test_the_progressive_fallback_and_where_it_resamples():
 
 
 def test_fallback_uniform_fresh_or_the_runs_first():
-    """``fresh``: the test ending at i uses u_i; ``same``: every test of a run uses the uniform of its first test
-    (u_e): with u_4 = 0.7, u_5 = 0.3 run [3..5]'s fallback test b..4 fails (fresh) or passes (same, 0.3 < 0.5)."""
+    """``fresh``: the test ending at i uses u_i; ``same`` (the default: one uniform per subsequence, as the
+    description): every test of a run uses the uniform of its first test (u_e): with u_4 = 0.7, u_5 = 0.3 run
+    [3..5]'s fallback test b..4 fails (fresh) or passes (same, 0.3 < 0.5)."""
     u = (0.9, 0.9, 0.5, 0.9, 0.7, 0.3, 0.5)
     assert plan(u=u, fallback_uniform="fresh").num_accepted.tolist() == [3]
     assert plan(u=u, fallback_uniform="same").num_accepted.tolist() == [5]
+    assert plan(u=u).num_accepted.tolist() == [5] and SubsequenceVerifier().fallback_uniform == "same"
     longer = dict(px=[0.1, 0.1, 0.35, 0.45], ratio=[0.9, 0.9, 0.9, 0.1], drafted=4, alpha=0.95)
     assert plan(u=(0.95, 0.9, 0.75, 0.5), fallback_uniform="same", **longer).num_accepted.tolist() == [3]
 
@@ -131,6 +133,25 @@ def test_undrafted_positions_are_never_tested():
     assert plan(drafted=0).num_accepted.tolist() == [0]
 
 
+def test_a_zero_probability_token_rides_along_or_is_tested():
+    """A run starting with p_0(x_0) = 0 (0 ≤ 0.2 ≤ 0.3): its mass is 0, so even at α = 1 the suffix start is b_g = 1
+    and x_0 rides along with r_1·r_2 = 0.6 > u_2 = 0.5 (``ride``, the description's rule); ``test`` moves b_g to the
+    run's start, the product takes r_0 = 0 and every test of the run fails: nothing is accepted and the next token
+    is resampled at 0. A run without such a token is verified alike under both (the same verdict on PX)."""
+    zero = dict(px=[0.0, 0.2, 0.3], ratio=[0.0, 2.0, 0.3], u=(0.9, 0.9, 0.5), drafted=3, alpha=1.0)
+    ride, test = plan(**zero), plan(zero_prob="test", **zero)
+    assert ride.suffix_start.tolist() == [[1, 1, 1]] and ride.num_accepted.tolist() == [3]
+    assert test.suffix_start.tolist() == [[0, 0, 0]] and test.num_accepted.tolist() == [0]
+    assert plan(zero_prob="test", reject_at="suffix_start", **zero).num_accepted.tolist() == [0]
+    for options in (dict(), dict(alpha=1.0), dict(alpha=0.3, fallback_uniform="fresh")):
+        a, b = plan(**options), plan(zero_prob="test", **options)
+        assert a.suffix_start.tolist() == b.suffix_start.tolist() and a.num_accepted.tolist() == b.num_accepted.tolist()
+    later = plan(px=[0.3, 0.0, 0.2], ratio=[1.0, 0.0, 2.0], u=(0.5, 0.9, 0.9), drafted=3, alpha=1.0)
+    assert later.run_start.tolist() == [[0, 1, 1]] and later.num_accepted.tolist() == [3]  # a drop starts a run
+    assert plan(px=[0.3, 0.0, 0.2], ratio=[1.0, 0.0, 2.0], u=(0.5, 0.9, 0.9), drafted=3, alpha=1.0,
+                zero_prob="test").num_accepted.tolist() == [1]
+
+
 # -- the verifier in the loop's contract ------------------------------------------------------------------------
 def window_draft(px=PX, ratio=RATIO, drafted=7):
     """A batch-of-one chain whose drafts are code 0 with p_i(0) = px_i and q_i(0) = px_i / r_i (V = 9): p_i puts
@@ -153,13 +174,14 @@ def window_draft(px=PX, ratio=RATIO, drafted=7):
                                        ((0.9, 0.9, 0.5, 0.9, 0.4, 0.2, 0.5), 7, 8)])  # bonus from p_7
 def test_the_next_token_is_the_residual_at_the_first_failing_position_or_the_bonus(u, n, token):
     """The residual norm([p − q]_+) is drawn at the first failing position only (u_sample = 0.01 would draw code 0
-    from p there); when every run passes, the bonus token comes from p after the window."""
+    from p there); when every run passes, the bonus token comes from p after the window (``fresh`` uniforms)."""
     p, draft = window_draft()
-    verdict = SubsequenceVerifier()(ExactRule(), p, draft, torch.tensor([u]), torch.tensor([0.01]))
+    verifier = SubsequenceVerifier(fallback_uniform="fresh")
+    verdict = verifier(ExactRule(), p, draft, torch.tensor([u]), torch.tensor([0.01]))
     assert verdict.num_accepted.tolist() == [n] and verdict.next_token.tolist() == [token]
     assert verdict.tests == () and verdict.path.tolist() == [list(range(7))]
     called = []
-    verdict = SubsequenceVerifier()(ExactRule(), p, draft, torch.tensor([u]),
+    verdict = verifier(ExactRule(), p, draft, torch.tensor([u]),
                                     lambda accepted: called.append(accepted.tolist()) or torch.tensor([0.01]))
     assert called == [[n]]  # a keyed u_sample gets the accepted counts, as verify_chain's does
 
@@ -239,7 +261,8 @@ def test_a_rule_without_ratio_and_bad_options_are_refused_naming_the_key():
         SubsequenceVerifier()(_NoRatio(), p, draft, torch.rand(1, 7), torch.rand(1))
     bad = [({"alpha": 0.0}, r"decoder\.sv\.alpha must be a number in \(0, 1\]"),
            ({"alpha": 1.5}, r"decoder\.sv\.alpha"), ({"fallback": "yes"}, r"decoder\.sv\.fallback must be true or false"),
-           ({"fallback_uniform": "new"}, r"decoder\.sv\.fallback_uniform must be one of \['fresh', 'same'\]"),
+           ({"fallback_uniform": "new"}, r"decoder\.sv\.fallback_uniform must be one of \['same', 'fresh'\]"),
+           ({"zero_prob": "skip"}, r"decoder\.sv\.zero_prob must be one of \['ride', 'test'\]"),
            ({"reject_at": "b"}, r"decoder\.sv\.reject_at must be one of \['run_start', 'suffix_start'\]"),
            ({"earlier_runs": "x"}, r"decoder\.sv\.earlier_runs must be one of \['keep', 'drop'\]"),
            ({"enabled": 1}, r"decoder\.sv\.enabled must be true or false"),
@@ -367,13 +390,18 @@ def test_labels():
         from omegaconf import OmegaConf
         return method_label(name, decoder_options(OmegaConf.to_container(cfg.decoder, resolve=True)), noted)
 
-    assert label("sjd_sv") == "SJD-SV α=0.8"
+    # the subsequence test's rule comes from a secondary description of the paper: its rows say "unofficial"
+    assert label("sjd_sv") == "SJD-SV (unofficial) α=0.8"
     assert label("sjd_sv", ["decoder.sv.enabled=false"]) == "SJD (SV off)"
-    assert label("sjd_sv", ["decoder.sv.fallback=false"], ["fallback"]) == "SJD-SV α=0.8 (fallback=false)"
-    assert label("gsd_sv") == "GSD-SV G=25, α=0.8"
+    assert label("sjd_sv", ["decoder.sv.fallback=false"], ["fallback"]) == "SJD-SV (unofficial) α=0.8 (fallback=false)"
+    noted = ["fallback_uniform", "zero_prob"]  # noted only where a row leaves the default (same, ride)
+    assert label("sjd_sv", [], noted) == "SJD-SV (unofficial) α=0.8"
+    assert label("sjd_sv", ["decoder.sv.fallback_uniform=fresh", "decoder.sv.zero_prob=test"], noted) == \
+        "SJD-SV (unofficial) α=0.8 (fallback_uniform=fresh, zero_prob=test)"
+    assert label("gsd_sv") == "GSD-SV (unofficial) G=25, α=0.8"
     assert label("lantern_sjd").startswith("LANTERN (Jacobi) δ=0.1, k=")
     sv_on = label("lantern_sjd", ["decoder.sv.enabled=true"], ["sv", "fallback", "alpha"])
-    assert sv_on.startswith("LANTERN-SV (Jacobi) δ=0.1, k=") and sv_on.endswith("α=0.8")
+    assert sv_on.startswith("LANTERN-SV (Jacobi, unofficial) δ=0.1, k=") and sv_on.endswith("α=0.8")
 
 
 ROWS = ("jacobi_sjd", "sjd_sv", "gsd_g25", "gsd_sv", "lantern_sjd", "lantern_sv_sjd")

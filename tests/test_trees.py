@@ -215,3 +215,43 @@ def test_one_image_walk_equals_the_batched_walk(rule_name):
             assert all(torch.equal(x, y) for x, y in zip(a, b))
         accepted += int(one.num_accepted)
     assert accepted > 50  # the walks went deeper than the root's children
+
+
+@pytest.mark.parametrize("rule_name", ["exact", "coolsd", "lantern", "lantern_pp"])
+def test_the_parallel_walk_gives_the_sequential_walks_verdict(rule_name):
+    """``verify_tree_parallel`` (every node's sibling walk at once, no host read: the static path) gives bitwise
+    the batched walk's accepted counts, paths and next tokens on 300 random trees per rule, in batches of 3 trees
+    of different shapes (deterministic and sampled sibling distributions, invalid nodes, empty trees), and the
+    same summed TV and test count (``summed_tv``)."""
+    from coolsd.acceptance import _verify_tree_batch, summed_tv, verify_tree_parallel
+
+    v = 12
+    neighbours = compute_neighbours(torch.randn(v, 3, generator=torch.Generator().manual_seed(0)), v - 1)
+    rule = {"exact": ExactRule(), "coolsd": CoolSDRule(delta=2.0, draft_len=5),
+            "lantern": LanternRule(neighbours, k=4, mode="additive", budget=0.2),
+            "lantern_pp": LanternRule(neighbours, k=3, mode="multiplicative", budget=4.0)}[rule_name]
+    g = torch.Generator().manual_seed(7)
+    accepted = 0
+    for trial in range(100):
+        m, b = trial % 10, 3
+        parents = torch.tensor([[-1 if j == 0 or torch.rand(1, generator=g) < 0.3
+                                 else int(torch.randint(j, (1,), generator=g)) for j in range(m)] for _ in range(b)],
+                               dtype=torch.long).view(b, m)
+        p = torch.softmax(3 * torch.randn(b, m + 1, v, generator=g), -1)
+        q = torch.softmax(3 * torch.randn(b, m, v, generator=g), -1)
+        tokens = torch.multinomial(q.view(-1, v), 1, generator=g).view(b, m) if m else torch.zeros(b, 0, dtype=torch.long)
+        if trial % 2:  # a dynamic tree's drafts: q one-hot on its token
+            q = torch.nn.functional.one_hot(tokens, v).float()
+        draft = Draft(tokens=tokens, q=q, valid=torch.rand(b, m, generator=g) < 0.85, forwards=[m] * b,
+                      parents=parents)
+        u_accept, u_sample = torch.rand(b, m, generator=g), torch.rand(b, generator=g)
+        walk = _verify_tree_batch(rule, p, draft, u_accept, u_sample)
+        fast = verify_tree_parallel(rule, p, draft, u_accept, u_sample, width=max(m, 1), levels=m)
+        assert torch.equal(walk.num_accepted, fast.num_accepted) and torch.equal(walk.next_token, fast.next_token)
+        n = walk.num_accepted
+        mask = torch.arange(m)[None, :] < n[:, None]
+        assert torch.equal(torch.where(mask, walk.path, 0), torch.where(mask, fast.path, 0))
+        (tv_w, count_w), (tv_f, count_f) = summed_tv(rule, walk), summed_tv(rule, fast)
+        assert torch.equal(count_w, count_f) and torch.allclose(tv_w, tv_f, rtol=1e-9, atol=1e-12)
+        accepted += int(n.sum())
+    assert accepted > 40  # the walks went deeper than the root's children

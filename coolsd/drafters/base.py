@@ -97,9 +97,10 @@ class Drafter(abc.ABC):
         (kept between batches of that size, refilled in place) and chains of exactly ``depth`` slots."""
         raise NotImplementedError(f"{type(self).__name__} does not run on the static path")
 
-    def static_propose(self, last_tokens: torch.Tensor, t: torch.Tensor, limit: torch.Tensor,
-                       depth: int) -> Draft:
-        """``propose`` of exactly ``depth`` slots per image with no host read (``limit`` marks the valid ones)."""
+    def static_propose(self, last_tokens: torch.Tensor, t: torch.Tensor, limit: torch.Tensor, depth: int,
+                       tree: TreeShape | DynamicTree | None = None) -> Draft:
+        """``propose`` of exactly ``depth`` levels per image (a chain, or every level of ``tree``) with no host
+        read (``limit`` marks the valid ones)."""
         raise NotImplementedError(f"{type(self).__name__} does not run on the static path")
 
     def static_observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict,

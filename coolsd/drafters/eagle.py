@@ -660,8 +660,9 @@ class EagleDrafter(Drafter):
         state.count.fill_(1)
         state.start.fill_(-1)
 
-    def static_propose(self, last_tokens, t, limit, depth) -> Draft:
-        """The pending block (its fixed width, each image's own count), then ``depth − 1`` one-token steps."""
+    def _static_feed(self) -> DraftStep:
+        """The pending block of the static path (its fixed width, each image's own count): the root's feature
+        (S, B, 1, H) and draft distribution (B, 1, V); the cache keeps each image's pending pairs."""
         state = self.static
         b, width = state.tokens.shape
         last = (state.count - 1).clamp_min(0)  # (B,) the last pending pair (a finished image has none)
@@ -670,8 +671,31 @@ class EagleDrafter(Drafter):
         self.cache.keep(state.count)
         state.after.copy_(self.cache.lengths)
         s, _, _, h = out.features.shape
-        out = DraftStep(features=out.features.gather(2, last.view(1, b, 1, 1).expand(s, b, 1, h)), q=out.q,
-                        finite=out.finite)  # (S, B, 1, H): the root's feature
+        return DraftStep(features=out.features.gather(2, last.view(1, b, 1, 1).expand(s, b, 1, h)), q=out.q,
+                         finite=out.finite)
+
+    def _static_expand(self, request: Expansion) -> DraftRows:
+        """``_expand`` of the static path: the root request feeds the fixed pending block."""
+        if request.root:
+            out = self._static_feed()
+            self.node_features = out.features
+            return DraftRows(q=out.q, finite=out.finite)
+        s, b, _, h = self.node_features.shape
+        f = request.parent_index.shape[1]
+        features = self.node_features.gather(2, request.parent_index.view(1, b, f, 1).expand(s, b, f, h))
+        out = self.step_in_context(features, request.tokens, request.positions - 1, tree_mask=request.mask)
+        self.node_features = out.features
+        return DraftRows(q=out.q, finite=out.finite)
+
+    def static_propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
+        """The pending block, then ``depth − 1`` one-token steps of a chain, or every level of a tree."""
+        if isinstance(tree, TreeShape):
+            return draft_static_tree(tree, t - 1, limit, self._static_expand, self.streams, t, static=True)
+        if tree is not None:
+            return draft_dynamic_tree(tree, t - 1, limit, self._static_expand, static=True)
+        state = self.static
+        b = state.tokens.shape[0]
+        out = self._static_feed()
         ends = state.start + state.count  # (B,) = t − 1 of an image still decoding
         u = self.streams.uniform(t, DRAFT, depth)  # (B, L)
         drafted, qs, finite = [], [], [out.finite]
@@ -686,14 +710,23 @@ class EagleDrafter(Drafter):
                      forwards=limit.clamp(max=depth), finite=torch.stack(finite).all(0))
 
     def static_observe(self, out, p, draft, verdict, active) -> None:
-        """Drop the speculative entries; the verify block's committed rows become the next pending block."""
+        """Drop the speculative entries; the verify block's rows of the committed tokens (the last committed
+        token and the accepted path) become the next pending block, with the accepted tokens and the next one."""
         state = self.static
         n = verdict.num_accepted  # (B,)
         self.cache.rollback(state.after)
         state.start.add_(torch.where(active, state.count, 0))
-        width = state.tokens.shape[1]
-        state.features.copy_(out.hidden[:, :, :width])  # f of the last committed token and the accepted drafts
-        tokens = torch.cat([draft.tokens, draft.tokens[:, :1]], 1).scatter(1, n[:, None], verdict.next_token[:, None])
+        b, width = state.tokens.shape
+        path = verdict.path[:, : width - 1]  # (B, W − 1): a chain's is 0 .. L − 1
+        if draft.is_chain:  # the committed rows are the block's first ones
+            state.features.copy_(out.hidden[:, :, :width])
+            accepted = draft.tokens[:, : width - 1]
+        else:
+            rows = torch.cat([torch.zeros_like(path[:, :1]), path + 1], 1)  # (B, W)
+            s, _, _, h = out.hidden.shape
+            state.features.copy_(out.hidden.gather(2, rows.view(1, b, width, 1).expand(s, b, width, h)))
+            accepted = draft.tokens.gather(1, path)
+        tokens = torch.cat([accepted, accepted[:, :1]], 1).scatter(1, n[:, None], verdict.next_token[:, None])
         state.tokens.copy_(tokens)  # the accepted drafts, then next_token, then stale slots
         state.count.copy_(torch.where(active, n + 1, 0))
 

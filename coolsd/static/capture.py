@@ -9,6 +9,10 @@ never changes afterwards. Capture follows ``torch.cuda.graphs``: that first call
 warm-up CUDA graphs need), the second captures the step (capturing runs nothing) and replays it, every later
 call replays. Compiling traces at the second call.
 
+The tree steps compile with the ``aot_eager`` backend (the same whole graph, traced by dynamo and AOTAutograd,
+run by eager kernels): inductor's CPU code for them failed its own index bounds check with torch 2.14.1 where the
+same graph under ``aot_eager`` gives the eager path's tokens (``tests/test_static_path.py``).
+
 Example: ``Runner(lambda: step(ws), "graph")()`` once per iteration.
 """
 from __future__ import annotations
@@ -33,14 +37,15 @@ def mode_for(device: torch.device, compile: bool) -> str:
 class Runner:
     """One step function, run in ``mode`` (``MODES``); ``calls`` counts its calls, ``captures`` its captures."""
 
-    def __init__(self, fn: Callable[[], None], mode: str) -> None:
+    def __init__(self, fn: Callable[[], None], mode: str, backend: str = "inductor") -> None:
         if mode not in MODES:
             raise ValueError(f"static step mode must be one of {MODES}, got {mode!r}")
         self.fn = fn
         self.mode = mode
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
-        self._compiled = torch.compile(_own_code(fn), fullgraph=True, dynamic=False) if mode == "compiled" else None
+        self._compiled = torch.compile(_own_code(fn), fullgraph=True, dynamic=False, backend=backend) \
+            if mode == "compiled" else None
 
     def __call__(self) -> None:
         self.calls += 1

@@ -36,15 +36,16 @@ from typing import Any
 
 import torch
 
-from coolsd.acceptance import summed_tv, verify_chain
+from coolsd.acceptance import summed_tv, verify_chain, verify_tree_parallel
 from coolsd.drafters.base import NullDrafter
 from coolsd.kv_cache import DeviceKVCache, padding_invariant_attention
 from coolsd.rng import ACCEPT, SAMPLE, Streams, sample
 from coolsd.sampling import finite_images
 from coolsd.static.capture import Runner, mode_for
+from coolsd.trees import TreeShape, ancestor_mask, ancestor_masks, children_of, depths_of
 from coolsd.types import DecodeStats, Generation, Verdict
 
-STEPS = ("ar", "chain", "jacobi_window")
+STEPS = ("ar", "chain", "tree", "jacobi_window")
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,13 @@ class Workspace:
     drafter_forwards: torch.Tensor  # (B,)
     tv_sum: torch.Tensor  # (B,) float64, the exact one-step TV summed over the tests
     tv_steps: torch.Tensor  # (B,) acceptance tests made
-    tests: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # the latest tests' p', q (B, L, V), made (B, L)
+    #: the latest iteration's tests for the TV diagnostic (relaxed rules): p', q (E, B, R, V), depth, made (E, B, R);
+    #: a chain's E = 1 test block of R = L rows, a tree's one block per sibling rank over the R = L + 1 rows it visited
+    tests: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
 
     @classmethod
-    def new(cls, cache: DeviceKVCache, streams: Streams, batch: int, width: int, commits: int, depth: int,
-            vocab: int, tests: bool) -> "Workspace":
+    def new(cls, cache: DeviceKVCache, streams: Streams, batch: int, width: int, commits: int, vocab: int,
+            tests: tuple[int, int] | None) -> "Workspace":
         device = cache.k.device
         long = dict(dtype=torch.long, device=device)
         return cls(cache=cache, streams=streams,
@@ -78,9 +81,11 @@ class Workspace:
                    drafter_forwards=torch.zeros(batch, **long),
                    tv_sum=torch.zeros(batch, dtype=torch.float64, device=device),
                    tv_steps=torch.zeros(batch, **long),
-                   tests=(torch.zeros(batch, depth, vocab, device=device),
-                          torch.zeros(batch, depth, vocab, device=device),
-                          torch.zeros(batch, depth, dtype=torch.bool, device=device)) if tests else None)
+                   tests=None if tests is None else (
+                       torch.zeros(tests[0], batch, tests[1], vocab, device=device),
+                       torch.zeros(tests[0], batch, tests[1], vocab, device=device),
+                       torch.zeros(tests[0], batch, tests[1], **long),
+                       torch.zeros(tests[0], batch, tests[1], dtype=torch.bool, device=device)))
 
     def reset(self, first_tokens: torch.Tensor, prefill_finite: torch.Tensor) -> None:
         """A new batch: the first tokens, every count zeroed (in place)."""
@@ -110,9 +115,24 @@ class StaticLoop:
         self.decoder = decoder
         self.model = decoder.model
         self.drafter = decoder.drafter
-        self.depth = decoder.max_depth  # L: draft slots of every iteration
-        self.step_name = "ar" if decoder.plain_ar else ("jacobi_window" if self.drafter.self_drafting else "chain")
-        self.step = {"ar": self.ar_step, "chain": self.chain_step, "jacobi_window": self.jacobi_step}[self.step_name]
+        self.depth = decoder.max_depth  # L: draft levels of every iteration
+        self.tree = decoder.tree  # a static shape, an EAGLE-2 spec, or None
+        #: whether the drafts are a tree (a drafter's tree, or SJD-PAC's window), verified by the parallel walk
+        self.tree_drafts = self.tree is not None or decoder.max_nodes != self.depth
+        self.step_name = "ar" if decoder.plain_ar else ("jacobi_window" if self.drafter.self_drafting else
+                                                        "tree" if self.tree is not None else "chain")
+        self.step = {"ar": self.ar_step, "chain": self.chain_step, "tree": self.tree_step,
+                     "jacobi_window": self.jacobi_step}[self.step_name]
+        #: the parallel walk's width: the most children a node of these trees has
+        self.width = 1
+        if isinstance(self.tree, TreeShape):
+            parents = self.tree.parents()
+            self.width = max(len(kids) for kids in children_of(parents))
+            self._shape = (ancestor_mask(parents), torch.tensor([0] + depths_of(parents)))  # (M+1, M+1), (M+1,)
+        elif self.tree is not None:
+            self.width = self.tree.top_k
+        elif self.tree_drafts:
+            self.width = self.drafter.tree_width
         self.mode = mode_for(self.model.device, bool(getattr(self.model, "compile", False)))
         #: AR steps per call (per captured graph on a GPU): AR needs no read between its steps
         self.ar_steps = 8 if self.mode == "graph" else 1
@@ -143,9 +163,32 @@ class StaticLoop:
         """Draft ``L`` tokens with the drafter network, verify the ``L + 1`` block, commit (module doc)."""
         self._speculative_step(ws)
 
-    def jacobi_step(self, ws: Workspace) -> None:
-        """The Jacobi window of ``L`` tokens (the target drafting for itself), verified as a chain (module doc)."""
+    def tree_step(self, ws: Workspace) -> None:
+        """Draft every level of a static or EAGLE-2 tree, verify its ``M + 1`` block under its ancestor mask, walk
+        every node's siblings at once (``verify_tree_parallel``), commit the accepted path and compact its KV
+        entries with one gather and one scatter (module doc)."""
         self._speculative_step(ws)
+
+    def jacobi_step(self, ws: Workspace) -> None:
+        """The Jacobi window of ``L`` tokens (the target drafting for itself), verified as a chain, or SJD-PAC's
+        window tree verified by the parallel walk (module doc)."""
+        self._speculative_step(ws)
+
+    def _block(self, draft, t: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Positions (B, M + 1) of the verify block ``[last committed token, drafts]`` (past the grid: clamped) and
+        its mask: causal for a chain (None), the shape's ancestor mask, or each image's (dynamic trees)."""
+        device = t.device
+        m = draft.tokens.shape[1]
+        if not self.tree_drafts:
+            return ((t - 1)[:, None] + self._columns(m + 1, device)).clamp(max=n_tokens - 1), None
+        if isinstance(self.tree, TreeShape):
+            key = ("shape", device)
+            if key not in self._offsets:
+                self._offsets[key] = (self._shape[0].to(device), self._shape[1].to(device))
+            mask, depth = self._offsets[key]
+            return ((t - 1)[:, None] + depth).clamp(max=n_tokens - 1), mask
+        mask = ancestor_masks(draft.parents, levels=self.depth + 1)  # (B, M + 1, M + 1)
+        return ((t - 1)[:, None] + mask.sum(-1) - 1).clamp(max=n_tokens - 1), mask
 
     def _speculative_step(self, ws: Workspace) -> None:
         model, decoder = self.model, self.decoder
@@ -153,26 +196,35 @@ class StaticLoop:
         depth = self.depth
         t = ws.t
         active = t < n_tokens
-        limit = (n_tokens - 1 - t).clamp(0, depth)  # (B,) drafts that fit in each image
+        limit = (n_tokens - 1 - t).clamp(0, depth)  # (B,) draft levels that fit in each image
         last = ws.tokens.gather(1, (t - 1)[:, None])[:, 0]  # (B,)
         # 1. draft
-        draft = self.drafter.static_propose(last, t, limit, depth)
-        # 2. verify [last committed token, x_1..x_L] at positions t − 1 .. t − 1 + L (past the grid: clamped)
-        offsets = self._columns(depth + 1, t.device)
-        out = model.static_forward(ws.cache, torch.cat([last[:, None], draft.tokens], 1),
-                                   ((t - 1)[:, None] + offsets).clamp(max=n_tokens - 1))
-        p = model.probs(out)  # (B, L + 1, V)
-        # 3. accept / resample with each image's ACCEPT draws 0..L−1 and SAMPLE draw 0 at t (the eager loop's)
-        u_accept = ws.streams.uniform(t, ACCEPT, decoder.max_nodes)[:, :depth]
-        verdict = verify_chain(decoder.rule, p, draft, u_accept, ws.streams.uniform(t, SAMPLE, 1)[:, 0])
+        draft = self.drafter.static_propose(last, t, limit, depth, self.tree)
+        m = draft.tokens.shape[1]
+        # 2. verify [last committed token, drafts] at each node's position (a node at depth d: t − 1 + d)
+        positions, mask = self._block(draft, t, n_tokens)
+        out = model.static_forward(ws.cache, torch.cat([last[:, None], draft.tokens], 1), positions, mask)
+        p = model.probs(out)  # (B, M + 1, V)
+        # 3. accept / resample with each image's ACCEPT draws 0..M−1 and SAMPLE draw 0 at t (the eager loop's)
+        u_accept = ws.streams.uniform(t, ACCEPT, decoder.max_nodes)[:, :m]
+        u_sample = ws.streams.uniform(t, SAMPLE, 1)[:, 0]
+        if self.tree_drafts:
+            verdict = verify_tree_parallel(decoder.rule, p, draft, u_accept, u_sample, self.width, depth)
+        else:
+            verdict = verify_chain(decoder.rule, p, draft, u_accept, u_sample)
         n = verdict.num_accepted  # (B,)
-        # 4. commit: the accepted drafts and the next token at t .., where the image is still decoding
-        columns = t[:, None] + offsets  # (B, L + 1)
-        values = torch.cat([draft.tokens, draft.tokens[:, :1]], 1).scatter(1, n[:, None], verdict.next_token[:, None])
+        # 4. commit: the accepted path and the next token at t .., where the image is still decoding; keep the
+        #    path's KV entries (a chain's are already in place: a length move)
+        offsets = self._columns(depth + 1, t.device)
+        path = verdict.path[:, :depth]  # (B, L): node indices along the accepted path (a chain's: 0 .. L − 1)
+        accepted = draft.tokens.gather(1, path) if self.tree_drafts else draft.tokens
+        values = torch.cat([accepted, accepted[:, :1]], 1).scatter(1, n[:, None], verdict.next_token[:, None])
         write = (offsets <= n[:, None]) & active[:, None]
+        columns = t[:, None] + offsets  # (B, L + 1)
         ws.tokens.scatter_(1, columns, torch.where(write, values, ws.tokens.gather(1, columns)))
         committed = torch.where(active, n + 1, 0)
-        ws.cache.keep(committed)
+        ws.cache.keep(committed, torch.cat([torch.zeros_like(path[:, :1]), path + 1], 1) if self.tree_drafts
+                      else None)
         # 5. observe
         self.drafter.static_observe(out, p, draft, verdict, active)
         # statistics, on the device
@@ -185,22 +237,23 @@ class StaticLoop:
         ws.iterations.add_(step)
         ws.hist.scatter_add_(1, n[:, None], step[:, None])
         if decoder.track_tv:
-            (_, q, _, tested), = verdict.tests
-            made = tested & active[:, None]
-            ws.tv_steps.add_(made.sum(-1))
+            made = [test[3] & active.view(-1, *[1] * (test[3].dim() - 1)) for test in verdict.tests]
+            ws.tv_steps.add_(sum(x.flatten(1).sum(-1) for x in made))
             if ws.tests is not None:  # the relaxed rule's TV, computed between steps (``diagnose``)
-                ws.tests[0].copy_(p[:, :depth])
-                ws.tests[1].copy_(q)
-                ws.tests[2].copy_(made)
+                for e, ((residual, q, test_depth, _), x) in enumerate(zip(verdict.tests, made)):
+                    rows = x.shape[1]
+                    ws.tests[0][e, :, :rows].copy_(residual[:, :rows])
+                    ws.tests[1][e, :, :rows].copy_(q)
+                    ws.tests[2][e, :, :rows].copy_(test_depth.expand(x.shape))
+                    ws.tests[3][e, :, :rows].copy_(x)
         ws.t.add_(committed)
         ws.done.copy_((ws.t >= n_tokens).all())
 
     def diagnose(self, ws: Workspace) -> None:
         """The exact one-step TV of the latest iteration's tests (a relaxed rule's; not part of the latency)."""
-        p, q, made = ws.tests
-        depth = self._columns(self.depth, p.device) + 1
+        p, q, depth, made = ws.tests
         verdict = Verdict(num_accepted=ws.t, next_token=ws.t, path=ws.tokens[:, :0],
-                          tests=((p, q, depth.expand(made.shape), made),))
+                          tests=tuple(zip(p.unbind(0), q.unbind(0), depth.unbind(0), made.unbind(0))))
         tv, _ = summed_tv(self.decoder.rule, verdict)
         ws.tv_sum.add_(tv)
 
@@ -235,16 +288,19 @@ class StaticLoop:
         found = self._workspaces.get(batch)
         if found is None:
             model = self.model
+            tests = None
+            if self.diagnose_tv:  # (blocks, rows): a chain's one block of L rows, a tree's one per sibling rank
+                tests = (self.width, self.depth + 1) if self.tree_drafts else (1, self.depth)
             ws = Workspace.new(DeviceKVCache.of(cache), self._streams[batch], batch,
                                width=model.num_image_tokens + self.decoder.max_nodes + 2,
-                               commits=self.decoder.max_commit + 1, depth=max(self.depth, 1), vocab=model.codebook_size,
-                               tests=self.diagnose_tv)
+                               commits=self.decoder.max_commit + 1, vocab=model.codebook_size, tests=tests)
             if self.step_name == "ar":
                 steps = self.ar_steps
                 fn = (lambda: [self.ar_step(ws) for _ in range(steps)]) if steps > 1 else (lambda: self.ar_step(ws))
             else:
                 fn = lambda: self.step(ws)  # noqa: E731
-            found = self._workspaces[batch] = (ws, Runner(fn, self.mode))
+            backend = "aot_eager" if self.tree_drafts else "inductor"  # coolsd.static.capture says why
+            found = self._workspaces[batch] = (ws, Runner(fn, self.mode, backend))
         else:
             found[0].cache.load(cache)
         return found
@@ -306,8 +362,6 @@ def static_refusal(decoder: Any) -> str | None:
         return f"its verifier ({type(decoder.verifier).__name__}) runs on the eager path only"
     if decoder.changes_rounds:
         return "its rounds skip verification (VVS), which runs on the eager path only"
-    if decoder.tree is not None:
-        return "draft trees are not on the static path yet (chains and Jacobi windows are)"
     if not decoder.plain_ar and not decoder.drafter.static_path:
         return f"its drafter ({type(decoder.drafter).__name__}) has no static form"
     if not decoder.plain_ar and isinstance(decoder.drafter, NullDrafter):

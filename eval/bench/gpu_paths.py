@@ -8,11 +8,11 @@ Steps (``STEPS``; each writes its numbers as soon as it ends, so a step that run
 2. ``blocks``: captured forwards of a 1-token block, a chain's verify block (``L + 1`` tokens) and a 26-node tree
    block (the 25-node ``mc_sim_7b_63`` tree and its root) over the static cache: ms each, and each block against
    the 1-token forward.
-3. ``iterations``: SD (an EAGLE chain of ``L`` drafts, a random head), COOL-SD (the same chain) and SJD (a window of
-   16) at batch 1 on each path: ms per iteration (latency ÷ iterations; random weights, so accepted lengths mean
-   nothing, but an iteration's cost does not depend on them).
-4. ``projection``: the speedup each method would have at its paper's accepted length (``PAPER_TAU``) on each path:
-   ``τ · (AR ms per step) / (ms per iteration)``, the AR step of the same path.
+3. ``iterations``: SD and COOL-SD on an EAGLE chain of ``L`` drafts and on the EAGLE-1 tree (``mc_sim_7b_63``, 25
+   nodes; a random head), and SJD (a window of 16) at batch 1 on each path: ms per iteration (latency ÷ iterations;
+   random weights, so accepted lengths mean nothing, but an iteration's cost barely depends on them).
+4. ``projection``: the speedup each method would have at its paper's accepted length (``PAPER_TAU``, the papers'
+   EAGLE-1 trees) on each path: ``τ · (AR ms per step) / (ms per iteration)``, the AR step of the same path.
 5. ``throughput``: AR images per second and peak memory at B = 1, 8, 32, eager against captured.
 
 Then the goals (``GOALS``), each met or not by the measurements: AR at most 2 s per image captured; a chain's
@@ -55,8 +55,11 @@ PROMPTS = ["A blue Porsche 356 parked in front of a yellow brick wall.", "A cat 
            "Two boats on a calm lake at sunrise.", "A bowl of ramen with an egg."]
 #: the papers' accepted lengths on LlamaGen-XL (COOL-SD's table; SJD: no LlamaGen-XL number is published, its
 #: step compression on Lumina-mGPT in the SJD-PAC paper is used), for the projected speedups
-PAPER_TAU = {"sd": (2.42, "COOL-SD paper, LlamaGen-XL, EAGLE-1"), "coolsd": (2.73, "COOL-SD paper, δ = 1.1"),
-             "coolsd_d2": (3.34, "COOL-SD paper, δ = 2"), "sjd": (2.22, "SJD-PAC paper, SJD on Lumina-mGPT")}
+PAPER_TAU = {"sd_tree": (2.42, "COOL-SD paper, LlamaGen-XL, EAGLE-1"),
+             "coolsd_tree": (2.73, "COOL-SD paper, δ = 1.1"), "coolsd_tree_d2": (3.34, "COOL-SD paper, δ = 2"),
+             "sjd": (2.22, "SJD-PAC paper, SJD on Lumina-mGPT")}
+#: the decoders of the iterations step (PAPER_TAU's entries are timed by these)
+ITERATED = ("sd", "coolsd", "sd_tree", "coolsd_tree", "sjd")
 GOALS = {"ar_s_per_image": 2.0, "verify_ratio": 1.3, "loop_overhead": 0.10}
 DRAFT_LEN = 4
 SJD_WINDOW = 16
@@ -80,10 +83,14 @@ def build_model(allow_cpu: bool) -> LlamaGenT2I:
 
 
 def decoders(model: LlamaGenT2I, path: str, captured: bool) -> dict[str, Decoder]:
-    """AR, SD (EAGLE chain), COOL-SD (the same chain, δ = 1.1) and SJD (window 16) on ``path``; a static decoder
-    runs its steps eagerly unless ``captured`` (CUDA graphs on a GPU)."""
+    """AR, SD and COOL-SD (δ = 1.1) on an EAGLE chain and on the EAGLE-1 tree, and SJD (window 16) on ``path``; a
+    static decoder runs its steps eagerly unless ``captured`` (CUDA graphs on a GPU)."""
     head = EagleHead(model, init_seed=0)
     out = {
+        "sd_tree": Decoder("sd_tree", model, ExactRule(), drafter=EagleDrafter(model, head=head), path=path,
+                           tree="mc_sim_7b_63"),
+        "coolsd_tree": CoolSD("coolsd_tree", model, draft_len=DRAFT_LEN, delta=1.1, tree="mc_sim_7b_63",
+                              drafter=EagleDrafter(model, head=head), path=path),
         "ar": Decoder("ar", model, ExactRule(), path=path),
         "sd": Decoder("sd", model, ExactRule(), draft_len=DRAFT_LEN, drafter=EagleDrafter(model, head=head),
                       path=path),
@@ -210,8 +217,8 @@ def run(out_dir: str | Path, steps: tuple[str, ...] = STEPS, allow_cpu: bool = F
             elif step == "blocks":
                 results["blocks"] = block_ms(model, repeats)
             elif step == "iterations":
-                results["iterations"] = {p: {name: _dropped(timed_images(d[name], prompts[:1]))
-                                             for name in ("sd", "coolsd", "sjd")} for p, d in paths.items()}
+                results["iterations"] = {p: {name: _dropped(timed_images(d[name], prompts[:1])) for name in ITERATED}
+                                         for p, d in paths.items()}
             elif step == "projection":
                 results["projection"] = _projection(results)
             elif step == "throughput":
@@ -247,7 +254,7 @@ def _projection(results: dict[str, Any]) -> dict[str, Any]:
             continue
         step_ms = ar[path]["ms_per_step"]
         for name, (tau, source) in PAPER_TAU.items():
-            it = its[path]["coolsd" if name.startswith("coolsd") else name]["ms_per_iteration"]
+            it = its[path][name.removesuffix("_d2")]["ms_per_iteration"]
             out[f"{path}/{name}"] = {"tau": tau, "source": source, "ms_per_iteration": it,
                                      "projected_speedup": tau * step_ms / it}
     return out
@@ -266,8 +273,8 @@ def _goals(results: dict[str, Any]) -> dict[str, Any]:
     if blocks:
         goals["verify_chain <= 1.3x forward_1"] = {"value": blocks["verify_chain_ratio"],
                                                    "met": blocks["verify_chain_ratio"] <= GOALS["verify_ratio"]}
-    if "captured/sd" in proj and "captured/coolsd" in proj:
-        values = {k: proj[f"captured/{k}"]["projected_speedup"] for k in ("sd", "coolsd")}
+    if "captured/sd_tree" in proj and "captured/coolsd_tree" in proj:
+        values = {k: proj[f"captured/{k}"]["projected_speedup"] for k in ("sd_tree", "coolsd_tree")}
         goals["sd and coolsd faster than ar (captured, projected)"] = {"value": values,
                                                                         "met": min(values.values()) > 1.0}
     if ar and blocks:
@@ -329,8 +336,9 @@ def markdown(report: dict[str, Any]) -> str:
                   f"| tree verify (26 nodes) | {b['verify_tree_26_ms']:.3f} | {b['verify_tree_26_ratio']:.2f} |"]
     if "iterations" in res:
         lines += ["", "ms per iteration at batch 1:", "",
-                  "| path | SD (chain) | COOL-SD (chain) | SJD (window 16) |", "|---|---|---|---|"]
-        lines += [f"| {p} | " + " | ".join(f"{r[n]['ms_per_iteration']:.2f}" for n in ("sd", "coolsd", "sjd")) + " |"
+                  "| path | SD (chain) | COOL-SD (chain) | SD (EAGLE-1 tree) | COOL-SD (EAGLE-1 tree) | SJD (window 16) |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {p} | " + " | ".join(f"{r[n]['ms_per_iteration']:.2f}" for n in ITERATED) + " |"
                   for p, r in res["iterations"].items()]
     if "projection" in res:
         lines += ["", "Projected speedup over AR on the same path at the papers' accepted lengths:", "",

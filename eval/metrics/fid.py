@@ -183,8 +183,27 @@ def extract_clean(extractor: nn.Module, paths: Sequence[str | Path], size: int, 
 # --------------------------------------------------------------------------------------------- FID / KID
 
 
+def load_stats(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(mu (D,), sigma (D, D)) of a reference statistics file in clean-fid's format (an ``.npz`` with ``mu`` and
+    ``sigma``, as ``cleanfid.fid.make_custom_stats`` writes them), checked."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"FID reference statistics not found: {path}; make them from the reference images "
+                                "with the same protocol (docs/evaluation.md, COCO-30k)")
+    with np.load(path) as data:
+        if "mu" not in data or "sigma" not in data:
+            raise ValueError(f"{path} holds {sorted(data.files)}, not clean-fid's reference statistics (keys mu and "
+                             "sigma)")
+        mu, sigma = np.asarray(data["mu"], np.float64), np.asarray(data["sigma"], np.float64)
+    if mu.ndim != 1 or sigma.shape != (len(mu), len(mu)):
+        raise ValueError(f"{path}: mu {mu.shape} and sigma {sigma.shape} are not a mean (D,) and a covariance (D, D)")
+    return mu, sigma
+
+
 class FIDKID(ImageMetric):
-    """FID and KID of generated images against a reference image folder (features cached).
+    """FID and KID of generated images against a reference image folder (features cached), a features file, or
+    precomputed statistics (``reference_stats``: clean-fid's ``.npz`` with ``mu`` and ``sigma``; FID only, since KID
+    needs the reference features).
 
     Intervals: bootstrap over the generated images' features with the reference fixed, re-centred on the
     estimate (``eval/metrics/intervals.py``); at least 2 images (one image has no covariance)."""
@@ -194,20 +213,27 @@ class FIDKID(ImageMetric):
     def __init__(self, reference_dir: str | None = None, protocol: str = "clean", extractor: str = "inception",
                  weights_path: str | None = "auto", image_size: int = 256, max_reference: int | None = None,
                  kid_subset_size: int = 1000, batch_size: int = 32, num_workers: int = 0,
-                 cache_dir: str | None = None, seed: int = 1234, reference_features: str | None = None) -> None:
+                 cache_dir: str | None = None, seed: int = 1234, reference_features: str | None = None,
+                 reference_stats: str | None = None, reference_count: int | None = None) -> None:
         """Reference: a folder of images (``reference_dir``, features cached in ``cache_dir``) or precomputed
         features (``reference_features``, a .npy (N, D) made with the same protocol, extractor and image
         size). ``image_size``: the square size images are brought to before the extractor's own resize to
         299 (256 in the paper's protocol). ``weights_path``: see ``CleanFIDInception`` (protocol ``clean``)
-        and ``InceptionFeatures`` (``torch_fidelity``). ``num_workers``: clean-fid's DataLoader workers."""
-        if (reference_dir is None) == (reference_features is None):
-            raise ValueError("FIDKID needs exactly one of reference_dir and reference_features")
+        and ``InceptionFeatures`` (``torch_fidelity``). ``num_workers``: clean-fid's DataLoader workers.
+        ``reference_stats``: a mean and covariance file instead (clean-fid's ``.npz``: ``mu``, ``sigma``, made with
+        the same protocol, extractor and image size); ``reference_count``: how many images it summarises (for the
+        evaluation card; the file does not say)."""
+        given = [x for x in (reference_dir, reference_features, reference_stats) if x is not None]
+        if len(given) != 1:
+            raise ValueError("FIDKID needs exactly one of reference_dir, reference_features and reference_stats "
+                             "(clean-fid's .npz of mu and sigma)")
         if protocol not in PROTOCOLS:
             raise ValueError(f"FIDKID protocol must be one of {PROTOCOLS}, got {protocol!r}")
         if extractor == "random_conv" and protocol == "clean":
             raise ValueError("FIDKID extractor random_conv runs under protocol torch_fidelity only")
         self.reference_dir, self.protocol, self.extractor_kind = reference_dir, protocol, extractor
         self.weights_path, self.reference_features_path = weights_path, reference_features
+        self.reference_stats_path, self.reference_count = reference_stats, reference_count
         self.image_size, self.max_reference, self.kid_subset_size = image_size, max_reference, kid_subset_size
         self.batch_size, self.num_workers, self.cache_dir, self.seed = batch_size, num_workers, cache_dir, seed
         self._extractor: nn.Module | None = None
@@ -221,7 +247,12 @@ class FIDKID(ImageMetric):
         from eval.metrics import fid_inception
 
         out = []
-        if cfg.get("reference_features"):
+        if cfg.get("reference_stats"):
+            out.append(RequiredFile("FID reference statistics (clean-fid .npz: mu, sigma)",
+                                    local=str(cfg["reference_stats"]),
+                                    manual="make them once from the reference images with the same protocol: "
+                                           "docs/evaluation.md, 'COCO-30k'"))
+        elif cfg.get("reference_features"):
             out.append(RequiredFile("FID reference features", local=str(cfg["reference_features"]),
                                     manual="compute them with the same protocol, extractor and image size"))
         elif cfg.get("reference_dir"):
@@ -244,8 +275,11 @@ class FIDKID(ImageMetric):
         return self._extractor
 
     def preflight(self) -> None:
-        """Resolve the reference (folder with images, or the features file) and load the extractor."""
-        if self.reference_features_path is not None:
+        """Resolve the reference (folder with images, the features file, or the statistics, read and checked) and
+        load the extractor."""
+        if self.reference_stats_path is not None:
+            load_stats(self.reference_stats_path)
+        elif self.reference_features_path is not None:
             self._features_file()
         else:
             list_images(self.reference_dir, self.max_reference)
@@ -334,12 +368,50 @@ class FIDKID(ImageMetric):
         return self.generated_features(image_paths, device)
 
     def estimate(self, values: np.ndarray, device: torch.device) -> dict[str, Any]:
+        if self.reference_stats_path is not None:
+            return self.metrics_from_stats(values)
         return self.metrics_from_features(self.reference_features(device), values)
 
+    def metrics_from_stats(self, generated: np.ndarray) -> dict[str, Any]:
+        """FID against the reference statistics (clean-fid's ``frechet_distance`` of the two means and
+        covariances); no KID (it needs the reference features)."""
+        from cleanfid.fid import frechet_distance
+
+        mu, sigma = load_stats(self.reference_stats_path)
+        gen = np.asarray(generated, np.float64)
+        fid = float(frechet_distance(np.mean(gen, axis=0), np.cov(gen, rowvar=False), mu, sigma))
+        prefix, _ = self.keys()
+        return {prefix: fid, "fid_num_images": len(generated), "fid_num_reference": self.reference_count,
+                "fid_protocol": self.protocol, "fid_reference": "statistics"}
+
     def replicates(self, values: np.ndarray, weights: np.ndarray, device: torch.device) -> dict[str, np.ndarray]:
+        if self.reference_stats_path is not None:
+            if self._reference_stats is None:
+                self._reference_stats = (None, ReferenceStats.from_moments(*load_stats(self.reference_stats_path),
+                                                                           device))
+            return {self.keys()[0]: fid_replicates(values, self._reference_stats[1], weights, device)}
         reference = self.reference_features(device)
         if self._reference_stats is None or self._reference_stats[0] is not reference:  # S_r^1/2 once per run
             self._reference_stats = (reference, ReferenceStats.of(reference, device))
         fid_key, kid_key = self.keys()
         return {fid_key: fid_replicates(values, self._reference_stats[1], weights, device),
                 kid_key: kid_replicates(values, reference, weights, device)}
+
+
+def write_reference_stats(folder: str | Path, out: str | Path, protocol: str = "clean", image_size: int = 256,
+                          max_reference: int | None = None, batch_size: int = 64, num_workers: int = 4,
+                          weights_path: str | None = "auto", device: str | torch.device = "cpu") -> tuple[int, Path]:
+    """Write the FID reference statistics of the images in ``folder`` under this harness's protocol (``FIDKID``'s
+    resize and Inception) as clean-fid's ``.npz`` (``mu`` (2048,), ``sigma`` (2048, 2048), float64); returns (images,
+    path). ``eval.metrics.0.reference_stats=<out>`` then scores against them."""
+    metric = FIDKID(reference_dir=str(folder), protocol=protocol, image_size=image_size, max_reference=max_reference,
+                    batch_size=batch_size, num_workers=num_workers, weights_path=weights_path)
+    feats = np.asarray(metric.reference_features(torch.device(device)), np.float64)
+    import io
+
+    from coolsd.io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    np.savez(buf, mu=feats.mean(axis=0), sigma=np.cov(feats, rowvar=False))
+    atomic_write_bytes(Path(out).expanduser(), buf.getvalue())
+    return len(feats), Path(out).expanduser()

@@ -145,6 +145,34 @@ def ratio_interval(numerator: Sequence[float], denominator: Sequence[float], boo
         return percentile_interval((w @ num) / (w @ den), boot.level)
 
 
+def throughput_ratio(sizes: Sequence[float], walls: Sequence[float], base_sizes: Sequence[float],
+                     base_walls: Sequence[float], boot: Bootstrap) -> tuple[float, list[float] | None]:
+    """(A's images per second over B's, its percentile bootstrap interval): the speedup at batch > 1 of a decoder
+    over AR, each throughput pooled over its own batches (sum of images / sum of wall seconds); the two sets of
+    batches are resampled independently (they are not paired: different prompts per batch). Interval None for
+    fewer than 2 batches on either side."""
+    n, d = np.asarray(sizes, np.float64), np.asarray(walls, np.float64)
+    bn, bd = np.asarray(base_sizes, np.float64), np.asarray(base_walls, np.float64)
+    estimate = float((n.sum() / d.sum()) / (bn.sum() / bd.sum()))
+    if len(n) < 2 or len(bn) < 2:
+        return estimate, None
+    w, wb = boot.weights(len(n), "batches"), boot.weights(len(bn), "baseline batches")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return estimate, percentile_interval(((w @ n) / (w @ d)) / ((wb @ bn) / (wb @ bd)), boot.level)
+
+
+def paired_speedup(base: dict[int, float], mine: dict[int, float], boot: Bootstrap) -> dict[str, Any]:
+    """AR's mean latency over a decoder's on the prompts both timed (``{prompt index: seconds}``), its percentile
+    bootstrap interval over those prompts, and their number: the speedup of a row whose AR was timed in another
+    row of its table (``eval.ar_timing=table``)."""
+    common = sorted(set(base) & set(mine))
+    if not common:
+        return {}
+    a, b = [base[i] for i in common], [mine[i] for i in common]
+    return {"speedup": float(sum(a) / sum(b)), "speedup_ci": ratio_interval(a, b, boot, "timed"),
+            "speedup_num_pairs": len(common)}
+
+
 # ----------------------------------------------------------------------------------------- comparisons
 
 
@@ -260,6 +288,13 @@ class ReferenceStats:
         r = torch.as_tensor(np.asarray(reference), dtype=torch.float64, device=torch.device(device))  # (M, D)
         cov = _cov(r)
         return cls(r.mean(0), _sqrt_psd(cov), torch.trace(cov))
+
+    @classmethod
+    def from_moments(cls, mu: np.ndarray, sigma: np.ndarray, device: torch.device | str = "cpu") -> "ReferenceStats":
+        """From a precomputed mean (D,) and covariance (D, D) (clean-fid's ``.npz`` statistics: ``mu``, ``sigma``)."""
+        dev = torch.device(device)
+        cov = torch.as_tensor(np.asarray(sigma), dtype=torch.float64, device=dev)
+        return cls(torch.as_tensor(np.asarray(mu), dtype=torch.float64, device=dev), _sqrt_psd(cov), torch.trace(cov))
 
 
 #: the batched route of ``fid_replicates`` holds one product per image and covariance entry (N × D(D+1)/2 float64);

@@ -110,6 +110,14 @@ def load_records(records_dir: Path, name: str) -> dict[int, dict]:
     return done
 
 
+def timed_records(folder: Path, name: str, num_timed: int) -> list[dict] | None:
+    """Decoder ``name``'s timed records (batch 1) in the run folder ``folder``, once every prompt of the timed
+    subset (``0 .. num_timed - 1``) has one; None before (a row still timing, or a folder not here)."""
+    records = load_records(Path(folder) / "records", name) if (Path(folder) / "records").is_dir() else {}
+    timed = [r for i, r in sorted(records.items()) if i < num_timed and r.get("timed")]
+    return timed if len(timed) == num_timed else None
+
+
 def record_signatures(ordered: dict[str, list[dict]]) -> dict[str, int]:
     """How many of the run's records were made under each numerics signature (older records: ``unknown``)."""
     counts: dict[str, int] = {}

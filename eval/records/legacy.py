@@ -180,15 +180,23 @@ def current_targets(obj: Any) -> Any:
 #: decoder keys later versions added, with the value every earlier run behaved as: a stored config without them is
 #: read with them (``current_config``), so a finished row from before still matches today's composed config
 ADDED_DECODER_KEYS = {"path": "eager"}
+#: ``eval`` keys added later (issue 59), with the value an earlier run behaved as (``preflight``, ``code_mismatch``
+#: change no number: ``eval.run.experiment.finished_record`` leaves them out of its comparison anyway)
+ADDED_EVAL_KEYS = {"code_mismatch": "refuse", "ar_timing": "run", "preflight": True}
 
 
 def current_config(config: dict[str, Any]) -> dict[str, Any]:
     """A stored run config as this version composes it: ``current_targets``, and ``ADDED_DECODER_KEYS`` filled in
-    where missing in ``decoder`` and every ``suite`` entry (the decoder configs of a run)."""
+    where missing in ``decoder`` and every ``suite`` entry (the decoder configs of a run), ``ADDED_EVAL_KEYS`` in
+    its ``eval``."""
     config = current_targets(config)
     nodes = [config.get("decoder")] + list((config.get("suite") or {}).values())
     for node in nodes:
         if isinstance(node, dict) and "_target_" in node:
             for key, value in ADDED_DECODER_KEYS.items():
                 node.setdefault(key, value)
+    suite = config.get("eval")
+    if isinstance(suite, dict) and suite.get("_target_") == "eval.run.suite.EvalSuite":
+        for key, value in ADDED_EVAL_KEYS.items():
+            suite.setdefault(key, value)
     return config

@@ -20,11 +20,12 @@ group in a table (``eval.report.paper_tables``): everything that changes an imag
 per decoder, timed subset and warm-up, the decode path (eager or static: latencies and speedups of the two are not
 comparable), seeds, bootstrap, the reference set and size, resize and crop, extractor
 and weights, the other scorers, CFG scale, top-k, top-p, temperature and precision (a bfloat16 and a float32 run
-sample other tokens). Left out: the device, hardware and world size (they change wall-clock times only,
-which the tables read through speedups measured within one run; the last bits of the arithmetic are tracked
-separately, ``coolsd.numerics`` and the tables' ‡ mark), the batch size of the untimed images (images do not
-depend on it; throughput is not a table column) and the "image metrics" summary (each scorer has its own
-field). A field that is ``None`` or ``NOT_RECORDED`` in either card never conflicts: a row without FID has no
+sample other tokens), how AR was timed (``AR timing``: in every run, or once per table and GPU kind), and the GPU
+model (``GPU``: a latency column must not mix an A100's and an H100's seconds; the tables refuse it unless told,
+``--mixed-hardware``, and then say so in the caption). Left out: the device, the full hardware text (CPU model and
+threads) and world size (the last bits of the arithmetic are tracked separately, ``coolsd.numerics`` and the
+tables' ‡ mark), the batch size of the untimed images (images do not depend on it) and the "image metrics"
+summary (each scorer has its own field). A field that is ``None`` or ``NOT_RECORDED`` in either card never conflicts: a row without FID has no
 FID to compare.
 
 Example: ``python run.py`` prints the default run's card under its table; ``record_card(json.load(open(
@@ -41,11 +42,11 @@ from typing import Any
 NOT_RECORDED = "not recorded"
 
 #: every field of a card, in order
-FIELDS = ("prompts", "images per decoder", "timed images", "timing", "decode path", "batch size", "image seeds",
-          "bootstrap",
+FIELDS = ("prompts", "images per decoder", "timed images", "timing", "AR timing", "decode path", "batch size",
+          "image seeds", "bootstrap",
           "image metrics", "reference set", "reference images", "resize and crop", "feature extractor",
           "extractor weights", "CLIP score", "ImageReward", "HPS", "class accuracy", "CFG scale", "top-k", "top-p",
-          "temperature", "precision", "device", "hardware", "world size")
+          "temperature", "precision", "device", "GPU", "hardware", "world size")
 #: fields that may differ between rows of one table column (module doc says why)
 UNKEYED = ("batch size", "image metrics", "device", "hardware", "world size")
 KEY_FIELDS = tuple(f for f in FIELDS if f not in UNKEYED)
@@ -130,6 +131,8 @@ def metric_name(spec: Mapping[str, Any]) -> str:
 
 def reference_text(spec: Mapping[str, Any]) -> str:
     """The FID/KID reference set in words (no machine's path)."""
+    if spec.get("reference_stats"):
+        return f"precomputed statistics {_file_name(spec['reference_stats'])} (clean-fid .npz: mean and covariance)"
     if spec.get("reference_features"):
         name = _file_name(spec["reference_features"])
         known = KNOWN_REFERENCES.get(name)
@@ -141,6 +144,8 @@ def reference_text(spec: Mapping[str, Any]) -> str:
 def reference_size(spec: Mapping[str, Any]) -> int | None:
     """The number of reference images from the config alone: a shipped features file's, else the file's rows,
     else the folder's images (capped by ``max_reference``); None when it cannot be known here."""
+    if spec.get("reference_stats"):
+        return spec.get("reference_count")
     if spec.get("reference_features"):
         name = _file_name(spec["reference_features"])
         if name in KNOWN_REFERENCES:
@@ -263,6 +268,14 @@ def record_card(record: Mapping[str, Any]) -> dict[str, Any]:
     return evaluation_card(record.get("config") or {}, record)
 
 
+#: ``AR timing`` text of ``eval.ar_timing`` (``eval.run.experiment.ar_timing``)
+AR_TIMING = {
+    "run": "in this run, interleaved per prompt with the run's decoders (the speedup divides latencies of one process)",
+    "table": ("once per table and GPU kind (eval.ar_timing=table): the row that claimed it times AR interleaved per "
+              "prompt with its decoder; every other row times its decoder alone and divides that row's AR latency on "
+              "the same prompts, seeds and GPU kind (run.json ar_timing names the row)"),
+}
+
 #: ``decode path`` text of a run's path and static steps (``eval.run.experiment.decode_path``)
 DECODE_PATHS = {("eager", None): "eager (the papers' loop)", ("static", "graph"): "static, captured in CUDA graphs",
                 ("static", "compiled"): "static, compiled whole", ("static", "eager"): "static, uncaptured steps"}
@@ -298,6 +311,7 @@ def _eval_fields(cfg: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, An
     warm = f"after {_count(warmup, 'untimed warm-up image')} per decoder" if warmup else "no untimed warm-up image"
     out["timing"] = (f"{'every prompt' if timed == n else f'the first {timed:,} prompts'} at batch 1, decoders "
                      f"interleaved per prompt, {warm}")
+    out["AR timing"] = AR_TIMING.get(suite.get("ar_timing", "run"), str(suite.get("ar_timing")))
     out["batch size"] = (f"the other {n - timed:,} images in batches of {suite.get('batch_size', 1)}"
                          if timed < n else None)
     out["image seeds"] = (f"image i: seed {suite.get('seed', 0)} + i (its own counter-based stream, coolsd.rng), "
@@ -370,6 +384,9 @@ def _machine_fields(model: Mapping[str, Any] | None, run: Mapping[str, Any]) -> 
         precision = "bfloat16" if device == "cuda" else "float32"
     else:
         precision = "auto (bfloat16 on CUDA, float32 on the CPU)"
+    gpu = None
+    if run:
+        gpu = str(env["gpu"]) if env.get("gpu") else ("none (CPU)" if env else NOT_RECORDED)
     if not run:
         hardware, world = None, None
     elif env.get("gpu"):
@@ -381,7 +398,7 @@ def _machine_fields(model: Mapping[str, Any] | None, run: Mapping[str, Any]) -> 
         world = run.get("world_size", 1)
     if device == "auto":
         device = "auto (CUDA if usable, else the CPU)"
-    return {"precision": precision, "device": device, "hardware": hardware, "world size": world}
+    return {"precision": precision, "device": device, "GPU": gpu, "hardware": hardware, "world size": world}
 
 
 # --------------------------------------------------------------------------------------- keys and text

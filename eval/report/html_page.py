@@ -501,6 +501,17 @@ def _summary(folder: Folder) -> list[tuple[str, str]]:
     return facts
 
 
+def environments(folder: Folder) -> list[dict[str, str]]:
+    """Each row's ``environment.txt`` (``eval.records.environment.write_environment``: Python, torch, CUDA, driver,
+    GPU, every package version, git commit and dirty-diff digest): one entry per distinct text, naming its rows."""
+    texts: dict[str, list[str]] = {}
+    for row in folder.rows:
+        path = row.status.folder / "environment.txt" if row.status.folder is not None else None
+        if path is not None and path.is_file():
+            texts.setdefault(path.read_text(errors="replace"), []).append(row.name)
+    return [{"rows": ", ".join(names), "text": text} for text, names in texts.items()]
+
+
 def render(folder: Folder, page_size: int = PAGE_SIZE) -> str:
     """The page's HTML."""
     sweep = folder.is_sweep
@@ -516,7 +527,8 @@ def render(folder: Folder, page_size: int = PAGE_SIZE) -> str:
         generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         total=total_line(folder.statuses), statuses=folder.statuses, summary=_summary(folder),
         flagged=flagged, unrun=unrun, rows=rows, results=results_table(folder.rows, sweep),
-        card=card_table(folder.rows, sweep), figures=figures, figure_hint=figure_hint,
+        card=card_table(folder.rows, sweep), environments=environments(folder), figures=figures,
+        figure_hint=figure_hint,
         verdicts=verdicts(folder.root), paper_tables=_paper_tables(folder.root), gallery=gallery_data(folder, page_size),
         command=f"python scripts/report.py {folder.root}")
 

@@ -64,14 +64,15 @@ from typing import Any
 import pandas as pd
 
 from coolsd.io import atomic_write_bytes
-from eval.metrics.intervals import FID_MIN_IMAGES
+from eval.metrics.intervals import FID_MIN_IMAGES, Bootstrap, paired_speedup
+from eval.records.image_records import timed_records
 from eval.records.legacy import current_config
 from eval.records.run_json import read_run
 from eval.report.evaluation_card import (FIELDS, KEY_FIELDS, NOT_RECORDED, conflicts, field_text, known,
                                          record_card, value_text)
 from eval.report.labels import (ALWAYS_NOTED, DECODER_LABELS, HEADLINE, STRENGTH, SWEEP_KEYS, canonical,
                                 decoder_options, method_label)
-from eval.report.run_table import FID_KEYS, MIXED_MARK, MIXED_NOTE, mixed_numerics
+from eval.report.run_table import CODE_MARK, CODE_NOTE, FID_KEYS, MIXED_MARK, MIXED_NOTE, marks
 
 PUBLISHED_CSV = Path(__file__).resolve().parent / "published_numbers.csv"
 PUBLISHED_TITLE = ("Published: COOL-SD paper (arXiv 2601.09212) main table, as reported; not measured here "
@@ -107,7 +108,12 @@ COLUMNS = (
     Column("speedup", "speedup (×)", "{:.2f}×", "max"),
     Column("tv_per_step", "TV per step", "{:.4f}", None),
     Column("tv_per_token", "TV per token", "{:.4f}", None),
+    Column("throughput_img_s", "throughput (images/s, batched)", "{:.2f}", "max"),
+    Column("batch_speedup", "speedup at batch > 1 (×)", "{:.2f}×", "max"),
+    Column("peak_mem_mb", "peak GPU memory (MiB)", "{:.0f}", None),
 )
+#: columns shown only when asked for (``--columns``): what a paper's systems table needs beside the main one
+OPTIONAL_COLUMNS = ("throughput_img_s", "batch_speedup", "peak_mem_mb")
 #: the text columns of the "reported" table (``published_numbers.csv`` rows with a ``reason``), around its metrics
 REPORTED_BEFORE = (Column("venue", "venue / arXiv", "text", None), Column("benchmark", "benchmark", "text", None))
 REPORTED_AFTER = (Column("source_table", "source", "text", None), Column("reason", "why not reproduced", "text", None))
@@ -115,6 +121,7 @@ REPORTED_TEXT = tuple(c.key for c in (*REPORTED_BEFORE, *REPORTED_AFTER))
 BIASED = "†"
 INTERVAL_KEYS = tuple(c.key for c in COLUMNS if c.fmt != "count")
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
+DEFAULT_COLUMN_KEYS = tuple(k for k in COLUMN_KEYS if k not in OPTIONAL_COLUMNS)
 PROTOCOLS = {  # fid_protocol of a run (eval.metrics.FIDKID) -> what the caption says
     "clean": "clean protocol (LANTERN's evaluation, the paper's: centre crop, LANCZOS to 256 px, clean-fid "
              "mode=\"clean\")",
@@ -175,8 +182,43 @@ def find_records(roots: Sequence[str | Path]) -> list[tuple[dict[str, Any], str]
                 record = read_run(path)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path} is not valid JSON ({err}); delete it or rerun that run") from err
+            record["_folder"] = str(path.resolve().parent)  # where its records are (shared_speedups)
             found.append((record, source))
     return found
+
+
+def shared_speedups(records: Sequence[tuple[dict[str, Any], str]]) -> None:
+    """Fill in the speedup of every row whose AR was timed in another row of its table (``eval.ar_timing=table``)
+    and whose own run ended before that row had timed AR: AR's per-prompt latencies from the timing row's records
+    (found among the folders read, else at the path the row recorded) over the row's own, paired by prompt
+    (``eval.metrics.intervals.paired_speedup``, the row's bootstrap settings). ``speedup_ar_from`` names the
+    timing row; a row whose timing row is not here or not done keeps no speedup (``speedup_pending``)."""
+    timing_rows = {}
+    for record, _ in records:
+        t = record.get("ar_timing") or {}
+        if t.get("mode") == "table" and t.get("timed_here") and record.get("_folder"):
+            timing_rows[(t.get("key"), t.get("hardware"), t.get("num_timed"))] = Path(record["_folder"])
+    for record, _ in records:
+        t = record.get("ar_timing") or {}
+        if t.get("mode") != "table" or t.get("timed_here", True) or not record.get("_folder"):
+            continue
+        folder = timing_rows.get((t.get("key"), t.get("hardware"), t.get("num_timed")))
+        if folder is None and t.get("timing_row") and Path(t["timing_row"]).is_dir():
+            folder = Path(t["timing_row"])
+        ar = timed_records(folder, "ar", int(t["num_timed"])) if folder is not None else None
+        settings = record.get("uncertainty") or {}
+        boot = Bootstrap(**{k: settings[k] for k in ("resamples", "seed", "level") if k in settings})
+        for name, metrics in (record.get("per_decoder") or {}).items():
+            if name == "ar":
+                continue
+            if ar is None:
+                metrics.setdefault("speedup_pending", str(folder or t.get("timing_row")))
+                continue
+            mine = timed_records(Path(record["_folder"]), name, int(t["num_timed"]))
+            if "speedup" not in metrics and mine:
+                metrics.update(paired_speedup({r["index"]: r["stats"]["latency_s"] for r in ar},
+                                              {r["index"]: r["stats"]["latency_s"] for r in mine}, boot))
+            metrics["speedup_ar_from"] = str(folder)
 
 
 def wandb_records(project: str, api: Any = None) -> list[tuple[dict[str, Any], str]]:
@@ -307,8 +349,8 @@ def deduplicate(rows: Sequence[Measurement]) -> tuple[list[Measurement], list[st
         groups.setdefault(m.key, []).append(m)
     varying = varying_options(rows)  # duplicates share their options, so these are the table's labels
     kept, notes = [], []
-    for group in groups.values():
-        group = sorted(group, key=lambda m: (started_at(m), m.source))
+    for group in groups.values():  # AR: the newest with a latency (a row that did not time AR has none)
+        group = sorted(group, key=lambda m: (m.decoder != "ar" or "latency_s" in m.metrics, started_at(m), m.source))
         newest = group[-1]
         kept.append(newest)
         if len(group) == 1:
@@ -316,8 +358,11 @@ def deduplicate(rows: Sequence[Measurement]) -> tuple[list[Measurement], list[st
         label = method_label(newest.decoder, newest.options, varying[newest.decoder])
         where = f"{model_label(newest.model)}, {label}"
         if newest.decoder == "ar":
+            timed = sum("latency_s" in m.metrics for m in group)
+            of = f"{len(group)} AR measurements" if timed in (0, len(group)) else \
+                f"{timed} AR measurements that timed AR (of {len(group)}: eval.ar_timing=table times it in one row)"
             notes.append(f"{where}: every run measures AR as its speedup denominator; the AR row is the "
-                         f"newest of {len(group)} AR measurements ({newest.source}).")
+                         f"newest of {of} ({newest.source}).")
         else:
             dropped = ", ".join(m.source for m in group[:-1])
             notes.append(f"{where}: {len(group)} runs of the same configuration; kept the newest "
@@ -399,7 +444,7 @@ def measured_frame(rows: Sequence[Measurement]) -> pd.DataFrame:
             "kind": "measured",
             "model": m.model,
             "model_label": model_label(m.model),
-            "method": method_label(m.decoder, m.options, noted) + (MIXED_MARK if mixed_numerics(m.metrics) else ""),
+            "method": method_label(m.decoder, m.options, noted) + marks(m.metrics),
             "curve": method_label(m.decoder, m.options, noted, skip=(key,) if key else ()),
             "decoder": m.decoder,
             "strength": strength if isinstance(strength, (int, float)) and not isinstance(strength, bool) else None,
@@ -409,6 +454,7 @@ def measured_frame(rows: Sequence[Measurement]) -> pd.DataFrame:
             **{k: m.metrics.get(k) for k in COLUMN_KEYS},
             **{f"{k}_ci": interval(m.metrics.get(f"{k}_ci")) for k in INTERVAL_KEYS},
             "fid_protocol": m.metrics.get("fid_protocol"),
+            "speedup_ar_from": m.metrics.get("speedup_ar_from"),
             "fid_num_images": m.metrics.get("fid_num_images"),
             "num_timed": m.metrics.get("num_timed"),
             "hardware": hardware(m.environment, m.world_size),
@@ -680,16 +726,21 @@ def mismatch_message(rows: Sequence[CardRow], found: dict[str, list[str]]) -> st
     return ("rows measured under different evaluation protocols would share a table (their evaluation cards differ; "
             "eval/report/evaluation_card.py says which fields must agree): " + " | ".join(parts) + ". Rerun the "
             "odd runs with the others' protocol, make separate tables of them (scripts/make_tables.py <their folders> --name <name>), "
-            "or pass --mixed-protocols to keep them in one table with each row's differing fields in its notes.")
+            "or pass --mixed-protocols to keep them in one table with each row's differing fields in its notes"
+            + ("; rows that differ only in their GPU: --mixed-hardware keeps them, and the caption says that their "
+               "latencies come from different GPUs." if any("GPU" in fs for fs in found.values()) else "."))
 
 
-def check_protocols(frame: pd.DataFrame, mixed: bool = False) -> dict[str, list[str]]:
+def check_protocols(frame: pd.DataFrame, mixed: bool = False, mixed_hardware: bool = False) -> dict[str, list[str]]:
     """The fields on which each model's rows disagree ({} when they agree); raises ``ProtocolMismatch`` on any
-    unless ``mixed``."""
+    unless ``mixed`` (any field) or, for the ``GPU`` field alone, ``mixed_hardware``: a latency column of two GPU
+    models is refused unless told."""
     rows = card_rows(frame)
     found = protocol_conflicts(rows)
-    if found and not mixed:
-        raise ProtocolMismatch(mismatch_message(rows, found))
+    blocking = {model: [f for f in fields if not (mixed_hardware and f == "GPU")] for model, fields in found.items()}
+    blocking = {model: fields for model, fields in blocking.items() if fields}
+    if blocking and not mixed:
+        raise ProtocolMismatch(mismatch_message(rows, blocking))
     return found
 
 
@@ -832,26 +883,41 @@ def csv_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_tables(measured: pd.DataFrame, notes: Sequence[str], name: str, wanted: Sequence[str],
-                 published: pd.DataFrame | None = None, mixed_protocols: bool = False) -> Tables:
+                 published: pd.DataFrame | None = None, mixed_protocols: bool = False,
+                 mixed_hardware: bool = False) -> Tables:
     """The measured table (and the published one beside it) as markdown, LaTeX and CSV text. Rows of one model
     with different evaluation cards raise ``ProtocolMismatch`` unless ``mixed_protocols`` (module doc)."""
     md, tex, frames = [], [], []
     if not measured.empty:
-        mixed = check_protocols(measured, mixed_protocols)
+        mixed = check_protocols(measured, mixed_protocols, mixed_hardware)
         columns = present_columns([measured], wanted)
         rows = layout(measured, columns)
         all_notes = [*notes, INTERVAL_NOTE, BOLD_NOTE]
         if any(c.text.endswith(BIASED) for r in rows for c in r.cells):
             all_notes.append(BIAS_NOTE)
-        if measured["method"].str.endswith(MIXED_MARK).any():
+        if measured["method"].str.contains(MIXED_MARK.strip(), regex=False).any():
             all_notes.append(MIXED_NOTE)
+        if measured["method"].str.contains(CODE_MARK.strip(), regex=False).any():
+            all_notes.append(CODE_NOTE)
+        shared = sorted({str(f) for f in measured.get("speedup_ar_from", pd.Series(dtype=object)).dropna()})
+        if shared:
+            all_notes.append("AR timed once per table and GPU kind (eval.ar_timing=table): the speedups of the rows "
+                             "that did not time AR divide the AR latency timed in " + ", ".join(shared)
+                             + " (same prompts, seeds and GPU kind; paired by prompt).")
         if any(c.text == MISSING for r in rows for c in r.cells):
             all_notes.append("— = not measured (no run of that method on that model, or the metric was not "
                              "computed); no value is filled in.")
         all_notes += card_notes(measured, mixed)
         title = caption(measured, name)
-        if mixed:
-            fields = ", ".join(dict.fromkeys(f for fs in mixed.values() for f in fs))
+        gpus = {model: sorted({value_text(r.card.get("GPU")) for r in group if known(r.card.get("GPU"))})
+                for model, group in by_model(card_rows(measured)).items() if "GPU" in mixed.get(model, ())}
+        if gpus:
+            title += (" Mixed hardware (--mixed-hardware): the latencies of one model's rows come from different GPUs ("
+                      + "; ".join(f"{model}: {' / '.join(values)}" for model, values in gpus.items())
+                      + "); compare speedups (each within its run), not latencies.")
+        others = {model: [f for f in fields if f != "GPU"] for model, fields in mixed.items()}
+        if any(others.values()):
+            fields = ", ".join(dict.fromkeys(f for fs in others.values() for f in fs))
             title += (f" Mixed evaluation protocols (--mixed-protocols): rows of one model differ in {fields}; "
                       "the notes give each row's values, and those rows are not comparable in those respects.")
         md.append(markdown(rows, columns, title, all_notes))
@@ -920,14 +986,16 @@ class Written:
 
 def write_tables(paths: Sequence[str | Path], wandb: str | None = None, name: str | None = None,
                  out: str | Path | None = None, published: bool = False,
-                 published_file: str | Path = PUBLISHED_CSV, columns: Sequence[str] = COLUMN_KEYS,
-                 mixed_protocols: bool = False) -> Written:
+                 published_file: str | Path = PUBLISHED_CSV, columns: Sequence[str] = DEFAULT_COLUMN_KEYS,
+                 mixed_protocols: bool = False, mixed_hardware: bool = False) -> Written:
     """Read the run records under ``paths`` (and of the W&B project ``wandb``), build the tables and write
     ``<out>/tables/<name>.{md,tex,csv}`` (``out`` defaults to the input folder, see ``output_folder``).
-    ``mixed_protocols``: allow rows of one model with different evaluation cards (``build_tables``)."""
+    ``mixed_protocols``: allow rows of one model with different evaluation cards (``build_tables``);
+    ``mixed_hardware``: allow only their GPU to differ (the caption says so)."""
     records = find_records(paths)
     if wandb:
         records += wandb_records(wandb)
+    shared_speedups(records)
     if not records and not published:
         raise UsageError(f"no run.json found under {list(paths) or '(no paths given)'}; run e.g. "
                          "`python run.py -m experiment=tiny_table` first, or pass --published for the "
@@ -940,7 +1008,7 @@ def write_tables(paths: Sequence[str | Path], wandb: str | None = None, name: st
         # and every reported-only row (a method the harness does not reproduce has no measured decoder)
         keep = published_rows["decoder"].isin(set(measured["decoder"])) | (published_rows["kind"] == "reported")
         published_rows = published_rows[keep].reset_index(drop=True)
-    tables = build_tables(measured, notes, name, columns, published_rows, mixed_protocols)
+    tables = build_tables(measured, notes, name, columns, published_rows, mixed_protocols, mixed_hardware)
     folder = output_folder(paths, out)
     if folder is None:
         raise UsageError("no result folder was given (--wandb or --published alone): say where to write with --out")

@@ -89,7 +89,7 @@ def table_cells(per_decoder: dict[str, dict[str, Any]]) -> tuple[list[str], list
     """(column titles, one row of cell texts per decoder): value ± half its 95 % interval; columns that no
     decoder reports are left out."""
     cols = [c for c in COLUMNS if c[0] == "decoder" or any(c[0] in m for m in per_decoder.values())]
-    rows = [[cell_text({"decoder": name + (MIXED_MARK if mixed_numerics(metrics) else ""), **metrics}, key, fmt)
+    rows = [[cell_text({"decoder": name + marks(metrics), **metrics}, key, fmt)
              for key, _, fmt in cols] for name, metrics in per_decoder.items()]
     return [title for _, title, _ in cols], rows
 
@@ -106,6 +106,25 @@ def mixed_numerics(metrics: dict[str, Any]) -> bool:
     return len(metrics.get("numerics_signatures") or {}) > 1
 
 
+#: the mark of a row whose images were kept across a change of the code that makes them (``eval.code_mismatch=accept``)
+CODE_MARK = " §"
+CODE_NOTE = ("§ this decoder's images were made by other code than the code named in run.json (its records were kept "
+             "across an edit of the modules that make its tokens, eval.code_mismatch=accept, or mix images of several "
+             "code versions): run.json `code.accepted_mismatch` names the files; eval.code_mismatch=rerun makes them again.")
+
+
+def mixed_code(metrics: dict[str, Any]) -> bool:
+    """Whether a decoder's images were kept across a code change (``code_accepted``) or come from several code
+    digests (``code_digests``; records made before code digests, ``unknown``, do not count)."""
+    known = [d for d in (metrics.get("code_digests") or {}) if d != "unknown"]
+    return bool(metrics.get("code_accepted")) or len(known) > 1
+
+
+def marks(metrics: dict[str, Any]) -> str:
+    """The marks of a decoder's row: ‡ (several arithmetics), § (kept across a code change)."""
+    return (MIXED_MARK if mixed_numerics(metrics) else "") + (CODE_MARK if mixed_code(metrics) else "")
+
+
 def markdown_table(per_decoder: dict[str, dict[str, Any]]) -> str:
     """One row per decoder, value ± half its 95 % interval, N per row, and the notes that explain the marks."""
     titles, rows = table_cells(per_decoder)
@@ -116,6 +135,8 @@ def markdown_table(per_decoder: dict[str, dict[str, Any]]) -> str:
         lines.append(BIAS_NOTE)
     if any(mixed_numerics(m) for m in per_decoder.values()):
         lines.append(MIXED_NOTE)
+    if any(mixed_code(m) for m in per_decoder.values()):
+        lines.append(CODE_NOTE)
     if any(m.get("tv_measured") is False for m in per_decoder.values()):
         lines.append(TV_NOTE)
     return "\n".join(lines)
@@ -171,9 +192,19 @@ def one_line_summary(record: dict[str, Any]) -> str:
     steps = {"graph": "CUDA graphs", "compiled": "compiled", "eager": "uncaptured steps"}
     where = f" (static path, {steps.get(record.get('static_steps'), 'steps not recorded')})" \
         if record.get("decode_path") == "static" else ""
+    timing = record.get("ar_timing") or {}
+    if "speedup" in m:
+        versus = (f"{m.get('latency_s', float('nan')):.3f} s/img vs AR {ar.get('latency_s', float('nan')):.3f} s/img "
+                  f"= {m['speedup']:.2f}x{interval} (95 %)")
+        if not timing.get("timed_here", True):
+            versus += f" (AR timed in {timing.get('timing_row')})"
+    elif not timing.get("timed_here", True):
+        versus = (f"{m.get('latency_s', float('nan')):.3f} s/img; speedup pending: AR is timed in "
+                  f"{timing.get('timing_row')} (scripts/make_tables.py computes it once that row has timed AR)")
+    else:
+        versus = f"{m.get('latency_s', float('nan')):.3f} s/img (no AR latency)"
     return (f"{record['decoder']} on {record.get('model') or 'model'}{where}: accepted length "
-            f"{m['mean_accepted_length']:.2f}, {m['latency_s']:.3f} s/img vs AR {ar['latency_s']:.3f} s/img "
-            f"= {m.get('speedup', float('nan')):.2f}x{interval} (95 %), TV/step {tv_text(m)}, "
+            f"{m['mean_accepted_length']:.2f}, {versus}, TV/step {tv_text(m)}, "
             f"{record['num_prompts']} prompts -> {record['output_dir']}/run.json")
 
 

@@ -20,7 +20,8 @@ one row per job (``<hydra.sweep.dir>/<hydra.sweep.subdir>``, the job's overrides
   ``scancel``). Every rank writes a marker, one process too; a run made before markers existed for one process
   has none: it is stale when none of its files (records, logs)
   changed for that long; such a run may also be loading a large model or scoring metrics that long.
-* ``running``: per decoder, the images recorded out of the run's prompts (``eval.num_prompts`` of
+* ``running`` (also when the row's lease, ``lease.json``, has a live heartbeat: ``eval.records.lease``, whatever a
+  later attempt that was refused left behind): per decoder, the images recorded out of the run's prompts (``eval.num_prompts`` of
   ``.hydra/config.yaml``; per rank when it has several), and the age of the freshest heartbeat (no markers:
   of its newest file).
 * ``not started``: a job of the sweep's job list (Hydra's ``multirun.yaml``, expanded as Hydra's basic sweeper
@@ -35,6 +36,13 @@ that stopped before its marker existed, submitit's result file holds it, which i
 anything it names (a pickle read by an unpickler that makes every class a placeholder, so no code of the file
 runs).
 
+For a sweep with failed or stale rows, ``resubmit_commands`` gives the command that resubmits only those rows: the
+sweep's own Hydra overrides (launcher, partition, ``hydra.sweep.dir``) from ``multirun.yaml`` and the rows' job
+overrides, their swept key joined with commas (``row=sjd,coolsd_d2``; rows that differ in more than one key get one
+command each); the command line's values win over an experiment's ``hydra.sweeper.params``, and each row keeps its
+folder (``hydra.sweep.subdir``), so only those rows run again and resume their records. Rows still running are
+left out: resubmitting them would double the work (a second attempt would stop at their lease anyway).
+
 Example: ``python scripts/status.py results/runs/table_llamagen`` (exit code 0 when every row is done).
 """
 from __future__ import annotations
@@ -43,6 +51,7 @@ import datetime as dt
 import os
 import pickle
 import re
+import shlex
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +62,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from eval.records.image_records import RECORD_FILE, JsonlLog
+from eval.records.lease import Lease, describe, lease_age_s
 from eval.records.rank_markers import MARKER_DEFAULTS, RankMarkers
 from eval.records.run_json import read_run
 
@@ -74,7 +84,7 @@ HINT_LINES = re.compile(r"full_key: |Set the environment variable HYDRA_FULL_ERR
 LOG_TAIL_BYTES = 256 * 1024
 #: the longest error line shown
 MAX_ERROR_CHARS = 300
-RERUN = "rerun the sweep command (same hydra.sweep.dir) to resume it"
+RERUN = "resubmit it with the command printed below (only the failed and stale rows; same hydra.sweep.dir)"
 
 
 class StatusError(Exception):
@@ -323,6 +333,11 @@ class Row:
         markers = RankMarkers.latest(self.folder)
         world = max([int(m.get("world") or 1) for m in markers] or [1])
         progress = _progress(record_counts(self.folder), self.num_prompts, world)
+        lease = Lease.read(self.folder)
+        now = dt.datetime.fromtimestamp(self.now, dt.timezone.utc)
+        age_s = lease_age_s(lease, now) if lease else None
+        if lease and age_s is not None and age_s <= 60.0 * float(lease.get("stale_min") or self.stale_min):
+            return RowStatus(state="running", detail=f"{progress}; held by {describe(lease, now)}", **make)
         failed = sorted((m for m in markers if m.get("state") == "failed"), key=lambda m: m["_t"])
         real = [m for m in failed if not str(m.get("error", "")).startswith("SystemExit")]
         if real:
@@ -482,8 +497,51 @@ def exit_code(statuses: list[RowStatus]) -> int:
     return 0 if statuses and all(s.state == "done" for s in statuses) else 1
 
 
+#: the states whose rows the resubmission command runs again
+RESUBMIT = ("failed", "stale")
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0]
+
+
+def resubmit_commands(root: str | os.PathLike, statuses: list[RowStatus]) -> list[str]:
+    """The commands that resubmit only the failed and stale rows of the sweeps at or below ``root`` (module doc);
+    [] when there are none, or a row's sweep has no ``multirun.yaml`` (a single run: rerun its own command)."""
+    wanted = [s for s in statuses if s.state in RESUBMIT and s.folder is not None]
+    commands = []
+    for sweep in find_rows(Path(root))[1]:
+        cfg = _load_yaml(sweep / "multirun.yaml")
+        jobs = {j.folder.resolve(): j for j in sweep_jobs(sweep) or []}
+        picked = [jobs[s.folder.resolve()] for s in wanted if s.folder.resolve() in jobs]
+        if not picked or cfg is None:
+            continue
+        hydra = [str(o) for o in (_select(cfg, "hydra.overrides.hydra") or [])]
+        if not any(_key(o) == "hydra.sweep.dir" for o in hydra):
+            hydra.append(f"hydra.sweep.dir={sweep.resolve()}")  # the folder the rows live in, whatever the experiment says
+        head = ["python", "run.py", "-m", *hydra]
+        overrides = [dict((_key(o), o) for o in job.overrides) for job in sorted(picked, key=lambda j: j.num)]
+        keys = list(dict.fromkeys(k for o in overrides for k in o))
+        differ = [k for k in keys if len({o.get(k) for o in overrides}) > 1]
+        if len(overrides) > 1 and len(differ) == 1 and all(differ[0] in o for o in overrides):
+            key = differ[0]
+            joined = ",".join(o[key].split("=", 1)[1] for o in overrides)
+            parts = [o if _key(o) != key else f"{key}={joined}" for o in overrides[0].values()]
+            commands.append(shlex.join([*head, *parts]))
+        else:
+            commands += [shlex.join([*head, *o.values()]) for o in overrides]
+    return commands
+
+
 def report(root: str | os.PathLike, now: dt.datetime | None = None) -> tuple[str, int]:
-    """The printed report (one line per row, then the total) and the exit code."""
+    """The printed report (one line per row, then the total, then the command that resubmits only the failed and
+    stale rows) and the exit code."""
     statuses = sweep_status(root, now)
     width = max(len(s.state) for s in statuses)
-    return "\n".join([*(s.line(width) for s in statuses), total_line(statuses)]), exit_code(statuses)
+    lines = [*(s.line(width) for s in statuses), total_line(statuses)]
+    commands = resubmit_commands(root, statuses)
+    if commands:
+        lines.append("Resubmit only the failed and stale rows (from the repository root; the running ones are left "
+                     "alone, finished images are kept):")
+        lines += [f"  {c}" for c in commands]
+    return "\n".join(lines), exit_code(statuses)

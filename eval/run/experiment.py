@@ -53,15 +53,16 @@ from coolsd.required_files import MissingFilesError
 from coolsd.types import pooled_accepted_length
 from eval.metrics import intervals
 from eval.metrics.intervals import Bootstrap
-from eval.records.environment import environment, git_commit
+from eval.records.code_digest import CodeIdentity, current_files, decoder_code, mismatch_text
+from eval.records.environment import environment, git_commit, hardware_name, write_environment
 from eval.records.fingerprints import decoder_fingerprint
-from eval.records.image_records import load_records, record_signatures
+from eval.records.image_records import load_records, record_signatures, timed_records
 from eval.records.run_json import read_run
 from eval.report.evaluation_card import card_lines, record_card
 from eval.report.labels import canonical, decoder_options, method_label
 from eval.report.run_table import (comparison_table, markdown_table, one_line_summary, save_grid,
                                    speed_quality_plot)
-from eval.run.ar_cache import ARCache
+from eval.run.ar_cache import ARCache, ar_key
 from eval.run.generator import Generator
 from eval.run.loggers import Progress
 from eval.run.prefetch import check_run_files, run_overrides
@@ -135,10 +136,7 @@ def summarize(records: list[dict], ar_records: list[dict] | None = None,
             out["speedup_ci"] = intervals.ratio_interval([ar[i] for i in common], [mine[i] for i in common], boot,
                                                      "timed")
             out["speedup_num_pairs"] = len(common)
-    batches: dict[str, tuple[int, float]] = {}
-    for r in records:
-        if r.get("batch_id") and not r.get("reused"):
-            batches[r["batch_id"]] = (r["stats"]["batch_size"], r["batch_s"])
+    batches = _batches(records)
     if batches:
         sizes = [b for b, _ in batches.values()]
         walls = [w for _, w in batches.values()]
@@ -147,6 +145,10 @@ def summarize(records: list[dict], ar_records: list[dict] | None = None,
         out["throughput_images"] = sum(sizes)
         out["throughput_batches"] = len(batches)
         out["throughput_batch_size"] = max(sizes)
+        base = _batches(ar_records or [])
+        if base:  # the speedup at batch > 1: images per second over AR's, each over its own batches
+            out["batch_speedup"], out["batch_speedup_ci"] = intervals.throughput_ratio(
+                sizes, walls, [b for b, _ in base.values()], [w for _, w in base.values()], boot)
     peaks = [s["peak_mem_mb"] for s in stats_ if s.get("peak_mem_mb") is not None]
     if peaks:
         out["peak_mem_mb"] = max(peaks)
@@ -155,6 +157,27 @@ def summarize(records: list[dict], ar_records: list[dict] | None = None,
         key = r.get("numerics") or "unknown"
         signatures[key] = signatures.get(key, 0) + 1
     out["numerics_signatures"] = signatures
+    codes: dict[str, int] = {}  # the code digests its images were made by (several: eval.code_mismatch=accept)
+    for r in records:
+        key = r.get("code") or "unknown"
+        codes[key] = codes.get(key, 0) + 1
+    out["code_digests"] = codes
+    made_on: dict[str, int] = {}
+    for r in records:
+        if r.get("timed"):
+            made_on[r.get("hardware") or "unknown"] = made_on.get(r.get("hardware") or "unknown", 0) + 1
+    if made_on:
+        out["timed_hardware"] = made_on
+    return out
+
+
+def _batches(records: list[dict]) -> dict[str, tuple[int, float]]:
+    """{batch id: (images, wall seconds)} of the batches that have a timing on this hardware (images reused from
+    another GPU kind carry none, ``eval.run.generator.Generator._reuse_ar``)."""
+    out: dict[str, tuple[int, float]] = {}
+    for r in records:
+        if r.get("batch_id") and r.get("batch_s"):
+            out[r["batch_id"]] = (r["stats"]["batch_size"], r["batch_s"])
     return out
 
 
@@ -290,12 +313,25 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path, decoder_overridden: 
 
 #: config keys that change no number of run.json (how ranks meet and wait)
 UNSCORED_KEYS = ("dist",)
+#: ``eval`` keys that change no number either: what to do on a code mismatch, whether to try a batch first
+UNSCORED_EVAL_KEYS = ("code_mismatch", "preflight")
+
+
+def _scored(config: dict[str, Any]) -> dict[str, Any]:
+    """A resolved config without ``UNSCORED_KEYS`` and ``UNSCORED_EVAL_KEYS``."""
+    out = {k: v for k, v in config.items() if k not in UNSCORED_KEYS}
+    if isinstance(out.get("eval"), dict):
+        out["eval"] = {k: v for k, v in out["eval"].items() if k not in UNSCORED_EVAL_KEYS}
+    return out
 
 
 def finished_record(out_dir: Path, cfg: DictConfig) -> dict[str, Any] | None:
     """``out_dir/run.json`` if it holds this run, complete: the same resolved config (but ``UNSCORED_KEYS``), every
-    decoder's records made by this token code version, all of them on disk and readable, with their image files;
-    else None (a damaged or deleted record or image is made again by the normal resume)."""
+    decoder's records made by this token code version and by today's code (``records/<decoder>.code.json``, the
+    digest of the source that makes its tokens), all of them on disk and readable, with their image files; else
+    None (a damaged or deleted record or image is made again by the normal resume). Records of code edited since
+    are refused here, before anything loads, under ``eval.code_mismatch=refuse`` (the default); ``rerun`` and
+    ``accept`` go on to the normal resume, which makes them again or keeps and marks them."""
     path = out_dir / "run.json"
     if not path.is_file():
         return None
@@ -304,11 +340,10 @@ def finished_record(out_dir: Path, cfg: DictConfig) -> dict[str, Any] | None:
         current = OmegaConf.to_container(cfg, resolve=True)
     except (OSError, ValueError):
         return None
-    stored = record.get("config") or {}
-    if {k: v for k, v in stored.items() if k not in UNSCORED_KEYS} != \
-            {k: v for k, v in current.items() if k not in UNSCORED_KEYS}:
+    if _scored(record.get("config") or {}) != _scored(current):
         return None
     n = record.get("num_prompts")
+    changed = []
     for name, metrics in (record.get("per_decoder") or {}).items():
         meta = out_dir / "records" / f"{name}.fingerprint.json"
         try:
@@ -317,12 +352,31 @@ def finished_record(out_dir: Path, cfg: DictConfig) -> dict[str, Any] | None:
             return None
         if version != TOKEN_CODE_VERSION or metrics.get("num_images") != n:
             return None
+        code = out_dir / "records" / f"{name}.code.json"
+        if code.is_file():  # records made before code digests have none: TOKEN_CODE_VERSION alone judges them
+            try:
+                old = CodeIdentity.from_dict(json.loads(code.read_text()))
+            except (OSError, ValueError):
+                return None
+            now = current_files(old.files)
+            if now.changed(old):
+                changed.append(mismatch_text(name, now.changed(old), old, now))
         with warnings.catch_warnings():  # a damaged line is reported by the resume that follows
             warnings.simplefilter("ignore")
             records = load_records(out_dir / "records", name)
         if sorted(records) != list(range(n or 0)) or any(r.get("image") and not (out_dir / r["image"]).is_file()
                                                           for r in records.values()):
             return None
+    if changed:
+        policy = OmegaConf.select(cfg, "eval.code_mismatch", default="refuse")
+        if policy == "refuse":
+            raise RuntimeError(
+                f"{out_dir}/run.json is complete for this config, but made by other code than this checkout's:\n  - "
+                + "\n  - ".join(changed) + "\nNothing was loaded. eval.code_mismatch=rerun makes those decoders' "
+                "images again with today's code (it DELETES their records in this folder); eval.code_mismatch=accept "
+                "keeps them and scores the row again (run.json names the files, the tables mark it §); or restore the "
+                "code (git checkout <the commit in run.json>).")
+        return None
     return record if record.get("per_decoder") else None
 
 
@@ -339,7 +393,16 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
     """
     started = dt.datetime.now(dt.timezone.utc)
     wall0 = time.perf_counter()
-    out_dir = shards.begin(output_dir)  # rank 0's folder on every rank; starts this rank's heartbeat marker
+    out_dir = shards.begin(output_dir)  # the row's lease (one attempt per row), this rank's heartbeat marker
+    logger, progress = None, None
+    if shards.rank == 0:  # the W&B run opens first (a login or network problem shows before anything loads)
+        write_environment(out_dir / "environment.txt")  # the exact software this row ran with
+        logger = instantiate(cfg.logger)
+        if hasattr(logger, "begin"):
+            logger.begin({"decoder": cfg.decoder.name, "config": OmegaConf.to_container(cfg, resolve=True),
+                          "job": dict(job or {})}, out_dir)
+        progress = Progress(logger, every=getattr(logger, "progress_every", 10),
+                            every_s=getattr(logger, "progress_every_s", 60.0))
     suite: EvalSuite = instantiate(cfg.eval)
     for metric in suite.metrics:  # every weight, reference and tokenizer file before the first image
         metric.preflight()
@@ -355,6 +418,9 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
                              "class names")
     decoder_cfgs = select_decoders(cfg, decoder_overridden)
     fingerprints = {name: decoder_fingerprint(cfg, name, dc) for name, dc in decoder_cfgs.items()}
+    model_plain = OmegaConf.to_container(cfg.model, resolve=True)
+    codes = {name: decoder_code(model_plain, OmegaConf.to_container(dc, resolve=True))
+             for name, dc in decoder_cfgs.items()}
     torch.manual_seed(suite.seed)
 
     check_device_then_files(cfg, decoder_cfgs)
@@ -370,22 +436,16 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
         head = getattr(dec.drafter, "head", None)
         if isinstance(head, torch.nn.Module):
             fingerprints[name]["drafter_weights_sha1"] = weights_digest(head)
-    records = RunRecords(out_dir, fingerprints, suite.resume, shards, suite.numerics_mismatch)
+    records = RunRecords(out_dir, fingerprints, suite.resume, shards, suite.numerics_mismatch, codes,
+                         suite.code_mismatch)
     done = records.check(prompts, suite.seed)
+    hardware = hardware_name(model.device)
     cache_root = Path(os.environ.get("COOLSD_CACHE", "~/.cache/coolsd")).expanduser()
-    ar_cache = ARCache(cache_root, records.digests["ar"]) if suite.reuse_ar and suite.num_timed < len(prompts) \
-        else None
-
-    logger, progress = None, None
-    if shards.rank == 0:  # the W&B run opens now, so it shows progress while the run generates
-        logger = instantiate(cfg.logger)
-        if hasattr(logger, "begin"):
-            logger.begin({"decoder": cfg.decoder.name, "config": OmegaConf.to_container(cfg, resolve=True),
-                          "job": dict(job or {})}, out_dir)
-        progress = Progress(logger, every=getattr(logger, "progress_every", 10),
-                            every_s=getattr(logger, "progress_every_s", 60.0))
+    shared = suite.reuse_ar and (suite.num_timed < len(prompts) or suite.ar_timing == "table")
+    ar_cache = ARCache(cache_root, ar_key(records.fingerprints["ar"], records.code_digest("ar"))) if shared else None
+    timing = ar_timing(suite, ar_cache, hardware, out_dir, shards)
     generator = Generator(decoders, prompts, suite, out_dir, shards, records, ar_cache, numerics["signature"],
-                          progress)
+                          progress, hardware, time_ar=timing["timed_here"])
     generator.run(done)
     counts = {name: len(log.done) for name, log in generator.logs.items()}
     if shards.rank != 0:  # no collective from here on: markers on disk (ranks/rank<k>.json)
@@ -402,7 +462,21 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
             "disk)" if shards.world > 1 else ""))
     ordered = {name: [found[name][i] for i in range(len(prompts))] for name in decoders}
     boot = suite.bootstrap
-    per_decoder = {name: summarize(recs, ordered["ar"], boot) for name, recs in ordered.items()}
+    ar_timed = ordered["ar"]
+    if not timing["timed_here"]:  # AR timed by another row of the table: its timed records, once complete
+        ar_timed = timed_records(Path(timing["timing_row"]), "ar", suite.num_timed)
+        timing["pending"] = ar_timed is None
+        if ar_timed is None:
+            log.warning(f"AR's latency for this table is timed in {timing['timing_row']}, which has not finished its "
+                        "timed images yet: this row's speedup is left out of run.json; scripts/make_tables.py "
+                        "computes it from both rows' records once that row is done")
+        ar_timed = [r for r in ordered["ar"] if not r.get("timed")] + (ar_timed or [])
+    per_decoder = {name: summarize(recs, ar_timed if name != "ar" else recs, boot)
+                   for name, recs in ordered.items()}
+    for name in decoders:
+        per_decoder[name]["code_digest"] = records.code_digest(name)
+        if name in records.accepted_code:
+            per_decoder[name]["code_accepted"] = records.accepted_code[name]
     compared = baselines(list(decoders), suite.compare_to)
     comparisons = {name: {base: compare_records(ordered[name], ordered[base], boot) for base in bases}
                    for name, bases in compared.items()}
@@ -435,6 +509,11 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
         "world_size": shards.world,
         "numerics": {**numerics["check"], "ranks": numerics["ranks"], "accepted_mismatch": records.accepted_numerics,
                      "record_signatures": record_signatures(ordered)},
+        "code": {"decoders": {name: codes[name].as_dict() for name in decoders},
+                 "accepted_mismatch": records.accepted_code, "rerun": records.rerun_code,
+                 "token_code_version": TOKEN_CODE_VERSION},
+        "ar_timing": timing,
+        "hardware": hardware,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "git": git_commit(),
         "environment": environment(),
@@ -459,6 +538,27 @@ def _run_experiment(cfg: DictConfig, shards: Shards, output_dir: str | Path, dec
     print(one_line_summary(record))
     shards.finish(counts)  # the ranks waiting for rank 0 may leave
     return record
+
+
+def ar_timing(suite: EvalSuite, ar_cache: ARCache | None, hardware: str, out_dir: Path,
+              shards: Shards) -> dict[str, Any]:
+    """Where AR's latency comes from (``run.json["ar_timing"]``): ``eval.ar_timing=run`` times it in this run;
+    ``table`` in the one row of the table that claimed it for this AR key, hardware and timed subset
+    (``ARCache.claim_timing``: the first to ask), interleaved per prompt with that row's decoder; the other rows
+    time their decoder alone and divide that row's AR latency (``timing_row``)."""
+    timing: dict[str, Any] = {"mode": suite.ar_timing, "timed_here": True, "hardware": hardware,
+                              "num_timed": suite.num_timed}
+    if suite.ar_timing != "table":
+        return timing
+    if ar_cache is None:  # eval.reuse_ar=false: no shared cache for the rows to meet in
+        return {**timing, "note": "eval.reuse_ar=false: AR timed in this row"}
+    claim = ar_cache.claim_timing(hardware, suite.num_timed, out_dir) if shards.rank == 0 else None
+    claim = shards.gather(claim)[0]
+    here = Path(claim["out_dir"]) == Path(out_dir).resolve()
+    if shards.rank == 0:
+        print(f"AR's latency: {'timed in this row' if here else 'timed in ' + claim['out_dir']} for every row of "
+              f"this table on {hardware} (eval.ar_timing=table, {ar_cache.timing_file(hardware, suite.num_timed)})")
+    return {**timing, "timed_here": here, "timing_row": claim["out_dir"], "key": ar_cache.key}
 
 
 def decode_path(decoder: Decoder) -> dict[str, str | None]:

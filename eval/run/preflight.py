@@ -27,6 +27,10 @@ which its build needs anyway:
    A ``config.json`` that is not here is the file check's to report (``eval.run.prefetch``); the fit is then
    listed as not checked.
 
+A model class with no recipe is refused before it loads (a problem, not a note: its decoders would otherwise be
+checked only after a 7B load), unless the class says how to build it without weights itself: a classmethod
+``stand_in_config(node) -> dict`` returning the config keys to change (``Recipe.no_weights``'s contract).
+
 Problems raise one ``DecoderConfigError`` listing each (``decoder[<suite name>] (<class>): <its error>``);
 what could not be checked comes back as notes: an error that may come from the stand-in rather than the
 config (anything but a value or type error; a draft model sized on a tiny stand-in) never stops a run.
@@ -210,15 +214,38 @@ class StandIn:
         return self.heads[0]
 
 
-def stand_in(model_cfg: Mapping[str, Any]) -> StandIn | str:
-    """The configured target built without weights (``RECIPES``), or why it cannot be (no recipe for its class).
-    A full-size stand-in of a model whose published weights need a GPU (``requires_cuda``) is built on the meta
-    device; the others on the CPU (at these sizes faster than the meta device's first use)."""
+class NoStandIn(ValueError):
+    """A model class with no way to build it without weights (no ``RECIPES`` entry, no ``stand_in_config``)."""
+
+
+def recipe_of(model_cfg: Mapping[str, Any]) -> Recipe | None:
+    """The class's recipe: its ``RECIPES`` entry, else one from its own ``stand_in_config`` classmethod, else None."""
     target = str(model_cfg.get("_target_", ""))
-    recipe = RECIPES.get(target)
+    if target in RECIPES:
+        return RECIPES[target]
+    module, _, name = target.rpartition(".")
+    try:
+        import importlib
+
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    own = getattr(cls, "stand_in_config", None)
+    return Recipe(lambda node: dict(own(node))) if callable(own) else None
+
+
+def stand_in(model_cfg: Mapping[str, Any]) -> StandIn | str:
+    """The configured target built without weights (``recipe_of``), or why its sizes are not known; raises
+    ``NoStandIn`` for a class without a recipe. A full-size stand-in of a model whose published weights need
+    a GPU (``requires_cuda``) is built on the meta device; the others on the CPU (at these sizes faster than the
+    meta device's first use)."""
+    target = str(model_cfg.get("_target_", ""))
+    recipe = recipe_of(model_cfg)
     if recipe is None:
-        return (f"no stand-in recipe for the model class {target} (eval/run/preflight.py RECIPES): its decoders are "
-                "checked only when the run builds them")
+        raise NoStandIn(
+            f"the model class {target} cannot be checked before it loads: it has no stand-in recipe "
+            "(eval/run/preflight.py RECIPES). Add one there, or give the class a classmethod stand_in_config(node) "
+            "returning the config keys that build it without its weights (docs/extending.md); nothing was loaded")
     meta = bool(model_cfg.get("requires_cuda", False)) and recipe.sizes is None
     node = {k: v for k, v in model_cfg.items() if k != "defaults"}
     node.update(recipe.no_weights(model_cfg))
@@ -335,9 +362,12 @@ def _check_all(cfg: DictConfig, decoder_cfgs: Mapping[str, Any], found: Checked)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     try:
         where = stand_in(model_cfg)
+    except NoStandIn as error:
+        found.problem(f"model ({model_cfg.get('_target_')})", str(error))
+        return
     except Exception as error:  # noqa: BLE001  a value of the model's own config is the run's problem
         cause = _cause(error)
-        recipe = RECIPES.get(str(model_cfg.get("_target_")))
+        recipe = recipe_of(model_cfg)
         owner = f"model ({model_cfg.get('_target_')})"
         if isinstance(cause, CONFIG_ERRORS) and recipe is not None and recipe.sizes is None:
             found.problem(owner, str(cause))

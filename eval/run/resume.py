@@ -5,7 +5,9 @@ Rerunning a command with the same output folder (``hydra.run.dir=<folder>``) ski
 prompt), whichever process or rank finished it. A decoder whose stored fingerprint (``records/<decoder>.fingerprint
 .json``, ``eval.records.fingerprints``) differs from this run's, or whose records were made for other prompts or
 seeds, is refused (``eval.resume=auto``) or cleared (``overwrite``); records made on a machine of other float32
-arithmetic are kept or refused by ``eval.numerics_mismatch``.
+arithmetic are kept or refused by ``eval.numerics_mismatch``; records made by other code (the digest of the source
+that makes a decoder's tokens, ``records/<decoder>.code.json``, ``eval.records.code_digest``) are refused, made
+again or kept by ``eval.code_mismatch`` (``refuse``, ``rerun``, ``accept``).
 
 Example: ``python run.py hydra.run.dir=runs/x`` twice: the second run generates nothing that the first finished.
 """
@@ -18,6 +20,7 @@ from typing import Any
 
 from coolsd.fingerprint import differing_keys, json_digest
 from coolsd.io import atomic_write_json
+from eval.records.code_digest import CodeIdentity, mismatch_text
 from eval.records.fingerprints import normalised
 from eval.records.image_records import load_records
 from eval.run.shards import Shards
@@ -29,10 +32,14 @@ class RunRecords:
     ``fingerprints[name]`` (a dict) is stored beside the records (``records/<name>.fingerprint.json``); each
     record carries the digest of that dict with its prompt and seed. A folder whose records were made with
     other settings is refused (``eval.resume=auto``) or cleared (``overwrite``) before any image is made.
+    ``codes[name]``: the identity of the code that makes decoder ``name``'s tokens (``eval.records.code_digest``),
+    stored as ``records/<name>.code.json`` and carried by every record as ``code``; records made by other code are
+    refused, cleared or kept by ``code_mismatch`` (``refuse``, ``rerun``, ``accept``).
     """
 
     def __init__(self, out_dir: Path, fingerprints: dict[str, dict], resume: str, shards: Shards,
-                 numerics_mismatch: str = "accept") -> None:
+                 numerics_mismatch: str = "accept", codes: dict[str, CodeIdentity] | None = None,
+                 code_mismatch: str = "refuse") -> None:
         self.dir = out_dir / "records"
         self.out_dir = out_dir
         self.fingerprints = {name: normalised(fp) for name, fp in fingerprints.items()}
@@ -42,6 +49,30 @@ class RunRecords:
         self.numerics_mismatch = numerics_mismatch
         #: decoder -> the stored ``numerics`` fingerprint of records this run accepted from another machine
         self.accepted_numerics: dict[str, Any] = {}
+        self.codes = dict(codes or {})
+        self.code_mismatch = code_mismatch
+        #: decoder -> the files whose code changed since the records this run kept (``eval.code_mismatch=accept``)
+        self.accepted_code: dict[str, list[str]] = {}
+        #: decoder -> the changed files of the records this run deleted to make them again (``rerun``)
+        self.rerun_code: dict[str, list[str]] = {}
+
+    def code_path(self, name: str) -> Path:
+        return self.dir / f"{name}.code.json"
+
+    def _code_changes(self, name: str) -> tuple[list[str], str]:
+        """(the files changed since decoder ``name``'s records were made, the line naming them); nothing for a
+        decoder without a code identity here or stored (records made before code digests: judged by
+        ``TOKEN_CODE_VERSION``, which the fingerprint holds)."""
+        path = self.code_path(name)
+        if name not in self.codes or not path.is_file():
+            return [], ""
+        old = CodeIdentity.from_dict(json.loads(path.read_text()))
+        changed = self.codes[name].changed(old)
+        return changed, mismatch_text(name, changed, old, self.codes[name]) if changed else ""
+
+    def code_digest(self, name: str) -> str | None:
+        """The digest every new record of decoder ``name`` carries (None: no code identity given)."""
+        return self.codes[name].digest if name in self.codes else None
 
     def meta_path(self, name: str) -> Path:
         return self.dir / f"{name}.fingerprint.json"
@@ -53,10 +84,23 @@ class RunRecords:
         """Finished records per decoder (index -> record) that match; refuses or clears mismatching ones."""
         done: dict[str, dict[int, dict]] = {}
         problems: list[str] = []
+        code_problems: list[str] = []
         for name, fp in self.fingerprints.items():
             meta = self.meta_path(name)
             records = load_records(self.dir, name)
             stale = []
+            changed, said = self._code_changes(name) if records else ([], "")
+            if changed and self.code_mismatch == "rerun":
+                if self.shards.rank == 0:
+                    self._clear(name)
+                self.rerun_code[name] = changed
+                records = {}
+            elif changed and self.code_mismatch == "accept":
+                self.accepted_code[name] = changed
+            elif changed:
+                code_problems.append(said)
+                done[name] = {}
+                continue
             if meta.is_file():
                 old = json.loads(meta.read_text())
                 keys = differing_keys(normalised(old), fp)
@@ -92,6 +136,14 @@ class RunRecords:
                 stale = []
             problems += stale
             done[name] = {i: r for i, r in records.items() if i < len(prompts)}
+        if code_problems:
+            raise RuntimeError(
+                f"{self.out_dir} holds records made by other code than this checkout's:\n  - "
+                + "\n  - ".join(code_problems)
+                + "\nNothing was generated. eval.code_mismatch=rerun DELETES those decoders' records and images in "
+                  "this folder and makes them again with today's code; eval.code_mismatch=accept keeps them (run.json "
+                  "names the files, the tables mark the row §); or write to a new folder (hydra.run.dir=<new folder>)"
+                  ", or restore the code (git stash, git checkout <the commit in run.json>).")
         if problems:
             raise RuntimeError(
                 f"{self.out_dir} holds images made with other settings than this run:\n  - "
@@ -103,12 +155,15 @@ class RunRecords:
         if self.shards.rank == 0:
             for name, fp in self.fingerprints.items():
                 atomic_write_json(self.meta_path(name), fp)
+                if name in self.codes:
+                    atomic_write_json(self.code_path(name), self.codes[name].as_dict())
         return done
 
     def _clear(self, name: str) -> None:
         for path in list(self.dir.glob(f"{name}.jsonl")) + list(self.dir.glob(f"{name}.rank*.jsonl")):
             path.unlink()
         self.meta_path(name).unlink(missing_ok=True)
+        self.code_path(name).unlink(missing_ok=True)
         images = self.out_dir / "images" / name
         if images.is_dir():
             shutil.rmtree(images)

@@ -43,6 +43,7 @@ import torch
 
 from coolsd import validate
 from coolsd.launch import join_error, launch_environment
+from eval.records.lease import Lease, LeaseHeld
 from eval.records.rank_markers import MARKER_DEFAULTS, RankMarkers
 
 log = logging.getLogger("coolsd")
@@ -79,6 +80,7 @@ class Shards:
         self.source = env.source
         self.world, self.rank, self.local_rank = env.world, env.rank, env.local_rank
         self.markers: RankMarkers | None = None
+        self.lease: Lease | None = None
         self._meetings = 0
         if self.world > 1:
             import torch.distributed as dist
@@ -100,8 +102,19 @@ class Shards:
 
     def begin(self, output_dir: str | os.PathLike) -> Path:
         """Rank 0's output folder on every rank (Hydra names it per process: the clock may differ), and this
-        attempt's id; starts this rank's heartbeat marker. Every rank calls it once, at start-up."""
-        folder, attempt = self.broadcast((str(output_dir), uuid.uuid4().hex))
+        attempt's id; rank 0 takes the folder's lease first (``eval.records.lease``: a second live attempt on the
+        row stops here, on every rank, before anything is written); starts this rank's heartbeat marker. Every
+        rank calls it once, at start-up."""
+        attempt, refused = uuid.uuid4().hex, None
+        if self.rank == 0:
+            self.lease = Lease(Path(output_dir), stale_min=self.stale_min, poll_s=self.poll_s, owner=attempt)
+            try:
+                self.lease.acquire()
+            except LeaseHeld as err:
+                self.lease, refused = None, str(err)
+        folder, attempt, refused = self.broadcast((str(output_dir), attempt, refused))
+        if refused:
+            raise LeaseHeld(refused)
         out_dir = Path(folder)
         # one process too: its marker is how scripts/status.py tells a failed or silent run from a running one
         self.markers = RankMarkers(out_dir, self.rank, self.world, attempt, self.poll_s, self.stale_min)
@@ -163,9 +176,16 @@ class Shards:
         if status.get("state") == "failed":
             log.warning(f"rank {self.rank}: rank 0 stopped ({status.get('error')}); this rank's records are kept")
 
+    def check_lease(self) -> None:
+        """Raise if another attempt took this row's lease (rank 0 holds it; a no-op on the other ranks)."""
+        if self.lease is not None:
+            self.lease.check()
+
     def close(self) -> None:
         if self.markers is not None:
             self.markers.stop()
+        if self.lease is not None:
+            self.lease.release()
         if self.world > 1:
             import torch.distributed as dist
 

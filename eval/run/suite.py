@@ -22,6 +22,8 @@ from eval.metrics.intervals import Bootstrap
 WARMUP_SEED = 2**31 - 1
 RESUME = ("auto", "overwrite")
 NUMERICS_MISMATCH = ("refuse", "accept")
+CODE_MISMATCH = ("refuse", "rerun", "accept")
+AR_TIMING = ("run", "table")
 
 
 @dataclass
@@ -41,7 +43,17 @@ class EvalSuite:
     whose float32 arithmetic differs from this machine's (the start-up self-check's signature,
     ``coolsd.numerics``: another GPU kind after a requeue, another CPU), ``accept`` (the default: the row carries
     on; every record keeps its signature, ``run.json`` counts the images per signature and the tables mark the
-    row) or ``refuse`` (stop before any work). ``bootstrap``: resamples, seed and level of every interval and
+    row) or ``refuse`` (stop before any work). ``code_mismatch``: records of this folder made by other code than
+    this checkout's (the digest of the source that makes a decoder's tokens, ``eval.records.code_digest``: an edited
+    acceptance rule, drafter, loop or model adapter), ``refuse`` (the default: stop before any work, naming the
+    files), ``rerun`` (delete those decoders' records and make them again) or ``accept`` (keep them; ``run.json``
+    names the files and the tables mark the row §). ``ar_timing``: ``run`` times AR at batch 1 in every run
+    (the speedup's denominator from the same process); ``table`` times it once per table, AR configuration and
+    GPU kind, in the row that claims it first (interleaved there with that row's decoder), and the other rows
+    divide its latency (``eval.run.experiment.ar_timing``; the paper-table experiments set it). ``preflight``:
+    before the timed phase, one batch of every decoder at ``batch_size`` (real images, recorded) and one scoring
+    batch through every metric, so an out-of-memory or a metric's missing weights show in minutes, not after the
+    timed phase (``eval.run.generator``). ``bootstrap``: resamples, seed and level of every interval and
     test (``eval.metrics.intervals.Bootstrap``); ``compare_to``: the baselines of the paired comparisons (see
     ``baselines``).
     """
@@ -56,6 +68,9 @@ class EvalSuite:
     resume: str = "auto"
     reuse_ar: bool = True
     numerics_mismatch: str = "accept"
+    code_mismatch: str = "refuse"
+    ar_timing: str = "run"
+    preflight: bool = True
     metrics: list[Any] = field(default_factory=list)
     bootstrap: Bootstrap = field(default_factory=Bootstrap)
     compare_to: Any = ("sd",)
@@ -67,6 +82,9 @@ class EvalSuite:
         validate.choice("eval.resume", self.resume, RESUME)
         validate.boolean("eval.reuse_ar", self.reuse_ar)
         validate.choice("eval.numerics_mismatch", self.numerics_mismatch, NUMERICS_MISMATCH)
+        validate.choice("eval.code_mismatch", self.code_mismatch, CODE_MISMATCH)
+        validate.choice("eval.ar_timing", self.ar_timing, AR_TIMING)
+        validate.boolean("eval.preflight", self.preflight)
         if self.metrics and not self.save_images:
             raise ValueError("eval.metrics score the saved images: set eval.save_images=true or eval.metrics=[]")
         if not isinstance(self.bootstrap, Bootstrap):

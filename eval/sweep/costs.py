@@ -12,7 +12,11 @@ One run generates every compared decoder's images (AR included), as README "Cost
 ``warmup + timed`` images per decoder at batch 1, plus the other ``num_prompts - timed`` in batches at a
 throughput gain ``g`` over batch 1 (``BATCH_GAIN``: AR's measured gain at batch 8 on the H200, taken for every
 decoder and for ``eval.batch_size >= 8``; 1 below, an upper bound). With ``eval.reuse_ar`` AR's batched images
-are made once per model, prompt set and seed: a sweep counts them in its first job only. Model loading and
+are made once per model, prompt set and seed: a sweep counts them in its first job only. With
+``eval.ar_timing=table`` (the paper-table experiments) AR's timed images are made once per table (and GPU kind) as
+well, in the row that claims them, so a sweep counts them in its first job only; the other rows make AR's
+timed-subset images with its batched set (at the batched gain), or take them from the cache (``saved_hours``
+says how much that saves). Model loading and
 scoring (FID, CLIP, ImageReward) are not counted. An estimate, not a measurement.
 
 Example: ``python scripts/prefetch.py --check -m experiment=table_llamagen`` prints one estimate per job.
@@ -93,12 +97,14 @@ def latency(costs: Sequence[Cost], basis: str, model: str, decoder_cfg: Mapping[
 @dataclass(frozen=True)
 class Estimate:
     """GPU-hours of one job on one basis (``None``: no AR row for its model), the rows used, the decoders costed
-    at AR's latency for want of a row."""
+    at AR's latency for want of a row; ``saved_hours``: what AR's timing once per table saved this job (0 where
+    it times AR itself, or AR is timed in every row)."""
 
     basis: str
     gpu_hours: float | None
     used: dict[str, Cost] = field(default_factory=dict)
     at_ar: tuple[str, ...] = ()
+    saved_hours: float = 0.0
 
     def text(self) -> str:
         if self.gpu_hours is None:
@@ -107,25 +113,37 @@ class Estimate:
 
 
 def estimate(costs: Sequence[Cost], basis: str, model: str, decoder_cfgs: Mapping[str, Mapping[str, Any]],
-             eval_cfg: Mapping[str, Any], ar_batched: bool = True) -> Estimate:
+             eval_cfg: Mapping[str, Any], ar_batched: bool = True, ar_timed: bool = True) -> Estimate:
     """GPU-hours of a run of ``decoder_cfgs`` (suite name -> plain config, AR included) on ``model`` with the
     images of ``eval_cfg`` (``num_prompts``, ``speed_prompts``, ``warmup``, ``batch_size``); ``ar_batched``:
-    count AR's batched images (False when an earlier job of the sweep made them, ``eval.reuse_ar``)."""
+    count AR's batched images (False when an earlier job of the sweep made them, ``eval.reuse_ar``); ``ar_timed``:
+    count AR's timed images at batch 1 (False when an earlier job of the sweep times them for the table,
+    ``eval.ar_timing=table``: this job then makes AR's timed-subset images batched, unless AR's batched images
+    come from the cache too)."""
     ar = latency(costs, basis, model, {"name": "ar"})
     if ar is None:
         return Estimate(basis, None)
     n = int(eval_cfg.get("num_prompts", 1))
     timed = min(int(eval_cfg.get("speed_prompts") or n), n)
     gain = BATCH_GAIN if int(eval_cfg.get("batch_size", 1)) >= BATCH_GAIN_FROM else 1.0
-    used, at_ar, seconds = {}, [], 0.0
+    warmup = int(eval_cfg.get("warmup", 0))
+    used, at_ar, seconds, saved = {}, [], 0.0, 0.0
     for name, cfg in decoder_cfgs.items():
         row = latency(costs, basis, model, cfg)
         if row is None:
             at_ar.append(name)
         used[name] = row or ar
-        batched = (n - timed) if (str(cfg.get("name")) != "ar" or ar_batched) else 0
-        seconds += used[name].latency_s * (int(eval_cfg.get("warmup", 0)) + timed + batched / gain)
-    return Estimate(basis, seconds / 3600.0, used, tuple(at_ar))
+        if str(cfg.get("name")) != "ar":
+            seconds += used[name].latency_s * (warmup + timed + (n - timed) / gain)
+            continue
+        batched = (n - timed) if ar_batched else 0
+        if ar_timed:
+            seconds += ar.latency_s * (warmup + timed + batched / gain)
+        else:  # its timed-subset images come batched (or from the cache, with the batched set)
+            made = (batched + timed) / gain if ar_batched else 0.0
+            seconds += ar.latency_s * made
+            saved += ar.latency_s * (warmup + timed + batched / gain) - ar.latency_s * made
+    return Estimate(basis, seconds / 3600.0, used, tuple(at_ar), saved / 3600.0)
 
 
 def sources_text(estimates: Sequence[Estimate]) -> list[str]:

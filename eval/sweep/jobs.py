@@ -101,7 +101,8 @@ class FileResolver:
 def check_job(num: int, task_overrides: list[str], cfg: DictConfig, choices: dict[str, Any],
               decoder_chosen: Callable[[list[str]], bool], files: FileResolver, costs: Sequence[Cost],
               ar_made: set[tuple]) -> JobCheck:
-    """Check one composed job (see the module doc); ``ar_made``: the AR batched sets earlier jobs made."""
+    """Check one composed job (see the module doc); ``ar_made``: the AR batched sets (and, ``eval.ar_timing=table``,
+    the AR timed sets) earlier jobs made."""
     from eval.run.suite import select_decoders
 
     job = JobCheck(num, list(task_overrides))
@@ -122,7 +123,13 @@ def check_job(num: int, task_overrides: list[str], cfg: DictConfig, choices: dic
     ar_key = (model, OmegaConf.to_yaml(cfg.data), suite.get("seed"), suite.get("num_prompts"))
     reused = bool(suite.get("reuse_ar", True)) and ar_key in ar_made
     ar_made.add(ar_key)
-    job.estimates = [estimate(costs, basis, model, plain, suite, ar_batched=not reused) for basis in BASES]
+    timed_key = ("timed", *ar_key, suite.get("speed_prompts"))
+    shared = bool(suite.get("reuse_ar", True)) and suite.get("ar_timing", "run") == "table"
+    timed_elsewhere = shared and timed_key in ar_made
+    if shared:
+        ar_made.add(timed_key)
+    job.estimates = [estimate(costs, basis, model, plain, suite, ar_batched=not reused, ar_timed=not timed_elsewhere)
+                     for basis in BASES]
     return job
 
 
@@ -168,6 +175,13 @@ def sweep_report(checks: Sequence[JobCheck]) -> str:
                                      if known else "-"))
     lines.append(f"{len(checks)} job(s): {len(checks) - bad} OK, {bad} with a problem; GPU-hours in all "
                  f"(estimate): {', '.join(totals)}")
+    saved = {basis: sum(e.saved_hours for c in checks for e in c.estimates if e.basis == basis) for basis in BASES}
+    if any(saved.values()):
+        rows = sum(1 for c in checks if any(e.saved_hours for e in c.estimates))
+        lines.append(f"Fewer GPU-hours because AR is timed at batch 1 once per table and GPU kind (eval.ar_timing=table):"
+                     f" {rows} of {len(checks)} jobs take AR's latency from the row that times it and make AR's "
+                     f"timed-subset images batched instead; saved " + ", ".join(f"{b} {h:.1f}" for b, h in saved.items())
+                     + " GPU-h against timing AR in every row (eval.ar_timing=run).")
     lines += sources_text([e for c in checks for e in c.estimates if e.gpu_hours is not None])
     notes = list(dict.fromkeys(n for c in checks for n in c.notes))
     lines += ["Not checked before submission:", *(f"  {n}" for n in notes)] if notes else []

@@ -58,6 +58,7 @@ PEERS: dict[str, str] = {
     "gsd": "eval.bench.peers.gsd",
     "zipar": "eval.bench.peers.zipar",
     "vvs": "eval.bench.peers.vvs",
+    "pjd": "eval.bench.peers.pjd",
 }
 
 LEVEL = 0.95
@@ -140,12 +141,14 @@ def compose(overrides: Sequence[str]):
         return hydra_compose("config", overrides=list(overrides))
 
 
-def build_ours(glue: Any, pair: Pair, models: dict) -> Any:
-    """Our decoder of ``pair`` on the peer's model config (one model per set of model overrides, shared)."""
+def build_ours(glue: Any, pair: Pair, models: dict, path: str = "eager") -> Any:
+    """Our decoder of ``pair`` on the peer's model config (one model per set of model overrides, shared), on the
+    decode ``path`` (``decoder.path``)."""
     from hydra.utils import instantiate
 
     spec: PeerSpec = glue.SPEC
-    cfg = compose([f"model={spec.model}", *spec.model_overrides, f"decoder={pair.ours}", *pair.overrides])
+    cfg = compose([f"model={spec.model}", *spec.model_overrides, f"decoder={pair.ours}", *pair.overrides,
+                   f"decoder.path={path}"])
     key = (spec.model, spec.model_overrides)
     if key not in models:
         models[key] = instantiate(cfg.model)
@@ -229,8 +232,8 @@ def interleave(ours: Callable[[str, int], PeerImage], theirs: Callable[[str, int
 
 def measure_pair(glue: Any, checkout: Path, pair: Pair, prompts: Sequence[str], seed: int, warmup: int,
                  threads: int | None, python: str | None, models: dict,
-                 progress: Callable[[str], None] | None = None) -> PairResult:
-    ours = build_ours(glue, pair, models)
+                 progress: Callable[[str], None] | None = None, path: str = "eager") -> PairResult:
+    ours = build_ours(glue, pair, models, path)
     with PeerWorker(python) as worker:
         info = worker.ask("build", glue.__name__, str(checkout), glue.export(ours, pair), pair, threads)
         # their conditioning (our caption features or prompt ids) is prepared before the timing
@@ -315,9 +318,10 @@ def verdict(row: dict[str, Any]) -> str:
 def markdown(rows: Sequence[dict[str, Any]], skipped: dict[str, str], meta: dict[str, Any],
              specs: dict[str, PeerSpec]) -> str:
     lines = [
-        f"# Each decoder against its authors' code ({meta['device']})",
+        f"# Each decoder against its authors' code ({meta['device']}"
+        + (", ours on the static decode path" if meta.get("path") == "static" else "") + ")",
         "",
-        f"Written by `{meta['command']}` on {meta['date']}. Batch 1, {meta['prompts']} prompts per pair "
+        f"{_written(meta, rows)}. Batch 1, {meta['prompts']} prompts per pair "
         f"(seed {meta['seed']} + i), {meta['warmup']} warm-up image(s) per side, {meta['threads']} torch "
         f"thread(s) per side, interleaved per prompt (ours first on even prompts). Latency = each side's whole "
         "decode call up to its last grid token (cache and tree setup included; ours also encodes the caption with "
@@ -326,7 +330,10 @@ def markdown(rows: Sequence[dict[str, Any]], skipped: dict[str, str], meta: dict
         "τ = (tokens − 1) ÷ (target forwards − 1) per image; p = two-sided Mann–Whitney U of the per-image τ "
         "(and of the target forwards), Holm-adjusted over the pairs; 5 % false-alarm probability per test.",
         "",
-        f"CPU: {meta['cpu']}; torch {meta['torch']}; our transformers {meta['transformers']}.",
+        f"CPU: {meta['cpu']}; torch {meta['torch']}; our transformers {meta['transformers']}"
+        + (f" (this writing; the kept rows: {meta['kept']['cpu']}; torch {meta['kept']['torch']}; our transformers "
+           f"{meta['kept']['transformers']})" if meta.get("kept") and any(
+               meta["kept"].get(k) != meta.get(k) for k in ("cpu", "torch", "transformers")) else "") + ".",
         "",
         "| peer | ours | theirs | n | ours ms | theirs ms | ratio [95 % CI] | | τ ours | τ theirs | p(τ) | "
         "fwd ours | fwd theirs | p(fwd) |",
@@ -370,6 +377,55 @@ def markdown(rows: Sequence[dict[str, Any]], skipped: dict[str, str], meta: dict
             lines.append(f"- Their side runs in a peer venv with {', '.join(spec.requirements)} over our torch.")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _written(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """Who wrote the table: this run's command, and where rows were kept from an earlier run (``keep``) that run's."""
+    text = f"Written by `{meta['command']}` on {meta['date']}"
+    kept = meta.get("kept")
+    if not kept:
+        return text
+    new = sorted({r["peer"] for r in rows} - set(kept["peers"]))
+    return (f"{text}, measuring {', '.join(new) if new else 'no pair'}; the rows of {', '.join(kept['peers'])} are "
+            f"kept as measured by `{kept['command']}` on {kept['date']} (`--keep`)")
+
+
+def keep(record: dict[str, Any], meta: dict[str, Any], kept: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``record`` and ``meta`` of this run with the rows of an earlier run's record ``kept`` (its ``.json``) for every
+    peer this run did not measure, kept as measured: their rows, images and the specs recorded with them (this run's
+    specs for the rest, so a new peer or a new reason shows). Peers with kept rows leave ``skipped``; ``meta["kept"]``
+    says whose rows they are and how they were measured. Rows in the order of ``PEERS``; each row keeps the Holm
+    adjustment of its own run."""
+    measured = {r["peer"] for r in record["rows"]}
+    old = [r for r in kept["rows"] if r["peer"] not in measured]
+    peers = list(dict.fromkeys(r["peer"] for r in old))
+    order = {name: i for i, name in enumerate(PEERS)}
+    rows = sorted([*old, *record["rows"]], key=lambda r: order.get(r["peer"], len(order)))
+    specs = {**record["specs"], **{name: spec_from(kept["specs"][name]) for name in peers}}
+    specs = {name: specs[name] for name in sorted(specs, key=lambda n: order.get(n, len(order)))}
+    images = {**{k: v for k, v in kept.get("images", {}).items() if k.split("/")[0] in peers}, **record["images"]}
+    skipped = {k: v for k, v in record["skipped"].items() if k not in peers}
+    earlier = kept["meta"]
+    info = {k: earlier.get(k) for k in ("command", "date", "cpu", "torch", "transformers", "prompts", "seed", "warmup",
+                                        "threads", "path")}
+    for k in ("prompts", "seed", "warmup", "threads"):
+        if peers and earlier.get(k) != meta.get(k):
+            raise ValueError(f"--keep: the kept rows were measured with {k}={earlier.get(k)}, this run with "
+                             f"{k}={meta.get(k)}; one table holds one protocol")
+    return ({"rows": rows, "skipped": skipped, "specs": specs, "images": images},
+            {**meta, "kept": {"peers": peers, **info}} if peers else meta)
+
+
+def spec_from(data: dict[str, Any]) -> PeerSpec:
+    """A ``PeerSpec`` from its JSON form (``write``'s ``specs``)."""
+    fields = {f.name for f in dataclasses.fields(PeerSpec)}
+    given = {k: v for k, v in data.items() if k in fields}
+    given["pairs"] = tuple(Pair(**{k: tuple(v) if isinstance(v, list) else v for k, v in p.items()})
+                           for p in data.get("pairs", ()))
+    for k in ("model_overrides", "patches", "requirements", "notes"):
+        if k in given:
+            given[k] = tuple(given[k])
+    return PeerSpec(**given)
 
 
 def anatomy_figures(a: dict[str, Any]) -> dict[str, float | None]:
@@ -420,8 +476,10 @@ def load_glue(name: str) -> Any:
 
 
 def run(peers: dict[str, Path], pythons: dict[str, str], prompts: Sequence[str], seed: int, warmup: int,
-        threads: int | None, only: Sequence[str] = (), log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure every pair of every given peer; list the known peers that were not given with the reason."""
+        threads: int | None, only: Sequence[str] = (), log: Callable[[str], None] = print,
+        path: str = "eager") -> dict[str, Any]:
+    """Measure every pair of every given peer, ours on decode ``path``; list the known peers that were not given
+    with the reason."""
     import torch
 
     if threads:
@@ -439,11 +497,11 @@ def run(peers: dict[str, Path], pythons: dict[str, str], prompts: Sequence[str],
             continue
         spec: PeerSpec = glue.SPEC
         specs[name] = spec
+        if spec.not_run or spec.cpu:  # a glue not written yet, or code that cannot run here: said whether or not
+            skipped[name] = spec.not_run or spec.cpu  # a checkout was given
+            continue
         if name not in peers:
             skipped[name] = f"no checkout given (--peer {name}=<dir>; get it: `{clone_command(spec)}`)"
-            continue
-        if spec.cpu:
-            skipped[name] = spec.cpu
             continue
         check_checkout(spec, peers[name])
         for pair in spec.pairs:
@@ -452,7 +510,7 @@ def run(peers: dict[str, Path], pythons: dict[str, str], prompts: Sequence[str],
             log(f"{name}: ours {pair.ours} vs theirs {pair.theirs} ({len(prompts)} prompts)")
             results.append(measure_pair(glue, peers[name], pair, prompts, seed, warmup, threads,
                                         pythons.get(name), models,
-                                        progress=lambda text: log(f"  {text}")))
+                                        progress=lambda text: log(f"  {text}"), path=path))
     unknown = sorted(set(peers) - set(specs))
     if unknown:
         raise ValueError(f"--peer {unknown}: unknown peers; known: {', '.join(specs)}")
@@ -474,9 +532,10 @@ def write(out: Path, record: dict[str, Any], meta: dict[str, Any]) -> None:
     atomic_write_json(out.with_suffix(".json"), payload)
 
 
-def meta_for(command: str, prompts: int, seed: int, warmup: int, threads: int | None, device: str) -> dict:
+def meta_for(command: str, prompts: int, seed: int, warmup: int, threads: int | None, device: str,
+             path: str = "eager") -> dict:
     from eval.records.environment import environment
 
     env = environment(packages=("transformers",))
     return {"command": command, "date": dt.date.today().isoformat(), "prompts": prompts, "seed": seed,
-            "warmup": warmup, "threads": threads or "default", "device": device, **env}
+            "warmup": warmup, "threads": threads or "default", "device": device, "path": path, **env}

@@ -72,4 +72,6 @@ class PeerSpec:
     requirements: tuple[str, ...] = ()   # package pins their code needs beside our torch (a peer venv), e.g.
                                          # ("transformers==4.47.1",); the worker checks them at start
     cpu: str = ""                # why it cannot run on a CPU ("" = it can)
+    not_run: str = ""            # why the pair is not measured although it could run (e.g. no checkout could be had
+                                 # to write the glue against); listed as "Not run" with this reason
     notes: tuple[str, ...] = field(default_factory=tuple)   # what else a reader of the table must know

@@ -129,6 +129,8 @@ class Comparison:
     margin_80: float | None = None  # non-inferiority: the smallest margin with power 0.8 at this N
     n_80: int | None = None  # non-inferiority: images per point for power 0.8
     n: int | None = None  # images per point
+    effect: float | None = None  # a difference's smallest effect worth finding (``compare``; its power is ``power``)
+    effect_share: float | None = None  # ``effect`` as a share of the baseline's value (FID: the FID margin)
 
     @property
     def made(self) -> bool:
@@ -140,9 +142,16 @@ def _floor(p: float | None, resamples: int) -> bool:
 
 
 def compare(what: str, estimate: float, replicates: np.ndarray, sign: float = 1.0,
-            tau: float | None = None, metric: str = "") -> Comparison:
+            tau: float | None = None, metric: str = "", effect: float | None = None, n: int | None = None,
+            effect_share: float | None = None) -> Comparison:
     """A difference oriented so that ``sign * difference < 0`` favours the claim. ``favours`` here is the
-    uncorrected call (interval excludes 0); ``holm_family`` replaces it by the Holm-corrected one."""
+    uncorrected call (interval excludes 0); ``holm_family`` replaces it by the Holm-corrected one.
+
+    ``effect`` (with ``n``, the images per point): the smallest difference worth finding (FID: the margin
+    ``MARGINS['fid_relative']`` of the baseline's FID, ``fid_effect``). The comparison then also carries the
+    power to find a true difference of that size (the two-sided 5 % test, normal approximation from the
+    replicates' standard deviation, Holm ignored as for non-inferiority), the smallest difference found with
+    power 0.8 at this N and the images that give power 0.8 at ``effect``: what an inconclusive difference says."""
     if not math.isfinite(estimate):
         return Comparison(what + " (outside the curve's range: not compared)", estimate, None, None, None, sign, tau,
                           metric=metric)
@@ -152,8 +161,25 @@ def compare(what: str, estimate: float, replicates: np.ndarray, sign: float = 1.
     if ci is not None:
         lo, hi = sorted((sign * ci[0], sign * ci[1]))
         favours = "claim" if hi < 0 else "against" if lo > 0 else None
-    return Comparison(what, estimate, ci, d["p"], favours, sign, tau, metric=metric,
-                      p_floor=_floor(d["p"], d["resamples"]))
+    out = Comparison(what, estimate, ci, d["p"], favours, sign, tau, metric=metric,
+                     p_floor=_floor(d["p"], d["resamples"]))
+    r = np.asarray(replicates, dtype=np.float64)
+    r = r[np.isfinite(r)]
+    if effect is not None and n and ci is not None and len(r) >= 2 and effect > 0:
+        out.se = float(r.std(ddof=1))
+        out.effect, out.effect_share = float(effect), effect_share
+        out.power, out.margin_80, out.n_80, out.n = (ni_power(out.se, effect), margin_for_power(out.se),
+                                                     n_for_power(n, out.se, effect), n)
+    return out
+
+
+def _effect(key: str, baseline: Point, fid_relative: float | None, n: int) -> dict[str, Any]:
+    """``compare``'s ``effect`` and ``n`` for a difference of ``key`` against ``baseline``: on FID the FID margin
+    (``MARGINS['fid_relative']``, 10 %) of the baseline's FID, the scale of the non-inferiority tests' margin; none
+    for other metrics or without ``fid_relative``."""
+    if key != "fid" or fid_relative is None or "fid" not in baseline.est or not n:
+        return {}
+    return {"effect": fid_relative * float(baseline.est["fid"]), "n": n, "effect_share": fid_relative}
 
 
 def non_inferior(what: str, estimate: float, replicates: np.ndarray, margin: float, n: int, metric: str,
@@ -244,6 +270,12 @@ def decide_claim(key: str, text: str, by_metric: dict[str, list[Comparison]], ex
     parts = []
     for m, cs in by_metric.items():
         v = verdicts[m]
+        powered = [c for c in cs if c.made and c.kind == "difference" and c.power is not None]
+        if v == INCONCLUSIVE and powered:  # what "nothing significant" says: the power to find the margin
+            low = min(powered, key=lambda c: c.power)
+            v += (f" (power {low.power:.2f} at N = {low.n:,} to find a difference of {low.effect_share:.0%} of the "
+                  f"baseline's {m}" + ("" if low.power >= POWER_TARGET else
+                                       f"; power {POWER_TARGET:g} needs N ≈ {max(c.n_80 for c in powered):,}") + ")")
         if v == UNDERPOWERED:
             ni = [c for c in cs if c.made and c.kind == "non-inferiority"]
             low = min(ni, key=lambda c: c.power)
@@ -281,6 +313,11 @@ class Claim:
     #: how many direct dominance pairs each side wins, per metric (C1): {"TV/token": {"ours": n, "theirs": m}, ...}
     dominance_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     metric_verdicts: dict[str, str] = field(default_factory=dict)  # the verdict on each metric it names
+    #: decided on an extension (``decide_extensions``): its images per point, and the claim as decided before on
+    #: the regime's own images
+    images: int | None = None
+    before: "Claim | None" = None
+    extension: str | None = None  # the extended regime's name (``<regime>.<group>``)
 
 
 def select(regime: Regime, method: str, **options: Any) -> list[Point]:
@@ -291,10 +328,11 @@ def select(regime: Regime, method: str, **options: Any) -> list[Point]:
 
 
 def frontier_claim(ours: list[Point], theirs: list[Point], key: str, name: str,
-                   margin: float | None = None, n: int = 0) -> list[Comparison]:
+                   margin: float | None = None, n: int = 0, fid_relative: float | None = None) -> list[Comparison]:
     """At each of ``theirs`` points: ``key`` of ``ours`` interpolated at its accepted length minus its own; with a
     ``margin``, a non-inferiority test instead (TV: of that difference; FID: of the ratio ours ÷ theirs, the margin
-    relative)."""
+    relative). ``fid_relative`` (with ``n``): a FID difference also carries its power to find a difference of that
+    share of the point's FID (``compare``'s ``effect``)."""
     out = []
     if len(ours) < 2:
         return out
@@ -312,7 +350,7 @@ def frontier_claim(ours: list[Point], theirs: list[Point], key: str, name: str,
                                     margin, n, name, False, q.est["tau"]))
         else:
             out.append(compare(f"{name}: {where}", mine_est - q.est[key], mine_reps - q.reps[key], tau=q.est["tau"],
-                               metric=name))
+                               metric=name, **_effect(key, q, fid_relative, n)))
     return out
 
 
@@ -379,7 +417,8 @@ def frontier_c1(regime: Regime, cool: list[Point], key: str, text: str) -> Claim
     theirs = lantern_pp_baseline(regime)
     by_metric = {"TV": frontier_claim(cool, theirs, "tv", "TV/token")}
     if all("fid" in p.est for p in [*cool, *theirs]):
-        by_metric["FID"] = frontier_claim(cool, theirs, "fid", "FID")
+        by_metric["FID"] = frontier_claim(cool, theirs, "fid", "FID", n=regime.num_images,
+                                          fid_relative=_margins(regime)["fid_relative"])
     claim = decide_claim(key, text, by_metric)
     if len(cool) < 2:
         claim.note = "needs two COOL-SD points"
@@ -401,7 +440,8 @@ def schedule_c2(regime: Regime, cool: list[Point]) -> list[Claim]:
     c2a = decide_claim("C2a", "at matched accepted length the exponential schedule gives lower TV per token and lower "
                        "FID than the uniform one (UniformRSD)",
                        {"TV": frontier_claim(cool, uniform, "tv", "TV/token"),
-                        "FID": frontier_claim(cool, uniform, "fid", "FID")})
+                        "FID": frontier_claim(cool, uniform, "fid", "FID", n=regime.num_images,
+                                              fid_relative=m["fid_relative"])})
     c2b = decide_claim("C2b", f"at matched accepted length the exponential schedule is no worse than the linear one "
                        f"on TV per token (margin {m['tv_per_token']:g}) and FID (margin {m['fid_relative']:.0%}, "
                        "as a ratio)",
@@ -412,6 +452,7 @@ def schedule_c2(regime: Regime, cool: list[Point]) -> list[Claim]:
 
 def resampling_c3(regime: Regime) -> list[Claim]:
     tv3, fid3, tvk, fidk = [], [], [], []
+    fid_relative = _margins(regime)["fid_relative"]
     lpp_ref = lantern_pp_baseline(regime)
     gstar = [p for p in select(regime, "lantern_pp") if p.config.get("resample") == "optimal"]
     pairs = []
@@ -421,7 +462,8 @@ def resampling_c3(regime: Regime) -> list[Claim]:
             pairs.append((g, ref[0]))
             for key, name, out in (("tv", "TV/token", tv3), ("fid", "FID", fid3)):
                 out.append(compare(f"{name}: {g.label} − its published resampling", g.est[key] - ref[0].est[key],
-                                   g.reps[key] - ref[0].reps[key], metric=name))
+                                   g.reps[key] - ref[0].reps[key], metric=name,
+                                   **_effect(key, ref[0], fid_relative, regime.num_images)))
     for lam in sorted({g.config.get("lam") for g, _ in pairs}):
         at = sorted([(g, r) for g, r in pairs if g.config.get("lam") == lam], key=lambda gr: gr[0].config.get("k"))
         if len(at) >= 2:
@@ -430,7 +472,8 @@ def resampling_c3(regime: Regime) -> list[Claim]:
                 est = (g1.est[key] - r1.est[key]) - (g0.est[key] - r0.est[key])
                 reps = (g1.reps[key] - r1.reps[key]) - (g0.reps[key] - r0.reps[key])
                 out.append(compare(f"{name}: G* gain at k={g1.config.get('k')} − at k={g0.config.get('k')} "
-                                   f"(λ={lam:g})", est, reps, metric=name))
+                                   f"(λ={lam:g})", est, reps, metric=name,
+                                   **_effect(key, r1, fid_relative, regime.num_images)))
     c3 = decide_claim("C3a", "G* lowers LANTERN++'s TV per token and FID against its published resampling",
                       {"TV": tv3, "FID": fid3}, where=False)
     c3k = decide_claim("C3b", "G*'s improvement in TV per token and in FID grows with k", {"TV": tvk, "FID": fidk},
@@ -511,6 +554,63 @@ def lossless_calibration(regimes: Sequence[Regime]) -> dict[str, Any]:
     return {"decoders": {p.label: p.est["fid"] for p in points}, "spread": max(fids) - min(fids),
             "relative_spread": max(fids) / min(fids) - 1, "margin": m, "pairs": pairs, "n": len(base),
             "shown": sum(x["shown"] for x in pairs), "mean_power": float(np.mean([x["power"] for x in pairs]))}
+
+
+# ------------------------------------------------------------------------------------------ extensions
+
+
+def _made_by_metric(claim: Claim) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in claim.comparisons:
+        out[c.metric] = out.get(c.metric, 0) + int(c.made)
+    return out
+
+
+def decide_extensions(regimes: Sequence[Regime], extensions: Sequence[Regime],
+                      claims: dict[str, list[Claim]]) -> list[dict[str, Any]]:
+    """Decide the claims each extension (``data.extend``: a regime's deciding points with more images) decides, and
+    put them in place of the regime's own in ``claims`` (each keeps the earlier one as ``before``). An extension of
+    the fitted-μ run joins the regime's extension of the same group, as the fitted run joins the regime
+    (``merge_fitted``). A decided claim must make as many comparisons on each metric as it made on the regime's own
+    images: the extension must hold every point its comparisons need. Returns, per extension, what the page says of
+    it."""
+    by_name = {r.name: r for r in regimes}
+    fitted_ext = {extension_of(r)["group"]: r for r in extensions if extension_of(r)["base"] == FITTED_REGIME}
+    out = []
+    for ext in extensions:
+        info = extension_of(ext)
+        if info["base"] == FITTED_REGIME:
+            continue
+        base = by_name.get(info["base"])
+        if base is None:
+            raise ValueError(f"{ext.name}: extends {info['base']}, which is not among the regimes")
+        extra = fitted_ext.get(info["group"])
+        if extra is not None:
+            merge_fitted(ext, extra)
+        mine = decide(ext)
+        for key in info["decides"]:
+            new = next((c for c in mine if c.key == key), None)
+            at = next((i for i, c in enumerate(claims[base.name]) if c.key == key), None)
+            if new is None or at is None:
+                raise ValueError(f"{ext.name}: decides {key!r}, which {'it' if new is None else base.name} does not "
+                                 "decide")
+            old = claims[base.name][at]
+            if _made_by_metric(new) != _made_by_metric(old):
+                raise ValueError(f"{ext.name}: {key} makes {_made_by_metric(new)} comparisons per metric, but "
+                                 f"{_made_by_metric(old)} on {base.name}'s own images: the extension lacks a point "
+                                 "that a comparison needs")
+            new.images, new.before, new.extension = ext.num_images, old, ext.name
+            claims[base.name][at] = new
+        out.append({"name": ext.name, "base": base.name, "group": info["group"], "images": ext.num_images,
+                    "offset": info["offset"], "decides": list(info["decides"]),
+                    "points": [p.label for p in ext.points.values() if p.name != "ar"],
+                    "runs": [*info.get("runs", []), *(extension_of(extra).get("runs", []) if extra else [])],
+                    "claims": [c for c in mine if c.key in info["decides"]], "regime": ext})
+    return out
+
+
+def extension_of(regime: Regime) -> dict[str, Any]:
+    return regime.record.get("extension") or {}
 
 
 # ----------------------------------------------------------------------------------------------- μ fit

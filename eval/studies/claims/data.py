@@ -7,7 +7,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -122,8 +122,8 @@ def load_regime(folder: Path, features: bool = True, device: str = "cpu") -> Reg
 
 #: a regime's compact per-image data (``save_compact``, ``load_compact``): what the page needs, no images
 COMPACT_SUFFIX = ".claims.npz"
-#: the run record's keys the page reads (``per_decoder`` only for its point names)
-RECORD_KEYS = ("config", "labels", "wall_s")
+#: the run record's keys the page reads (``per_decoder`` only for its point names; ``extension`` for ``extend``'s)
+RECORD_KEYS = ("config", "labels", "wall_s", "extension")
 
 
 def _rebase_assets(value: Any) -> Any:
@@ -201,6 +201,106 @@ def subset(regime: Regime, names: list[str], indices: list[int], name: str) -> R
                           {i: t for i, t in p.latency.items() if i in keep},
                           None if p.features is None else p.features[rows])
     return Regime(name, regime.folder, regime.record, points)
+
+
+# ------------------------------------------------------------------------------------------ extensions
+
+
+def _options(config: dict[str, Any]) -> dict[str, Any]:
+    """What makes a point's images: its decoder options without the decode path (records made before
+    ``decoder.path`` have none; both paths give the same tokens on a CPU)."""
+    from eval.report.labels import decoder_options
+
+    options = decoder_options(config)
+    options.pop("path", None)
+    return options
+
+
+def more_info(run: Regime) -> dict[str, Any]:
+    """A run of ``experiment=embedded_claims_more``: its regime, group, key, offset, added images and the claims its
+    group decides (``claims_more`` of its config)."""
+    cfg = run.record["config"]
+    info = cfg.get("claims_more") or {}
+    if not info:
+        raise ValueError(f"{run.folder}: not a run of experiment=embedded_claims_more (no claims_more block)")
+    key = str(info["key"])
+    return {"regime": str(cfg["claims"]["regime"]), "group": str(info["group"]), "key": key,
+            "offset": int(info["offset"]), "added": run.num_images,
+            "decides": list((info.get("decides") or {}).get(key) or [])}
+
+
+def extend(base: Regime, runs: Sequence[Regime], images: int, group: str, decides: Sequence[str]) -> Regime:
+    """``base`` (a regime's compact data, images 0..offset−1) extended to ``images`` images for the points that
+    ``runs`` generated. Each run is a run of ``experiment=embedded_claims_more``
+    (``configs/experiment/embedded_claims_more.yaml``) whose image i is image ``offset + i`` of a longer run of the
+    regime: its ``eval.seed`` is base's + ``offset``, and with class prompts cycled and ``offset`` a multiple of
+    their number, the prompt is the same too. A point is taken from the first run that has it and covers
+    ``images`` (a longer run's first images only); it keeps base's timed latencies only, so the page's speedups
+    stay those of the regime's own timed prompts. AR comes along (every run has it). The record's ``extension``
+    names the base regime, the group, the claims it decides, the offset, the images and each run used (its
+    folder, images and wall time); the name is ``<base>.<group>``. Refuses runs whose images do not continue
+    base's, or whose points, model or drafter differ from base's."""
+    from coolsd.fingerprint import TOKEN_CODE_VERSION
+
+    cfg = base.record["config"]
+    offset = len(base.indices)
+    if base.indices != list(range(offset)):
+        raise ValueError(f"{base.folder}: its images are not 0..{offset - 1}; the extension starts after them")
+    points: dict[str, Point] = {}
+    used = []
+    for run in runs:
+        info, more_cfg = more_info(run), run.record["config"]
+        if info["offset"] != offset or info["regime"] != cfg["claims"]["regime"]:
+            raise ValueError(f"{run.folder}: extends {info['regime']} from image {info['offset']}, not "
+                             f"{cfg['claims']['regime']} from {offset}")
+        classes = len(more_cfg["model"].get("class_names") or [])
+        if not str(more_cfg["data"].get("_target_", "")).endswith("ClassPrompts") or not classes or offset % classes:
+            raise ValueError(f"{run.folder}: its prompts continue base's only with class prompts and an offset that is "
+                             f"a multiple of the number of classes ({classes}); offset {offset}")
+        if int(more_cfg["eval"]["seed"]) != int(cfg["eval"]["seed"]) + offset:
+            raise ValueError(f"{run.folder}: eval.seed {more_cfg['eval']['seed']} is not base's seed "
+                             f"{cfg['eval']['seed']} + {offset}: these are other images")
+        for part in ("model", "drafter"):
+            a, b = _rebase_assets(cfg.get(part)) or {}, _rebase_assets(more_cfg.get(part)) or {}
+            diff = sorted(k for k in {*a, *b} if a.get(k) != b.get(k))
+            if diff:
+                raise ValueError(f"{run.folder}: its {part} differs from the base regime's in {diff}")
+        foreign = [n for n in run.points if n not in base.points]
+        if foreign:
+            raise ValueError(f"{run.folder}: points {foreign} are not in the base regime {base.name}")
+        need = images - offset
+        if run.num_images < need:
+            continue
+        taken = []
+        for n, b in run.points.items():
+            if n in points:
+                continue
+            a = base.points[n]
+            if _options(a.config) != _options(b.config):
+                raise ValueError(f"{run.folder}: point {n!r} is configured differently from the base regime's: "
+                                 f"{_options(b.config)} vs {_options(a.config)}")
+            features = None if a.features is None or b.features is None else \
+                np.concatenate([a.features, b.features[:need]])
+            points[n] = Point(n, a.label, a.config, [*a.indices, *(offset + i for i in b.indices[:need])],
+                              np.concatenate([a.committed, b.committed[:need]]),
+                              np.concatenate([a.iterations, b.iterations[:need]]),
+                              np.concatenate([a.tv_sum, b.tv_sum[:need]]), dict(a.latency), features)
+            taken.append(n)
+        used.append({"run": Path(str(run.folder)).name, "images": run.num_images, "points": taken,
+                     "wall_s": run.record.get("wall_s")})
+    if not [n for n in points if n != "ar"]:
+        raise ValueError(f"{base.name}: no run covers {images:,} images")
+    record = json.loads(json.dumps({k: base.record[k] for k in RECORD_KEYS if k in base.record}))
+    record["config"]["eval"]["num_prompts"] = images
+    record.pop("wall_s", None)
+    record["extension"] = {"base": base.name, "group": group, "decides": list(decides), "offset": offset,
+                           "images": images, "runs": used, "token_code_version": TOKEN_CODE_VERSION}
+    return Regime(f"{base.name}.{group}", Path(str(runs[0].folder)).parent if runs else base.folder, record, points)
+
+
+def extension(regime: Regime) -> dict[str, Any] | None:
+    """An extended regime's ``extension`` record (``extend``), or None for a regime's own run."""
+    return regime.record.get("extension")
 
 
 _METRICS: dict[str, Any] = {}

@@ -18,6 +18,8 @@ from eval.studies.claims.analysis import (
     VERDICT_RULE,
     Comparison,
     decide,
+    decide_extensions,
+    extension_of,
     lossless_calibration,
     fit_mu,
     fitted_command,
@@ -32,9 +34,11 @@ from eval.studies.claims.data import (
     Regime,
     _ci_text,
     compute,
+    extend,
     interval,
     load_compact,
     load_regime,
+    more_info,
     save_compact,
     subset,
 )
@@ -57,18 +61,31 @@ def verdict_table(regimes: Sequence[Regime], claims: dict[str, list[Claim]], hea
         row = [f"{key}: {text}"]
         for r in regimes:
             c = next((c for c in claims[r.name] if c.key == key), None)
-            row.append("—" if c is None else f"**{c.verdict}**" + (f" ({c.note})" if c.note else "") + (
-                "".join(f"; {_comparison_text(x)}" for x in _deciding(c)) if numbers else ""))
+            row.append("—" if c is None else f"**{c.verdict}**" + _at_text(c) + (f" ({c.note})" if c.note else "")
+                       + ("".join(f"; {_comparison_text(x)}" for x in _deciding(c)) if numbers else ""))
         lines.append("| " + " | ".join(row) + " |")
     return lines
+
+
+def _at_text(c: Claim) -> str:
+    """Where a claim decided on an extension was decided, and what its regime's own images had said."""
+    if c.images is None or c.before is None:
+        return ""
+    was = c.before.verdict
+    ni = [x for x in c.before.comparisons if x.made and x.kind == "non-inferiority" and x.power is not None]
+    if ni:
+        low = min(ni, key=lambda x: x.power)
+        was += f", its {low.metric} test's power {low.power:.2f} at {low.n:,} images"
+    return f" at {c.images:,} images per point (its deciding points extended, `{c.extension}`; before: {was})"
 
 
 def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str, Any], figures: dict[str, Path],
          out: Path, command: str, seconds: dict[str, float] | None = None,
          robustness: Sequence[dict[str, Any]] = (), seeds: Sequence[Regime] = (),
          calibration: dict[str, Any] | None = None, bias: dict[str, Any] | None = None,
-         spread: Sequence[dict[str, Any]] = ()) -> str:
-    """The claims page: verdict table, figures, μ fit, every point with its intervals, every comparison."""
+         spread: Sequence[dict[str, Any]] = (), extended: Sequence[dict[str, Any]] = ()) -> str:
+    """The claims page: verdict table, figures, μ fit, every point with its intervals, every comparison;
+    ``extended`` (``decide_extensions``): the claims decided with more images of their deciding points."""
     experiment = regimes[0].record.get("config", {}).get("experiment_name") or "?"
     quick = experiment.endswith("_quick")
     lines = ["# The COOL-SD paper's claims on the embedded model" + (" (quick version)" if quick else ""), "",
@@ -85,6 +102,11 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
         lines.append("Wall time of each run's last `run.py` invocation (`run.json` `wall_s`; a resumed run counts only "
                      "what it generated and scored): " + "; ".join(f"{k} {v / 60:.1f} min" for k, v in seconds.items())
                      + ".")
+    if extended:
+        lines += ["", EXTENSION_TEXT + " " + "; ".join(
+            f"`{e['name']}`: {', '.join(e['points'])} at {e['images']:,} images per point (images "
+            f"{e['offset']:,}–{e['images'] - 1:,} added), deciding {', '.join(e['decides'])} of {e['base']}"
+            for e in extended) + "."]
     lines += ["", *verdict_table(regimes, claims, [r.name for r in regimes])]
     lines += ["", "**The verdict rule.** " + VERDICT_RULE + " τ ranges give where along the accepted length a "
               "frontier comparison is for, against or not significant (n.s.).", "",
@@ -94,7 +116,10 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
               "direct dominance pairs of C1 are uncorrected (each pair: both 95 % intervals exclude 0; no "
               "multiplicity correction, so with many pairs some can be false alarms); the μ fit's intervals are 95 % "
               "percentile intervals (same seed). Powers are normal approximations from the replicates' standard "
-              "deviation at the test's one-sided 2.5 %.", "",
+              "deviation at the test's one-sided 2.5 % (Holm's correction left out). An inconclusive FID difference "
+              "(C1, C2a, C3) gives its power to find a true difference of the FID margin (10 % of the baseline "
+              "point's FID) by the same two-sided 5 % test, so \"inconclusive\" says whether a difference of that "
+              "size would likely have been found.", "",
               "**Margins.** " + MARGIN_RATIONALE, ""]
     if calibration:
         cal = calibration
@@ -196,7 +221,7 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
                              + f" | {fmt.format(x['spread'])} | {fmt.format(x['half_width'])} |")
             lines += ["", robustness_conclusion(robustness, spread)]
     lines += ["", "## Every point", ""]
-    for r in [*regimes, *seeds]:
+    for r in [*regimes, *seeds, *(e["regime"] for e in extended)]:
         lines += [f"### {r.name}", "", "| point | N | accepted length | TV per token | FID (classifier features) | speedup (batch 1) |",
                   "|---|--:|--:|--:|--:|--:|"]
         for p in r.points.values():
@@ -215,8 +240,8 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
         lines.append(f"### {r.name}")
         lines.append("")
         for c in claims[r.name]:
-            lines.append(f"- **{c.key}** ({c.verdict})")
-            for comp in c.comparisons:
+            lines.append(f"- **{c.key}** ({c.verdict}{_at_text(c)})")
+            for comp in _with_before(c):
                 words = ({"claim": "non-inferior: shown", "against": "worse than the margin", None: "not shown"}
                          if comp.kind == "non-inferiority" else
                          {"claim": "for the claim", "against": "against the claim", None: "not significant"})
@@ -226,13 +251,43 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
                 p_text = "" if comp.p is None else f", {_p('p', comp.p, comp.p_floor)}" + (
                     "" if comp.p_holm is None else f", Holm {_p('p', comp.p_holm, comp.p_floor)}")
                 extra = f"; {_ni_text(comp)}" if comp.made and comp.kind == "non-inferiority" else ""
-                lines.append(f"  - {comp.what}: {_ci_text(comp.difference, comp.ci, '{:.4f}')}{p_text}{extra} ({side})")
+                if comp.made and comp.kind == "difference" and comp.power is not None:
+                    extra = f"; {_power_text(comp)}"
+                before = "" if comp.n is None or c.images is None or comp.n == c.images else \
+                    f" [at {comp.n:,} images, before]"
+                lines.append(f"  - {comp.what}{before}: {_ci_text(comp.difference, comp.ci, '{:.4f}')}{p_text}{extra} "
+                             f"({side})")
             if not c.comparisons:
                 lines.append("  - no comparison could be made")
             for d in c.dominance:
                 lines.append(f"  - direct dominance: {d}")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+#: what the page says of the claims decided with more images of their deciding points (``decide_extensions``)
+EXTENSION_TEXT = (
+    "**Decided with more images.** Where a regime's own images left a claim's FID non-inferiority test "
+    "underpowered (power below 0.8 at no difference), its deciding points were given the images the power "
+    "calculation asked for, and nothing else: the regime's prompts and seeds continued (image i has seed 0 + i and "
+    "class i mod 10, `python run.py -m experiment=embedded_claims_more`), joined to its first images "
+    "(`scripts/claims.py --extend`), and the claim decided again on all of them by the same rule (one paired "
+    "bootstrap over every image, its whole Holm family, the speedups still from the regime's own timed prompts). "
+    "The lossless calibration, the equal-N drafter table and the figures stay on the regimes' own images. The "
+    "extensions:")
+
+
+def _with_before(c: Claim) -> list[Comparison]:
+    """A claim's comparisons, and for one decided on an extension also those it made before on the regime's own
+    images (their ``n`` says which)."""
+    return [*c.comparisons, *(c.before.comparisons if c.before is not None else [])]
+
+
+def _power_text(x: Comparison) -> str:
+    """An inconclusive difference's power to find its effect (``analysis.compare``)."""
+    return (f"power {x.power:.2f} to find a difference of ±{x.effect:.2f} ({x.effect_share:.0%} of the baseline's "
+            f"{x.metric}); the difference found with power {POWER_TARGET:g} at this N: {x.margin_80:.2f}; power "
+            f"{POWER_TARGET:g} at ±{x.effect:.2f} needs N ≈ {x.n_80:,}")
 
 
 #: the README's block that ``run(..., readme=...)`` rewrites with ``summary``: everything between the markers
@@ -277,6 +332,8 @@ def _comparison_text(x: Comparison) -> str:
         return f"{what}: {_ni_text(x)}" + (f", Holm {_p('p', x.p_holm, x.p_floor)}" if x.p_holm is not None else "")
     fmt = "{:+.3f}" if abs(x.difference) < 0.1 else "{:+.2f}"
     text = f"{what}: {_ci_text(x.difference, x.ci, fmt)}"
+    if x.power is not None and x.favours is None:
+        text += f" (power {x.power:.2f} to find ±{x.effect:.2f}, {x.effect_share:.0%} of the baseline's {x.metric})"
     if x.p_holm is not None:
         return text + f", Holm {_p('p', x.p_holm, x.p_floor)}"
     return text + ("" if x.p is None else f", {_p('p', x.p, x.p_floor)}")
@@ -317,7 +374,11 @@ def summary(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[
               "by one rule (the page's \"verdict rule\"): a claim is held only where every metric it names is held; "
               "5 % two-sided, Holm-corrected within each claim and regime, bootstrap seed 0. Non-inferiority: FID "
               f"as the ratio ≤ {1 + MARGINS['fid_relative']:g} on paired replicates (C4, C2b), TV per token within "
-              f"{MARGINS['tv_per_token']:g} (C2b), one-sided false alarm 2.5 %. τ: accepted length.",
+              f"{MARGINS['tv_per_token']:g} (C2b), one-sided false alarm 2.5 %. An inconclusive FID difference gives "
+              "its power to find a difference of 10 % of the baseline's FID. τ: accepted length."
+              + (" \"At N images per point\": decided on the claim's deciding points with the regime's prompts and "
+                 "seeds continued to N (`experiment=embedded_claims_more`; the page's \"Decided with more images\")."
+                 if any(c.images for cs in claims.values() for c in cs) else ""),
               "", "Every significant difference (Holm), by claim, regime, metric and side, with its range: "
               + "; ".join(magnitudes(regimes, claims)) + "."]
     pairs = []
@@ -461,6 +522,36 @@ def load_regimes(folder: Path, device: str = "cpu") -> list[Regime]:
     return [load_regime(f, device=device) for f in folders]
 
 
+def build_extensions(compact: Path, more: Path, device: str = "cpu") -> list[Path]:
+    """Join the runs of ``experiment=embedded_claims_more`` below ``more`` (one folder per regime and group) to the
+    regimes' compact data in ``compact`` (``data.extend``) and write each extension there as
+    ``<regime>.<group>.claims.npz``; a group's extension of weak_tree also gets the fitted-μ run's points at the
+    same N (``weak_tree_fitted.<group>``, joined on the page as the fitted run is). Returns the files written."""
+    compact, more = Path(compact), Path(more)
+    bases = {r.name: r for r in (load_compact(p) for p in sorted(compact.glob(f"*{COMPACT_SUFFIX}")))
+             if not extension_of(r)}
+    folders = [more] if (more / "run.json").is_file() else sorted(p.parent for p in more.glob("*/run.json"))
+    if not folders:
+        raise FileNotFoundError(f"no run.json below {more}: run `python run.py -m experiment=embedded_claims_more` "
+                                "first")
+    runs = [(more_info(r), r) for r in (load_regime(f, device=device) for f in folders)]
+    written = []
+    for info, run_ in runs:
+        if info["regime"] == FITTED_REGIME:
+            continue
+        if info["regime"] not in bases:
+            raise FileNotFoundError(f"{run_.folder}: extends {info['regime']}, but {compact} has no "
+                                    f"{info['regime']}{COMPACT_SUFFIX}")
+        images = info["offset"] + info["added"]
+        same = [r for i, r in runs if i["regime"] == info["regime"] and r is not run_]
+        written.append(save_compact(extend(bases[info["regime"]], [run_, *same], images, info["group"],
+                                           info["decides"]), compact))
+        fitted = [r for i, r in runs if i["regime"] == FITTED_REGIME and i["added"] >= info["added"]]
+        if fitted and FITTED_REGIME in bases and info["regime"] == "weak_tree":
+            written.append(save_compact(extend(bases[FITTED_REGIME], fitted, images, info["group"], []), compact))
+    return written
+
+
 def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = None,
         device: str = "cpu", export: Path | None = None, readme: Path | None = None) -> dict[str, Any]:
     """Load every regime below ``folder`` (runs or their compact data), decide the claims, write
@@ -469,12 +560,14 @@ def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = N
     there and decide from it (float16 features), so the page is exactly what the exported data rebuild.
     ``readme``: also rewrite that file's claims summary (``summary``, between ``README_BEGIN`` and ``README_END``);
     the summary is written to ``<out>/embedded_claims_summary.md`` either way."""
-    regimes, seeds, extra = [], [], None
+    regimes, seeds, extra, extensions = [], [], None, []
     for regime in load_regimes(folder, device):
         if export is not None:
             regime = load_compact(save_compact(regime, Path(export)))
         compute(regime, resamples=resamples, device=device)
-        if regime.name == FITTED_REGIME:
+        if extension_of(regime):
+            extensions.append(regime)
+        elif regime.name == FITTED_REGIME:
             extra = regime
         elif regime.name.startswith(SEED_REGIME):
             seeds.append(regime)
@@ -518,6 +611,7 @@ def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = N
             bias = {"n": weak.num_images, "n_small": seed0.num_images, "lo": diffs[0], "hi": diffs[-1],
                     "median": float(np.median(diffs))}
     claims = {r.name: decide(r) for r in regimes + seeds}
+    extended = decide_extensions(regimes, extensions, claims)
     robustness = robustness_rows(weak, seeds, claims) if weak is not None and seeds else []
     spread = drafter_spread(seeds, claims) if robustness else []
     calibration = lossless_calibration(regimes)
@@ -538,8 +632,12 @@ def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = N
         figures["R against ω₁ (the μ fit)"] = r_figure
     seconds = {r.name: float(r.record["wall_s"]) for r in regimes + ([extra] if extra else []) + seeds
                if r.record.get("wall_s")}
+    for e in extended:  # each run of the extensions once (a run can serve several groups)
+        for x in e["runs"]:
+            if x.get("wall_s") and x["run"] not in seconds:
+                seconds[x["run"]] = float(x["wall_s"])
     text = page(regimes, claims, mu, figures, out, command or f"python scripts/claims.py {folder} --out {out}", seconds,
-                robustness, seeds, calibration, bias, spread)
+                robustness, seeds, calibration, bias, spread, extended)
     atomic_write_bytes(out / "embedded_claims.md", text.encode())
     # the same summary twice: its figure paths relative to the file it is written into
     atomic_write_bytes(out / "embedded_claims_summary.md",
@@ -549,12 +647,17 @@ def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = N
                                                  relative_to=Path(readme).parent, spread=spread))
     record = {"claims": {r: [{"key": c.key, "text": c.text, "verdict": c.verdict, "note": c.note,
                               "comparisons": [vars(x) for x in c.comparisons], "dominance": c.dominance,
-                              "dominance_counts": c.dominance_counts, "metric_verdicts": c.metric_verdicts}
+                              "dominance_counts": c.dominance_counts, "metric_verdicts": c.metric_verdicts,
+                              **({"images": c.images, "extension": c.extension,
+                                  "before": {"verdict": c.before.verdict, "note": c.before.note,
+                                             "comparisons": [vars(x) for x in c.before.comparisons]}}
+                                 if c.before is not None else {})}
                              for c in cs] for r, cs in claims.items()},
               "mu": mu, "robustness": robustness, "drafter_spread": spread, "lossless_calibration": calibration,
               "fid_bias": bias,
+              "extensions": [{k: v for k, v in e.items() if k not in ("claims", "regime")} for e in extended],
               "regimes": {r.name: {"folder": str(r.folder), "num_images": r.num_images,
                                    "points": {p.name: {"label": p.label, **p.est} for p in r.points.values()}}
-                          for r in regimes + seeds}}
+                          for r in regimes + seeds + [e["regime"] for e in extended]}}
     atomic_write_bytes(out / "embedded_claims.json", (json.dumps(record, indent=2, default=float) + "\n").encode())
     return record

@@ -100,11 +100,13 @@ def test_static_path_gives_the_eager_tokens_and_statistics(embedded, name):
     assert all(b.stats.latency_s > 0 for _, b in pairs)
 
 
-def test_static_path_batched_equals_alone_and_reuses_its_workspace(embedded):
-    """An image of a batch of 8 equals its alone decode; a second batch of the same size reuses the first's
-    workspace (buffers refilled in place) and still gives each image its alone tokens."""
+@pytest.mark.parametrize("name", ["coolsd", "sd_dynamic_tree"])
+def test_static_path_batched_equals_alone_and_reuses_its_workspace(embedded, name):
+    """Images of a batch of 8 (four checked) equal their alone decodes (a chain and an EAGLE-2 tree); a second batch
+    of the same size reuses the first's workspace (buffers refilled in place) and still gives its images their alone
+    tokens."""
     model, cfg = embedded
-    static = build(cfg, model, "coolsd", "static")
+    static = build(cfg, model, name, "static")
     prompts = (PROMPTS * 2)[:8]
     first = static.generate_batch(prompts, list(range(8)))
     workspace = static.static._workspaces[8][0]
@@ -112,8 +114,8 @@ def test_static_path_batched_equals_alone_and_reuses_its_workspace(embedded):
     assert static.static._workspaces[8][0] is workspace
     bitwise = invariance_property(model) == "bitwise"
     for batch, seeds, order in ((first, range(8), prompts), (second, range(8, 16), prompts[::-1])):
-        differ = [s for image, s, p in zip(batch, seeds, order) if not torch.equal(
-            image.tokens, static.generate(p, s).tokens)]
+        checked = [(image, s, p) for i, (image, s, p) in enumerate(zip(batch, seeds, order)) if i in (0, 3, 5, 7)]
+        differ = [s for image, s, p in checked if not torch.equal(image.tokens, static.generate(p, s).tokens)]
         assert not differ if bitwise else len(differ) <= 1, differ
 
 

@@ -399,3 +399,11 @@ def test_static_path_refuses_models_and_decoders_of_the_eager_path(overrides, re
 def test_runner_modes_are_checked():
     with pytest.raises(ValueError, match="static step mode"):
         Runner(lambda: None, "jit")
+
+
+def test_static_path_refuses_a_drafter_cache_too_small_for_its_tree(tiny_model):
+    """The static cache cannot stop an overflow inside a step: a drafter cache smaller than the largest iteration
+    (pending pairs and every tree node) is refused when the decoder is built, naming the setting that fits."""
+    with pytest.raises(ValueError, match=r"drafter.extra_slots=\d+ or more"):
+        Decoder("sd", tiny_model, ExactRule(), path="static", tree="mc_sim_7b_63",
+                drafter=EagleDrafter(tiny_model, head=EagleHead(tiny_model, init_seed=1), extra_slots=4))

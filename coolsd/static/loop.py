@@ -123,6 +123,13 @@ class StaticLoop:
                                                         "tree" if self.tree is not None else "chain")
         self.step = {"ar": self.ar_step, "chain": self.chain_step, "tree": self.tree_step,
                      "jacobi_window": self.jacobi_step}[self.step_name]
+        room = 2 * getattr(self.drafter, "extra_slots", 0)  # an EAGLE drafter's speculative cache slots
+        if room:  # the static cache cannot refuse an overflow inside a step: check the largest iteration here
+            need = (self.depth + 1) + (self.tree.depth * self.tree.top_k if self.tree is not None
+                                       and not isinstance(self.tree, TreeShape) else decoder.max_nodes)
+            if need > room:
+                raise ValueError(f"decoder {decoder.name!r}: an iteration feeds up to {need} pairs to the drafter "
+                                 f"cache, which holds {room}: set drafter.extra_slots={-(-need // 2)} or more")
         #: the parallel walk's width: the most children a node of these trees has
         self.width = 1
         if isinstance(self.tree, TreeShape):

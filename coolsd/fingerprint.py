@@ -3,7 +3,10 @@
 A record is only reused when everything that determines its tokens is unchanged: the model's weights
 (``weights_digest``), the model, sampling and decoder configs, the prompt, the seed, and the version of the
 code paths that turn those into tokens (``TOKEN_CODE_VERSION``; bump it whenever a change alters any
-decoder's tokens for the same inputs).
+decoder's tokens for the same inputs). Since issue 59 every record also carries a digest of the source of the
+``coolsd``/``baselines`` modules its decoder reaches (``eval/records/code_digest.py``), which catches an edit
+without a bump; the version stays as its backup, for what the digest cannot see (the harness around the decoders,
+a library's kernels, records made before digests).
 
 Example: ``weights_digest(model)`` -> a 40-hex-digit SHA-1.
 """

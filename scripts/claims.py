@@ -17,9 +17,10 @@ interval), ``<out>/embedded_claims.json``, ``<out>/embedded_claims_summary.md`` 
 ``<out>/figures/embedded_claims_*.{png,pdf}``. ``--out`` defaults
 to the input folder. ``--export`` writes each regime's compact per-image data (``<regime>.claims.npz``: accepted
 lengths, TV sums, timed latencies, float16 classifier features) and decides from it; a folder of such files is
-itself a valid input, with no run folders or images. ``--extend`` joins the runs of
+itself a valid input, with no run folders or images. ``--extend`` adds the runs of
 ``experiment=embedded_claims_more`` (more images of a claim's deciding points) to that data as
-``<regime>.<group>.claims.npz``; the claims each decides then replace the regime's on the page.
+``<regime>.more_<group>.claims.npz``; the page joins each to its regime's images and the claims it decides replace
+the regime's.
 """
 from __future__ import annotations
 
@@ -42,15 +43,15 @@ def main() -> None:
     parser.add_argument("--export", type=Path, default=None,
                         help="write the compact per-image data here (and decide from it)")
     parser.add_argument("--extend", type=Path, default=None,
-                        help="the runs of experiment=embedded_claims_more: join them to FOLDER's compact data as "
-                             "<regime>.<group>.claims.npz (written into FOLDER), then decide from FOLDER")
+                        help="the runs of experiment=embedded_claims_more: write them into FOLDER (compact data) as "
+                             "<regime>.more_<group>.claims.npz, then decide from FOLDER (each joins its regime)")
     args = parser.parse_args()
     out = args.out or args.folder
     if args.extend is not None:
-        from eval.studies.claims import build_extensions
+        from eval.studies.claims import export_more
 
-        for path in build_extensions(args.folder, args.extend, device=args.device):
-            print(f"extension -> {path}")
+        for path in export_more(args.extend, args.folder, device=args.device):
+            print(f"more images of deciding points -> {path}")
     command = "python scripts/claims.py " + " ".join(sys.argv[1:])
     record = run(args.folder, out, resamples=args.resamples, command=command, device=args.device,
                  export=args.export, readme=args.readme)

@@ -1,8 +1,9 @@
 """Where a sweep stands: one line per row (done, running, requeued, stale, failed, not started), then a total.
 
 Reads the sweep folder alone (no SLURM command), so it also works on a copy of it;
-``eval/report/sweep_status.py`` says how each state is decided. Exit code 0 when every row is done, 1 otherwise,
-2 when the folder holds no run.
+``eval/report/sweep_status.py`` says how each state is decided. When rows failed or went stale it then prints the
+command that resubmits only those rows (the sweep's own launcher options and folder; the running rows are left
+alone). Exit code 0 when every row is done, 1 otherwise, 2 when the folder holds no run.
 
 Examples::
 

@@ -102,10 +102,10 @@ ROW = ("import pathlib, runpy, sys, time\n"
        "    while not other.exists():\n"
        "        time.sleep(0.05)\n"
        "    run(self, done)\n"
-       "def slow(self, name, indices, timed):\n"  # AR's batches take long enough for the other row to come
+       "def slow(self, name, indices, timed, **kw):\n"  # AR's batches take long enough for the other row to come
        "    if name == 'ar' and not timed:\n"
        "        time.sleep(0.3)\n"
-       "    make(self, name, indices, timed)\n"
+       "    make(self, name, indices, timed, **kw)\n"
        "g.Generator.run, g.Generator._generate = met, slow\n"
        "sys.argv = ['run.py', *sys.argv[1:]]\n"
        "runpy.run_path('run.py', run_name='__main__')\n")

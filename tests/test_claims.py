@@ -783,3 +783,46 @@ def test_the_more_images_experiment_runs_exactly_the_regimes_next_images_of_thei
             assert OmegaConf.to_container(more.suite[name], resolve=True) == \
                 OmegaConf.to_container(base.suite[name], resolve=True), (regime, name)
         assert more.drafter.checkpoint == base.drafter.checkpoint
+
+
+def test_a_verdict_still_underpowered_names_its_n_and_why_it_was_not_given_more_images():
+    """An underpowered FID test that needs 15,700 images per point is above the 10,000 the page gives a deciding
+    point: the page says so; one that needs 5,700 names the command that would decide it; a decided one says
+    nothing."""
+    from eval.studies.claims.page import MAX_IMAGES, _unrun_text
+
+    speed = claims.Comparison("speed", -1.0, [-1.1, -0.9], 0.001, None, metric="speed")
+    far = claims.decide_claim("C4", "x", {"speed": [speed], "FID": [_ni(1.0, 0.1)]})
+    near = claims.decide_claim("C4", "x", {"speed": [speed], "FID": [_ni(1.0, 0.06)]})
+    done = claims.decide_claim("C4", "x", {"speed": [speed], "FID": [_ni(1.0, 0.01)]})
+    assert MAX_IMAGES == 10_000 and "N ≈ 15,700, above the 10,000 images per point" in _unrun_text(far)
+    assert "N ≈ 5,700: `python run.py -m experiment=embedded_claims_more`" in _unrun_text(near)
+    assert _unrun_text(done) == "" and done.metric_verdicts["FID"] == claims.HELD
+    # a claim not held on TV: more images of its low-powered FID differences could not change it, and it says so
+    from eval.studies.claims.analysis import _z
+
+    q = np.array([_z((i + 0.5) / 4000) for i in range(4000)])
+    fid = claims.compare("FID: x", 0.0, 0.6 * q / q.std(ddof=1), metric="FID", effect=1.0, n=2000, effect_share=0.1)
+    tv = claims.Comparison("TV", 1.0, [0.9, 1.1], 0.001, None, metric="TV")
+    against = claims.decide_claim("C1", "x", {"TV": [tv], "FID": [fid]})
+    assert against.verdict == claims.NOT_HELD and fid.power < 0.8
+    assert _unrun_text(against) == " (FID not given more images: the claim is not held on TV whatever FID shows)"
+    open_ = claims.decide_claim("C3a", "x", {"TV": [claims.Comparison("TV", -1.0, [-1.1, -0.9], 0.001, None,
+                                                                      metric="TV")], "FID": [fid]})
+    assert "N ≈ 5,700: `python run.py -m experiment=embedded_claims_more`" in _unrun_text(open_)
+
+
+def test_more_runs_are_stored_apart_and_joined_to_their_regime_on_the_page(tmp_path):
+    """A run of experiment=embedded_claims_more saved as compact data stays a run (``is_more``: its config's
+    claims_more block), holds only its own images, and ``build_extensions`` joins it to its regime at its N."""
+    from eval.studies.claims.page import build_extensions
+
+    base, runs = _extension_pair()
+    runs[0].name = "strong_chain.more_c4"
+    back = claims.load_compact(claims.save_compact(runs[0], tmp_path))
+    assert claims.is_more(back) and not claims.is_more(base) and back.indices == list(range(30))
+    (ext,) = build_extensions({"strong_chain": base}, [back])
+    assert ext.name == "strong_chain.c4" and ext.indices == list(range(50))
+    assert claims.extension(ext)["runs"][0]["run"] == "strong_chain.more_c4"
+    with pytest.raises(FileNotFoundError, match="extends strong_chain, whose data are not given"):
+        build_extensions({}, [back])

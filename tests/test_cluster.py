@@ -339,7 +339,7 @@ def test_sweep_folders_are_named_after_the_experiment_not_the_clock(name):
     # an experiment's own folder (results/runs/<name>), else config.yaml's multirun/<experiment name or "sweep">
     expected = f"results/runs/{name}" if own else f"multirun/{cfg.experiment_name}" if name else "multirun/sweep"
     assert cfg.hydra.sweep.dir == expected
-    assert raw["subdir"] in ("${hydra.job.override_dirname}", "${claims.regime}")
+    assert raw["subdir"] in ("${hydra.job.override_dirname}", "${claims.regime}", "${claims_more.key}")
 
 
 def test_slurm_preset_writes_the_sbatch_options_and_allows_requeues(monkeypatch, tmp_path):

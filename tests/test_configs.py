@@ -25,6 +25,7 @@ NEEDS = {
     ("data", "file"): [f"data.path={CONFIGS.parent / 'pyproject.toml'}"],
     ("data", "coco"): ["data.path={coco_captions}"],
     ("data", "coco_train"): ["data.path={coco_captions}"],  # the same file format (train2017 captions)
+    ("data", "coco2014"): ["data.path={coco_captions}"],  # the same file format (val2014 captions, COCO-30k)
     ("data", "parti"): ["data.path={parti}"],
     ("drafter", "eagle"): ["drafter.checkpoint={eagle_checkpoint}"],
     # Janus-Pro: a random tiny model instead of the hub download; its EAGLE drafter from a tiny checkpoint

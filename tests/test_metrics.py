@@ -403,9 +403,10 @@ def test_coco5k_fails_before_generation_when_a_file_is_missing(tmp_path, monkeyp
     out = tmp_path / "run"
     with pytest.raises(FileNotFoundError, match=message):
         run_experiment(cfg, str(out))
-    written = [p for p in out.rglob("*") if p.is_file()]
-    assert written == [out / "ranks" / "rank0.json"], "the run got past the pre-flight checks"
-    assert json.loads(written[0].read_text())["state"] == "failed"  # what scripts/status.py reports
+    written = sorted(p for p in out.rglob("*") if p.is_file())
+    # the software it ran with (written first, eval.records.environment) and its marker: nothing else
+    assert written == [out / "environment.txt", out / "ranks" / "rank0.json"], "the run got past the pre-flight checks"
+    assert json.loads(written[1].read_text())["state"] == "failed"  # what scripts/status.py reports
 
 
 def test_coco5k_hps_is_coco5k_plus_hpsv2():

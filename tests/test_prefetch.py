@@ -292,8 +292,8 @@ def job_lines(out: str) -> dict[int, str]:
 
 def test_prefetch_lists_every_row_of_the_llamagen_table_with_its_gpu_hours(hub, tmp_path, monkeypatch, capsys):
     """``--check -m experiment=table_llamagen`` offline: the five rows of the sweep, in Hydra's job order, each with
-    its decoders and a GPU-hour estimate on the papers' latencies (AR's batched images counted once), and the
-    missing weights; exit code 1. The estimate says it is one and where its numbers come from."""
+    its decoders and a GPU-hour estimate on the papers' latencies (AR's batched and timed images counted once), and
+    the missing weights; exit code 1. The estimate says it is one and where its numbers come from."""
     monkeypatch.setenv("COCO_DIR", str(tmp_path / "coco"))
     code = prefetch_main()(["--check", "-m", "experiment=table_llamagen"])
     out = capsys.readouterr().out
@@ -310,7 +310,8 @@ def test_prefetch_lists_every_row_of_the_llamagen_table_with_its_gpu_hours(hub, 
         assert "missing: LlamaGen T2I GPT weights" in lines[num]
     # job 0: (2 warm-up + 1,000 timed) x (AR 10.13 + SD 4.99 s) + 4,000 batched x 15.12 s / 7.4, in hours
     assert hours[0] == pytest.approx((1002 * 15.12 + 4000 * 15.12 / 7.4) / 3600, abs=0.05)
-    assert hours[1] == pytest.approx((1002 * (10.13 + 4.70) + 4000 * 4.70 / 7.4) / 3600, abs=0.05)  # AR reused
+    # job 1: AR's batched images reused and AR timed in job 0 (eval.ar_timing=table): LANTERN++ alone
+    assert hours[1] == pytest.approx((1002 * 4.70 + 4000 * 4.70 / 7.4) / 3600, abs=0.05)
     assert hours[4] < hours[3]  # delta = 2 accepts more
     assert "5 job(s): 0 OK, 5 with a problem" in out and "GPU-hours are an estimate" in out
     assert "[paper] llamagen_t2i_512 ar: 10.13 s/image - COOL-SD paper main table" in out

@@ -133,14 +133,24 @@ def sweep(tmp_path) -> Path:
 
 
 def lines_by_row(text: str) -> dict[str, str]:
-    return {re.search(r"row=(\w+)", line)[1]: line for line in text.splitlines()[:-1]}
+    return {re.search(r"row=(\w+)", line)[1]: line for line in row_lines(text)}
+
+
+def row_lines(text: str) -> list[str]:
+    """The report's row lines (before its total line; the resubmission command follows that)."""
+    lines = text.splitlines()
+    return lines[: next(k for k, line in enumerate(lines) if re.match(r"\d+ rows?: ", line))]
+
+
+def total(text: str) -> str:
+    return next(line for line in text.splitlines() if re.match(r"\d+ rows?: ", line))
 
 
 def test_status_of_a_sweep_names_every_row_its_state_and_the_total(sweep):
     text, code = report(sweep)
     print(text)
     rows = lines_by_row(text)
-    assert [line.split()[0] for line in text.splitlines()[:-1]] == ["done", "running", "failed", "stale", "not"]
+    assert [line.split()[0] for line in row_lines(text)] == ["done", "running", "failed", "stale", "not"]
     assert rows["done"].startswith("done") and "5 prompts: ar, sd" in rows["done"]
     # per decoder out of the row's prompts, per rank out of its shard, and the freshest heartbeat's age
     assert re.search(r"running\s+row=running\s+ar 3/5 \[r0 2/3 r1 1/2\], sd 1/5 \[r0 1/3\]; heartbeat \d+ s ago "
@@ -153,7 +163,7 @@ def test_status_of_a_sweep_names_every_row_its_state_and_the_total(sweep):
     assert rows["stale"].startswith("stale") and "dist.stale_min = 30 min" in rows["stale"]
     assert "ranks 0, 1 silent for at least 2.0 h" in rows["stale"] and "rerun the sweep command" in rows["stale"]
     assert rows["queued"].startswith("not started")
-    assert text.splitlines()[-1] == "5 rows: 1 done, 1 running, 1 stale, 1 failed, 1 not started"
+    assert total(text) == "5 rows: 1 done, 1 running, 1 stale, 1 failed, 1 not started"
     assert code == 1
 
     by_label = {s.label: s for s in sweep_status(sweep)}
@@ -175,7 +185,7 @@ def test_exit_code_and_the_script(sweep, capsys, monkeypatch):
         return stop.value.code
 
     assert run_script(str(sweep)) == 1
-    assert capsys.readouterr().out.splitlines()[-1].startswith("5 rows:")
+    assert total(capsys.readouterr().out).startswith("5 rows:")
     assert run_script(str(sweep / "row=done")) == 0  # one run folder
     assert capsys.readouterr().out.splitlines() == ["done  row=done  5 prompts: ar, sd", "1 row: 1 done"]
     assert run_script(str(sweep / ".submitit")) == 2  # nothing to report: says what to give
@@ -259,7 +269,7 @@ def test_status_of_a_real_sweep_through_submitits_local_executor(tmp_path):
     assert "decoder.draft_len must be an integer >= 0, got -1" in states["-1"].error
     assert states["-1"].log.name.endswith("_0_log.err") and states["-1"].log.parent.parent.name == ".submitit"
     assert sorted(j.folder for j in sweep_jobs(sweep)) == sorted(s.folder for s in states.values())
-    assert text.splitlines()[-1] == "2 rows: 1 done, 1 failed"
+    assert total(text) == "2 rows: 1 done, 1 failed"
 
 
 # -- one W&B run per row ------------------------------------------------------------------------------------------

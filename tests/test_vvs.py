@@ -298,3 +298,34 @@ def test_preflight_names_a_bad_vvs_option_before_the_model_loads():
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["decoder=vvs"])
     assert validate_decoders(cfg, {"vvs": cfg.decoder}) == []
+
+
+@pytest.mark.parametrize("experiment,model,delta,interval", [("table_vvs_llamagen", "llamagen_t2i_512", 0.1, 2),
+                                                             ("table_vvs_llamagen_256", "llamagen_t2i_256", 0.2, 4)])
+def test_the_published_rows_presets_use_the_paper_notes_settings(experiment, model, delta, interval):
+    """Issue 60: the VVS tables' rows at a note on the paper's settings (stage II: interval 2, δ 0.1; stage I:
+    interval 4, δ 0.2; dynamic: threshold 0.65), LANTERN at the same δ and k = 1000; the released script's interval 5
+    and the earlier threshold 0.70 stay as named rows."""
+    from hydra import compose, initialize_config_dir
+
+    from tests.helpers import CONFIGS
+
+    def row(name, *extra):
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            return compose(config_name="config", overrides=[f"experiment={experiment}", f"row={name}", *extra])
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        base = compose(config_name="config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    assert base.hydra.sweeper.params.row == "lantern_eagle2,vvs_uniform,vvs_dynamic"
+    uniform, dynamic, lantern = row("vvs_uniform"), row("vvs_dynamic"), row("lantern_eagle2")
+    tokens = (int(model.split("_")[-1]) // 16) ** 2  # 16-px codes: 256 px -> 16x16, 512 px -> 32x32
+    assert uniform.model._target_.endswith("LlamaGenT2I") and uniform.model.gpt.block_size == tokens
+    assert (uniform.decoder.skip_policy, uniform.decoder.skip_interval, uniform.decoder.delta) == ("uniform", interval,
+                                                                                                 delta)
+    assert (dynamic.decoder.skip_policy, dynamic.decoder.similarity_threshold, dynamic.decoder.delta) == (
+        "dynamic", 0.65, delta)
+    assert lantern.decoder.name == "lantern" and lantern.decoder.delta == delta and lantern.decoder.k == 1000
+    assert uniform.decoder.k == dynamic.decoder.k == 1000 and uniform.decoder.tree == "dynamic"
+    script = row("vvs_uniform5", "vvs_lantern_delta=0.2")
+    assert (script.decoder.skip_interval, script.decoder.delta) == (5, 0.2)
+    assert row("vvs_dynamic070").decoder.similarity_threshold == 0.70

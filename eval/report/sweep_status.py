@@ -84,7 +84,8 @@ HINT_LINES = re.compile(r"full_key: |Set the environment variable HYDRA_FULL_ERR
 LOG_TAIL_BYTES = 256 * 1024
 #: the longest error line shown
 MAX_ERROR_CHARS = 300
-RERUN = "resubmit it with the command printed below (only the failed and stale rows; same hydra.sweep.dir)"
+RERUN = ("resubmit it with the command printed at the end (only the failed and stale rows), or rerun the sweep command "
+         "(same hydra.sweep.dir: done rows exit at once, running ones stop at their lease)")
 
 
 class StatusError(Exception):

@@ -131,16 +131,17 @@ class Generator:
         if self.progress is not None:
             self.progress.finish()
 
-    def _generate_batch(self, name: str, indices: list[int]) -> int:
+    def _generate_batch(self, name: str, indices: list[int], cold: bool = False) -> int:
         """One untimed batch; AR's indices that another job has put in the cache meanwhile are taken from it
-        instead. Returns the images done."""
+        instead. ``cold``: the decoder's first call (the pre-flight batch), left out of the throughput. Returns the
+        images done."""
         if name == "ar" and self.ar_cache is not None:
             self.ar_cache.refresh()
             left = self._reuse_ar(indices)
             if left:
-                self._generate(name, left, timed=False)
+                self._generate(name, left, timed=False, cold=cold)
             return len(indices)
-        self._generate(name, indices, timed=False)
+        self._generate(name, indices, timed=False, cold=cold)
         return len(indices)
 
     def _share_deferred(self, deferred: list[int], producer: Any, bar: Any) -> None:
@@ -184,7 +185,7 @@ class Generator:
                 continue
             chunk = chunks.pop(0)
             try:
-                bar.update(self._generate_batch(name, chunk))
+                bar.update(self._generate_batch(name, chunk, cold=True))
             except torch.OutOfMemoryError as err:
                 self._free()
                 raise BatchSizeError(self._fitting_message(name, len(chunk), err)) from None
@@ -299,7 +300,9 @@ class Generator:
             self.logs["ar"].append(record)
         return left
 
-    def _generate(self, name: str, indices: list[int], timed: bool) -> None:
+    def _generate(self, name: str, indices: list[int], timed: bool, cold: bool = False) -> None:
+        """Make, save and record one batch (``timed``: a batch-1 image of the timed subset; ``cold``: a decoder's
+        first call, whose wall time is not a throughput sample: no ``batch_id``)."""
         self.shards.check_lease()  # another attempt took this row over: stop before writing
         suite, model = self.suite, self.model
         cuda = model.device.type == "cuda"
@@ -309,7 +312,7 @@ class Generator:
         seeds = [suite.seed + i for i in indices]
         gens = self.decoders[name].generate_batch(prompts, seeds, labels=indices)
         batch_s = max(g.stats.latency_s for g in gens)
-        batch_id = None if timed else uuid.uuid4().hex[:12]
+        batch_id = None if timed or cold else uuid.uuid4().hex[:12]
         peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
         images = [None] * len(gens)
         decode_s = 0.0

@@ -151,12 +151,12 @@ class RunRecords:
                 + "\nNothing was generated. Either write to a new folder (hydra.run.dir=<new folder>), or give "
                   "eval.resume=overwrite, which DELETES the mismatching decoders' finished records and images in "
                   "this folder before generating them again.")
-        self.shards.barrier()
-        if self.shards.rank == 0:
-            for name, fp in self.fingerprints.items():
+        if self.shards.rank == 0:  # before the barrier: no rank writes a record before its fingerprint is on disk
+            for name, fp in self.fingerprints.items():  # (a requeue right after it would find records without one)
                 atomic_write_json(self.meta_path(name), fp)
                 if name in self.codes:
                     atomic_write_json(self.code_path(name), self.codes[name].as_dict())
+        self.shards.barrier()
         return done
 
     def _clear(self, name: str) -> None:

@@ -180,7 +180,7 @@ def sweep_report(checks: Sequence[JobCheck]) -> str:
         rows = sum(1 for c in checks if any(e.saved_hours for e in c.estimates))
         lines.append(f"Fewer GPU-hours because AR is timed at batch 1 once per table and GPU kind (eval.ar_timing=table):"
                      f" {rows} of {len(checks)} jobs take AR's latency from the row that times it and make AR's "
-                     f"timed-subset images batched instead; saved " + ", ".join(f"{b} {h:.1f}" for b, h in saved.items())
+                     f"timed-subset images batched instead; saved " + ", ".join(f"{b} {h:.1f}" for b, h in saved.items() if h)
                      + " GPU-h against timing AR in every row (eval.ar_timing=run).")
     lines += sources_text([e for c in checks for e in c.estimates if e.gpu_hours is not None])
     notes = list(dict.fromkeys(n for c in checks for n in c.notes))

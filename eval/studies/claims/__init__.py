@@ -48,6 +48,13 @@ each with its fitted μ, same prompts and seeds, into the same sweep folder); on
 weak_tree's, labelled "(μ fitted)", with their measured R, and C1 and C4 are decided with them too
 ("C1 (fitted μ)", "C4 (fitted μ)"). The fitted points' speedups are against their own run's AR.
 
+**More images for the deciding points** (issue 60): where a regime's own images leave a FID non-inferiority test
+underpowered, ``experiment=embedded_claims_more`` generates the regime's next images (the same prompts and seeds
+continued) for the points that decide it; ``build_extensions`` joins them to the regime's compact data as
+``<regime>.<group>.claims.npz`` (``extend``), and ``decide_extensions`` decides the claims each one names by the same
+rule and puts them in place of the regime's own, which the page keeps as "before". An inconclusive FID difference
+states its power to find a difference of the FID margin (``compare``'s ``effect``).
+
 Example: ``python scripts/claims.py results/runs/embedded_claims --out results``.
 """
 from eval.studies.claims.analysis import *

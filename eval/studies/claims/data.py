@@ -213,7 +213,12 @@ def _options(config: dict[str, Any]) -> dict[str, Any]:
 
     options = decoder_options(config)
     options.pop("path", None)
-    return options
+    return {k: v for k, v in options.items() if v is not None}  # an option left off: None where it is given
+
+
+def is_more(regime: Regime) -> bool:
+    """A run of ``experiment=embedded_claims_more`` (more images of a regime's deciding points), not a regime."""
+    return bool(regime.record.get("config", {}).get("claims_more"))
 
 
 def more_info(run: Regime) -> dict[str, Any]:
@@ -262,7 +267,9 @@ def extend(base: Regime, runs: Sequence[Regime], images: int, group: str, decide
                              f"{cfg['eval']['seed']} + {offset}: these are other images")
         for part in ("model", "drafter"):
             a, b = _rebase_assets(cfg.get(part)) or {}, _rebase_assets(more_cfg.get(part)) or {}
-            diff = sorted(k for k in {*a, *b} if a.get(k) != b.get(k))
+            # a key one side lacks and the other leaves off (False, None: e.g. model.compile, added later) is the same
+            diff = sorted(k for k in {*a, *b} if a.get(k) != b.get(k) and not ((k not in a and not b.get(k))
+                                                                             or (k not in b and not a.get(k))))
             if diff:
                 raise ValueError(f"{run.folder}: its {part} differs from the base regime's in {diff}")
         foreign = [n for n in run.points if n not in base.points]
@@ -286,7 +293,7 @@ def extend(base: Regime, runs: Sequence[Regime], images: int, group: str, decide
                               np.concatenate([a.iterations, b.iterations[:need]]),
                               np.concatenate([a.tv_sum, b.tv_sum[:need]]), dict(a.latency), features)
             taken.append(n)
-        used.append({"run": Path(str(run.folder)).name, "images": run.num_images, "points": taken,
+        used.append({"run": run.name, "images": run.num_images, "points": taken,
                      "wall_s": run.record.get("wall_s")})
     if not [n for n in points if n != "ar"]:
         raise ValueError(f"{base.name}: no run covers {images:,} images")

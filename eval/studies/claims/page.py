@@ -28,14 +28,17 @@ from eval.studies.claims.analysis import (
 )
 from eval.studies.claims.data import (
     COMPACT_SUFFIX,
+    INCONCLUSIVE,
     MARGIN_RATIONALE,
     MARGINS,
+    NOT_HELD,
     UNDERPOWERED,
     Regime,
     _ci_text,
     compute,
     extend,
     interval,
+    is_more,
     load_compact,
     load_regime,
     more_info,
@@ -62,9 +65,38 @@ def verdict_table(regimes: Sequence[Regime], claims: dict[str, list[Claim]], hea
         for r in regimes:
             c = next((c for c in claims[r.name] if c.key == key), None)
             row.append("—" if c is None else f"**{c.verdict}**" + _at_text(c) + (f" ({c.note})" if c.note else "")
-                       + ("".join(f"; {_comparison_text(x)}" for x in _deciding(c)) if numbers else ""))
+                       + _unrun_text(c) + ("".join(f"; {_comparison_text(x)}" for x in _deciding(c)) if numbers
+                                           else ""))
         lines.append("| " + " | ".join(row) + " |")
     return lines
+
+
+#: the most images per point this page gives a deciding point (issue 60: decide every verdict that 10,000 or fewer
+#: images can decide); a test still underpowered that needs more says so and is not extended
+MAX_IMAGES = 10_000
+#: the seed regimes' note in "Every comparison": they compare the drafters at equal N and are not extended
+SEED_NOTE = ("The drafters are compared at equal N (1,000 images per point, the \"Robustness across drafters\" "
+             "table); a test underpowered here is not given more images, which would break that equality.")
+
+
+def _unrun_text(c: Claim) -> str:
+    """For a claim with an underpowered metric: why its deciding points were not given the images it needs (more
+    than ``MAX_IMAGES`` per point), or the command that would (``experiment=embedded_claims_more``)."""
+    low = sorted({x.metric for x in c.comparisons if x.made and x.kind == "difference" and x.power is not None
+                  and x.power < POWER_TARGET and c.metric_verdicts.get(x.metric) == INCONCLUSIVE})
+    against = [m for m, v in c.metric_verdicts.items() if v == NOT_HELD]
+    if c.verdict == NOT_HELD and low and against:  # more images could not change the claim's verdict
+        return (f" ({', '.join(low)} not given more images: the claim is not held on {', '.join(against)} whatever "
+                f"{', '.join(low)} shows)")
+    need = [x.n_80 for x in c.comparisons if x.made and x.n_80 is not None and x.power is not None
+            and x.power < POWER_TARGET and x.favours is None
+            and (x.kind == "non-inferiority" or c.metric_verdicts.get(x.metric) == INCONCLUSIVE)]
+    if not need or not (UNDERPOWERED in c.metric_verdicts.values() or low):
+        return ""
+    if max(need) > MAX_IMAGES:
+        return (f" (not given more images: power 0.8 needs N ≈ {max(need):,}, above the {MAX_IMAGES:,} images per "
+                "point this page gives a deciding point)")
+    return f" (power 0.8 needs N ≈ {max(need):,}: `python run.py -m experiment=embedded_claims_more` would decide it)"
 
 
 def _at_text(c: Claim) -> str:
@@ -239,8 +271,11 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
     for r in [*regimes, *seeds]:
         lines.append(f"### {r.name}")
         lines.append("")
+        if r in seeds:
+            lines += [SEED_NOTE, ""]
         for c in claims[r.name]:
-            lines.append(f"- **{c.key}** ({c.verdict}{_at_text(c)})")
+            lines.append(f"- **{c.key}** ({c.verdict}{_at_text(c)}{'' if r in seeds else _unrun_text(c)})")
+            earlier = {id(x) for x in c.before.comparisons} if c.before is not None else set()
             for comp in _with_before(c):
                 words = ({"claim": "non-inferior: shown", "against": "worse than the margin", None: "not shown"}
                          if comp.kind == "non-inferiority" else
@@ -253,8 +288,7 @@ def page(regimes: Sequence[Regime], claims: dict[str, list[Claim]], mu: dict[str
                 extra = f"; {_ni_text(comp)}" if comp.made and comp.kind == "non-inferiority" else ""
                 if comp.made and comp.kind == "difference" and comp.power is not None:
                     extra = f"; {_power_text(comp)}"
-                before = "" if comp.n is None or c.images is None or comp.n == c.images else \
-                    f" [at {comp.n:,} images, before]"
+                before = f" [on the regime's own {r.num_images:,} images, before]" if id(comp) in earlier else ""
                 lines.append(f"  - {comp.what}{before}: {_ci_text(comp.difference, comp.ci, '{:.4f}')}{p_text}{extra} "
                              f"({side})")
             if not c.comparisons:
@@ -522,34 +556,45 @@ def load_regimes(folder: Path, device: str = "cpu") -> list[Regime]:
     return [load_regime(f, device=device) for f in folders]
 
 
-def build_extensions(compact: Path, more: Path, device: str = "cpu") -> list[Path]:
-    """Join the runs of ``experiment=embedded_claims_more`` below ``more`` (one folder per regime and group) to the
-    regimes' compact data in ``compact`` (``data.extend``) and write each extension there as
-    ``<regime>.<group>.claims.npz``; a group's extension of weak_tree also gets the fitted-μ run's points at the
-    same N (``weak_tree_fitted.<group>``, joined on the page as the fitted run is). Returns the files written."""
-    compact, more = Path(compact), Path(more)
-    bases = {r.name: r for r in (load_compact(p) for p in sorted(compact.glob(f"*{COMPACT_SUFFIX}")))
-             if not extension_of(r)}
+def export_more(more: Path, compact: Path, device: str = "cpu") -> list[Path]:
+    """Write each run of ``experiment=embedded_claims_more`` below ``more`` into ``compact`` as compact data,
+    ``<regime>.more_<group>.claims.npz`` (only its own images: the page joins them to the regime's, ``extend``), AR's
+    without features (the page takes nothing from AR's added images). Returns the files written."""
+    more = Path(more)
     folders = [more] if (more / "run.json").is_file() else sorted(p.parent for p in more.glob("*/run.json"))
     if not folders:
         raise FileNotFoundError(f"no run.json below {more}: run `python run.py -m experiment=embedded_claims_more` "
                                 "first")
-    runs = [(more_info(r), r) for r in (load_regime(f, device=device) for f in folders)]
     written = []
-    for info, run_ in runs:
+    for folder in folders:
+        run_ = load_regime(folder, device=device)
+        info = more_info(run_)
+        run_.name = f"{info['regime']}.more_{info['group']}"
+        if "ar" in run_.points:
+            run_.points["ar"].features = None
+        written.append(save_compact(run_, Path(compact)))
+    return written
+
+
+def build_extensions(bases: dict[str, Regime], runs: Sequence[Regime]) -> list[Regime]:
+    """The regimes the runs of ``experiment=embedded_claims_more`` extend (``data.extend``): for each run, its regime
+    with its points (and the points the regime's other runs cover, e.g. COOL-SD δ = 1.1 for C2b's curve) at the
+    run's N; for weak_tree, also the fitted-μ run's points at the same N (``weak_tree_fitted.<group>``, joined on the
+    page as the fitted run is). The regimes' own data must come first (``bases``)."""
+    infos = [(more_info(r), r) for r in runs]
+    out = []
+    for info, run_ in infos:
         if info["regime"] == FITTED_REGIME:
             continue
         if info["regime"] not in bases:
-            raise FileNotFoundError(f"{run_.folder}: extends {info['regime']}, but {compact} has no "
-                                    f"{info['regime']}{COMPACT_SUFFIX}")
+            raise FileNotFoundError(f"{run_.folder}: extends {info['regime']}, whose data are not given")
         images = info["offset"] + info["added"]
-        same = [r for i, r in runs if i["regime"] == info["regime"] and r is not run_]
-        written.append(save_compact(extend(bases[info["regime"]], [run_, *same], images, info["group"],
-                                           info["decides"]), compact))
-        fitted = [r for i, r in runs if i["regime"] == FITTED_REGIME and i["added"] >= info["added"]]
+        same = [r for i, r in infos if i["regime"] == info["regime"] and r is not run_]
+        out.append(extend(bases[info["regime"]], [run_, *same], images, info["group"], info["decides"]))
+        fitted = [r for i, r in infos if i["regime"] == FITTED_REGIME and i["added"] >= info["added"]]
         if fitted and FITTED_REGIME in bases and info["regime"] == "weak_tree":
-            written.append(save_compact(extend(bases[FITTED_REGIME], fitted, images, info["group"], []), compact))
-    return written
+            out.append(extend(bases[FITTED_REGIME], fitted, images, info["group"], []))
+    return out
 
 
 def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = None,
@@ -560,14 +605,14 @@ def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = N
     there and decide from it (float16 features), so the page is exactly what the exported data rebuild.
     ``readme``: also rewrite that file's claims summary (``summary``, between ``README_BEGIN`` and ``README_END``);
     the summary is written to ``<out>/embedded_claims_summary.md`` either way."""
-    regimes, seeds, extra, extensions = [], [], None, []
-    for regime in load_regimes(folder, device):
+    regimes, seeds, extra = [], [], None
+    loaded = load_regimes(folder, device)
+    runs = [r for r in loaded if is_more(r)]  # more images of deciding points (experiment=embedded_claims_more)
+    for regime in (r for r in loaded if not is_more(r)):
         if export is not None:
             regime = load_compact(save_compact(regime, Path(export)))
         compute(regime, resamples=resamples, device=device)
-        if extension_of(regime):
-            extensions.append(regime)
-        elif regime.name == FITTED_REGIME:
+        if regime.name == FITTED_REGIME:
             extra = regime
         elif regime.name.startswith(SEED_REGIME):
             seeds.append(regime)
@@ -575,6 +620,10 @@ def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = N
             regimes.append(regime)
     if not regimes:
         raise FileNotFoundError(f"{folder}: only the {FITTED_REGIME} run is here; it adds points to weak_tree's")
+    # the extended regimes, built before the fitted points join weak_tree (their labels stay the regimes' own)
+    extensions = build_extensions({r.name: r for r in [*regimes, *([extra] if extra else [])]}, runs)
+    for e in extensions:
+        compute(e, resamples=resamples, device=device)
     weak = next((r for r in regimes if r.name == "weak_tree"), None)  # the μ fit is about the paper's regime
     mu = fit_mu(weak) if weak else {"note": "not fitted: the weak_tree regime (the paper's) is not among the runs "
                                             "(python run.py -m experiment=<this experiment> regime=weak_tree)"}

@@ -758,6 +758,32 @@ def test_decide_extensions_replaces_the_claims_it_decides_and_keeps_the_earlier_
         claims.decide_extensions([base], [lacking], {"weak_tree": claims.decide(base)})
 
 
+def test_a_fitted_extension_joins_only_weak_trees_extension_of_its_group():
+    """The fitted-μ run's extension (group c4) joins weak_tree's extension of group c4, never strong_chain's of the
+    same group (other prompts: joining them was refused as a mismatch before the fix)."""
+    def regime(name, base):
+        r = regime_of(cool_curve() + [make_point("sd", "sd", 2.42, 10.0, 0.0), make_point("ar", "ar", 1.0, 10.0, 0.0)])
+        r.name = name
+        with_reps(r, 0.1)
+        r.record = {"config": {}, "extension": {"base": base, "group": "c4", "decides": ["C4"] if base != FITTED
+                                                else [], "offset": 25, "images": 50, "runs": []}}
+        return r
+
+    FITTED = claims.FITTED_REGIME
+    chain, chain_ext = regime("strong_chain", "strong_chain"), regime("strong_chain.c4", "strong_chain")
+    weak, weak_ext = regime("weak_tree", "weak_tree"), regime("weak_tree.c4", "weak_tree")
+    fitted_ext = regime(f"{FITTED}.c4", FITTED)
+    fitted_ext.points = {n: p for n, p in fitted_ext.points.items() if n == "ar" or p.method == "coolsd"}
+    for p in fitted_ext.points.values():
+        p.config = {**p.config, "mu": -2.0} if p.method == "coolsd" else p.config
+    decided = {"strong_chain": claims.decide(chain), "weak_tree": claims.decide(weak)}
+    for p in chain_ext.points.values():  # other images than the fitted run's (as strong_chain's 6,000 vs 10,000)
+        p.indices = [i + 100 for i in p.indices]
+    claims.decide_extensions([chain, weak], [chain_ext, weak_ext, fitted_ext], decided)
+    assert not any("(μ fitted)" in p.label for p in chain_ext.points.values())
+    assert any("(μ fitted)" in p.label for p in weak_ext.points.values())
+
+
 def test_the_more_images_experiment_runs_exactly_the_regimes_next_images_of_their_deciding_points():
     """experiment=embedded_claims_more: every group's points are the regime's own configs (the same suite), its images
     continue the regime's (eval.seed = 2,000, a multiple of the 10 classes), AR is the only other decoder, and the

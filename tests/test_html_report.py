@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from eval.records.image_records import load_records
-from eval.report.html_page import (ReportError, accepted_length, gallery_data, load_folder, tv_per_step,
+from eval.report.html_page import (ReportError, accepted_length, load_folder, tv_per_step,
                                    write_figure, write_report)
 from tests.test_status import build_sweep
 

@@ -48,7 +48,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -587,14 +587,16 @@ class EagleDrafter(Drafter):
         A node's pair is (its parent's predicted feature, its token) at pair position = its image position
         − 1; the root request feeds the pending pairs instead (the root is the last committed token).
         """
-        if request.root:
-            out = self._feed_pending()
-            self.node_features = out.features
-            return DraftRows(q=out.q, finite=out.finite)
-        s, b, _, h = self.node_features.shape
-        f = request.parent_index.shape[1]
-        features = self.node_features.gather(2, request.parent_index.view(1, b, f, 1).expand(s, b, f, h))
-        out = self.step(features, request.tokens, request.positions - 1, tree_mask=request.mask)
+        return self._expand_by(request, self._feed_pending, self.step)
+
+    def _expand_by(self, request: Expansion, feed: Callable[[], Any], step: Callable[..., Any]) -> DraftRows:
+        """``_expand`` with the path's pending-pair feed and draft step (eager: ``_feed_pending``, ``step``)."""
+        out = feed() if request.root else None
+        if out is None:
+            s, b, _, h = self.node_features.shape
+            f = request.parent_index.shape[1]
+            features = self.node_features.gather(2, request.parent_index.view(1, b, f, 1).expand(s, b, f, h))
+            out = step(features, request.tokens, request.positions - 1, tree_mask=request.mask)
         self.node_features = out.features
         return DraftRows(q=out.q, finite=out.finite)
 
@@ -676,16 +678,7 @@ class EagleDrafter(Drafter):
 
     def _static_expand(self, request: Expansion) -> DraftRows:
         """``_expand`` of the static path: the root request feeds the fixed pending block."""
-        if request.root:
-            out = self._static_feed()
-            self.node_features = out.features
-            return DraftRows(q=out.q, finite=out.finite)
-        s, b, _, h = self.node_features.shape
-        f = request.parent_index.shape[1]
-        features = self.node_features.gather(2, request.parent_index.view(1, b, f, 1).expand(s, b, f, h))
-        out = self.step_in_context(features, request.tokens, request.positions - 1, tree_mask=request.mask)
-        self.node_features = out.features
-        return DraftRows(q=out.q, finite=out.finite)
+        return self._expand_by(request, self._static_feed, self.step_in_context)
 
     def static_propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
         """The pending block, then ``depth − 1`` one-token steps of a chain, or every level of a tree."""

@@ -584,7 +584,8 @@ def decide_extensions(regimes: Sequence[Regime], extensions: Sequence[Regime],
         base = by_name.get(info["base"])
         if base is None:
             raise ValueError(f"{ext.name}: extends {info['base']}, which is not among the regimes")
-        extra = fitted_ext.get(info["group"])
+        # the fitted-μ run's points join weak_tree's only (it ran weak_tree's prompts), never another regime's
+        extra = fitted_ext.get(info["group"]) if info["base"] == "weak_tree" else None
         if extra is not None:
             merge_fitted(ext, extra)
         mine = decide(ext)

@@ -19,7 +19,6 @@ from eval.studies.claims.analysis import (
     Comparison,
     decide,
     decide_extensions,
-    extension_of,
     lossless_calibration,
     fit_mu,
     fitted_command,

@@ -438,10 +438,11 @@ def test_the_committed_claims_data_rebuilds_the_pages_points(tmp_path):
     """From the committed compact data alone (no runs, no images), ``scripts/claims.py``'s analysis gives back
     every point estimate of the committed page (accepted length, TV per token, FID, speedup; to 1e-6, the rounding
     of FID's cancellation under other matrix shapes: none depends on the
-    resamples, so 20 suffice here), within the size budget of 30 MB."""
+    resamples, so 20 suffice here), within the size budget of 40 MB (31 MB since issue 60 added the deciding points'
+    extra images, 7.5 MB)."""
     files = sorted(CLAIMS_DATA.glob("*" + claims.COMPACT_SUFFIX))
     assert {f.name[: -len(claims.COMPACT_SUFFIX)] for f in files} >= {"strong_chain", "weak_tree", "weak_tree_fitted"}
-    assert sum(f.stat().st_size for f in files) <= 30 * 2**20
+    assert sum(f.stat().st_size for f in files) <= 40 * 2**20
     committed = _committed_record()
     record = claims.run(CLAIMS_DATA, tmp_path, resamples=20)
     assert set(record["regimes"]) == set(committed["regimes"])

@@ -177,6 +177,25 @@ def test_a_stale_lease_is_taken_over_and_said_so_and_a_requeue_of_the_same_job_t
         del os.environ["SLURM_JOB_ID"]
 
 
+def test_a_lease_whose_process_on_this_host_has_ended_is_taken_over_at_once(tmp_path, caplog):
+    """A local run killed with SIGKILL leaves a fresh-looking lease: its pid is gone on this host, so the next
+    attempt takes it over at once instead of waiting dist.stale_min (tests/test_eval.py kills and resumes a run)."""
+    folder = tmp_path / "row"
+    dead = Lease(folder, stale_min=30, poll_s=3600).acquire()
+    dead._stop.set()
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    lease = json.loads((folder / LEASE_FILE).read_text())
+    atomic_write_json(folder / LEASE_FILE, {**lease, "pid": proc.pid})  # heartbeat fresh, its process gone
+    with caplog.at_level("WARNING", logger="coolsd"):
+        second = Lease(folder, stale_min=30, poll_s=3600).acquire()
+    assert second.took_over["pid"] == proc.pid and f"its process (pid {proc.pid}) on this host has ended" in caplog.text
+    second.release()
+    atomic_write_json(folder / LEASE_FILE, {**lease, "host": "another-host", "pid": proc.pid})  # not ours to judge
+    with pytest.raises(LeaseHeld, match="being written by another attempt"):
+        Lease(folder, stale_min=30, poll_s=3600).acquire()
+
+
 def test_status_counts_a_live_lease_as_running(tmp_path):
     """A refused second attempt rewrites the row's Hydra files; the row still reads as running while its lease
     lives."""

@@ -6,7 +6,8 @@ The first attempt takes the lease before it writes anything: ``owner`` (the atte
 SLURM ``job_id`` where there is one, ``started`` and a ``heartbeat`` time it rewrites every ``dist.poll_s`` seconds.
 A second attempt that finds a live lease stops at once and names the first; one whose heartbeat is older than
 ``dist.stale_min`` (the holder died without a word: out of memory, a lost node, ``scancel``) is taken over, and
-the new attempt says so. A requeue of the same SLURM job (the same ``SLURM_JOB_ID``: SLURM never runs one job id
+the new attempt says so; so, at once, is one whose holder ran on this host and whose process has ended (a local run
+killed and started again, ``holder_gone``). A requeue of the same SLURM job (the same ``SLURM_JOB_ID``: SLURM never runs one job id
 twice at once) takes its own lease over at once. The lease is released (deleted) when the attempt ends, whether it
 finished, failed or was requeued.
 
@@ -70,6 +71,22 @@ def describe(lease: dict[str, Any], now: dt.datetime | None = None) -> str:
             f"{lease.get('started')}, last heartbeat {beat}")
 
 
+def holder_gone(lease: dict[str, Any]) -> bool:
+    """Whether a lease's holder ran on this host and its process has ended (a local run killed by Ctrl-C, SIGKILL or
+    the out-of-memory killer): such a lease is taken over at once, not after ``dist.stale_min``. A process of
+    another user counts as alive; a reused pid makes a dead holder look alive (then the heartbeat decides)."""
+    pid = lease.get("pid")
+    if lease.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: it exists, as another user's
+        return False
+    return False
+
+
 class Lease:
     """The lease of one row folder (module doc). ``stale_min``: a heartbeat older than this is a dead holder's;
     ``poll_s``: how often the holder rewrites it."""
@@ -125,7 +142,8 @@ class Lease:
             if held.get("owner") == self.owner:
                 self.start()
                 return self
-            if not same_job and age is not None and age <= self.stale_s:
+            gone = holder_gone(held)
+            if not same_job and not gone and age is not None and age <= self.stale_s:
                 raise LeaseHeld(
                     f"{self.folder} is being written by another attempt: {describe(held)}. This attempt stops now, "
                     "before writing anything, so the row is not done twice. Wait for it (python scripts/status.py "
@@ -138,8 +156,9 @@ class Lease:
                 continue
             self.took_over = held
             aside.unlink(missing_ok=True)
-            why = "the same cluster job, requeued" if same_job else \
-                f"its heartbeat is {age / 60 if age is not None else float('nan'):.0f} min old (> dist.stale_min)"
+            why = ("the same cluster job, requeued" if same_job else
+                   f"its process (pid {held.get('pid')}) on this host has ended" if gone else
+                   f"its heartbeat is {age / 60 if age is not None else float('nan'):.0f} min old (> dist.stale_min)")
             log.warning(f"{self.folder}: taking over the lease of an earlier attempt ({describe(held)}): {why}")
         raise LeaseHeld(f"{self.folder}: could not take the lease after 3 tries (attempts racing for it); rerun")
 

@@ -184,17 +184,8 @@ def _chain_indices(b: int, length: int, device: torch.device) -> tuple[torch.Ten
 
 def children_table(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """(B, M + 1, C) node indices of the valid children of the root (row 0) and of node j (row j + 1), in
-    node order, −1 padded; C is the largest number of children."""
-    b, m = parents.shape
-    device = parents.device
-    same = parents[:, :, None] == parents[:, None, :]  # (B, M, M)
-    earlier = torch.ones(m, m, dtype=torch.bool, device=device).tril(-1)
-    rank = (same & earlier & valid[:, None, :]).sum(-1)  # (B, M) rank among valid siblings
-    c = int(rank.max()) + 1 if m else 1
-    kids = torch.full((b, m + 1, c), -1, dtype=torch.long, device=device)
-    bi, ji = valid.nonzero(as_tuple=True)
-    kids[bi, parents[bi, ji] + 1, rank[bi, ji]] = ji
-    return kids
+    node order, −1 padded; C is the largest number of children (``children_slots`` with its width read)."""
+    return children_slots(parents, valid)
 
 
 def verify_tree(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: torch.Tensor,
@@ -292,15 +283,17 @@ def _verify_one_tree(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_acce
                    tests=tuple(tests))
 
 
-def children_slots(parents: torch.Tensor, valid: torch.Tensor, width: int) -> torch.Tensor:
+def children_slots(parents: torch.Tensor, valid: torch.Tensor, width: int | None = None) -> torch.Tensor:
     """(B, M + 1, ``width``) node indices of the valid children of the root (row 0) and of node j (row j + 1), in
-    node order, −1 padded: ``children_table`` with a width fixed by the caller (no host read; children ranked
-    ``width`` or later are dropped, so it must be at least the widest node's count)."""
+    node order, −1 padded. ``width`` fixed by the caller: no host read (the static path; children ranked ``width``
+    or later are dropped, so it must be at least the widest node's count); None: the largest rank + 1, read."""
     b, m = parents.shape
     device = parents.device
     same = parents[:, :, None] == parents[:, None, :]  # (B, M, M)
     earlier = torch.ones(m, m, dtype=torch.bool, device=device).tril(-1)
     rank = (same & earlier & valid[:, None, :]).sum(-1)  # (B, M) rank among the valid earlier siblings
+    if width is None:
+        width = int(rank.max()) + 1 if rank.numel() else 1
     slot = torch.where(valid & (rank < width), (parents + 1) * width + rank, (m + 1) * width)  # else: a dump slot
     kids = torch.full((b, (m + 2) * width), -1, dtype=torch.long, device=device)
     kids.scatter_(1, slot, torch.arange(m, device=device).expand(b, m))

@@ -353,7 +353,7 @@ class JacobiDrafter(Drafter):
     # -- the static decode path (coolsd.static): a window of exactly ``depth`` slots, state in fixed buffers ----
     static_path = True
 
-    def static_begin(self, prefill, first_tokens, streams, depth) -> None:
+    def static_begin(self, prefill, first_tokens, streams, depth, room=None) -> None:
         """``begin`` with persistent (B, depth) buffers: nothing carried, so the first window is all fresh."""
         b = first_tokens.shape[0]
         self.begin(None, prefill, first_tokens, streams)

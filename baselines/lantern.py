@@ -106,7 +106,7 @@ class LanternRule(AcceptanceRule):
             mass = p.index_select(-1, nb.flatten()).view(*p.shape, self.k)  # (N, V, k)
             px = p
         else:
-            both = p.gather(-1, self._tables(p.device)[1][x])  # (N, k + 1): p(x), then its k neighbours
+            both = p.gather(-1, self._tables(p.device)[1].index_select(0, x))  # (N, k + 1): p(x), its k neighbours
             mass, px = both[:, 1:], both[:, 0]
         # S_0 = 0, S_1..S_k: the prefix sums, non-decreasing, with a zero in front (a copy of the values)
         prefix = torch.nn.functional.pad(mass.cumsum(-1), (1, 0))
@@ -159,7 +159,7 @@ class LanternRule(AcceptanceRule):
         if self.resample == "optimal" or x is None:
             return vanilla_residual(p, q)
         _, m_star = self.relaxed(p, x)
-        z = self.table(p.device)[x, : self.k + 1]  # (N, k+1)
+        z = self.table(p.device).index_select(0, x)[:, : self.k + 1]  # (N, k+1)
         zeroing = (m_star >= 1)[:, None]
         if self.resample == "reference":
             p = p.scatter(-1, z, torch.where(zeroing, 0.0, p.gather(-1, z)))

@@ -21,12 +21,14 @@ Example: ``python run.py decoder=sd`` uses ``ExactRule`` through ``verify_chain`
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from coolsd.rng import sample
 from coolsd.sampling import normalize
-from coolsd.trees import node_depths
+from coolsd.trees import ancestor_masks
 from coolsd.types import Draft, Verdict
 
 
@@ -300,23 +302,80 @@ def children_slots(parents: torch.Tensor, valid: torch.Tensor, width: int | None
     return kids[:, : (m + 1) * width].view(b, m + 1, width)
 
 
+@dataclass(frozen=True)
+class TreePlan:
+    """The parallel walk's row layout of one fixed tree shape, built on the host once (``verify_tree_parallel``).
+
+    ``sizes[c]``: the number of rows with a c-th child (exact, where a dynamic tree only has the bound
+    M // (c + 1)); ``order`` (M + 1,): the rows by their number of children, most first (stable), ``position`` its
+    inverse; ``child`` (Σ sizes,): rank c's children of the first ``sizes[c]`` rows of ``order``, rank after rank
+    (−1: none). A node the draft marks invalid is skipped where it sits (it is never tested, so the next sibling
+    is tested with the same residual: the sequential walk's tests)."""
+
+    sizes: tuple[int, ...]
+    order: torch.Tensor
+    position: torch.Tensor
+    child: torch.Tensor
+
+    @classmethod
+    def of(cls, parents: Sequence[int], device: torch.device | str = "cpu") -> "TreePlan":
+        m = len(parents)
+        kids: list[list[int]] = [[] for _ in range(m + 1)]
+        for j, parent in enumerate(parents):
+            kids[parent + 1].append(j)
+        order = sorted(range(m + 1), key=lambda row: -len(kids[row]))  # stable: row order among equals
+        width = max(len(k) for k in kids)
+        sizes = tuple(sum(len(k) > c for k in kids) for c in range(width))
+        child = [kids[row][c] for c in range(width) for row in order[: sizes[c]]]
+        position = [0] * (m + 1)
+        for slot, row in enumerate(order):
+            position[row] = slot
+        as_long = dict(dtype=torch.long, device=device)
+        return cls(sizes=sizes, order=torch.tensor(order, **as_long), position=torch.tensor(position, **as_long),
+                   child=torch.tensor(child, **as_long))
+
+    def to(self, device: torch.device) -> "TreePlan":
+        return TreePlan(self.sizes, self.order.to(device), self.position.to(device), self.child.to(device))
+
+
+def _device_plan(draft: Draft, width: int) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``TreePlan``'s layout of every image's own tree, on the device with no host read: (sizes, order (B, R),
+    position (B, R), child (B, Σ sizes)), ``sizes[c]`` the bound M // (c + 1) on the rows with a c-th child."""
+    b, m = draft.tokens.shape
+    rows = m + 1
+    device = draft.tokens.device
+    kids = children_slots(draft.parents, draft.valid, width)  # (B, M + 1, C) in row order
+    order = torch.argsort((kids >= 0).sum(-1), dim=1, descending=True, stable=True)  # (B, M + 1)
+    position = torch.empty_like(order).scatter_(1, order, torch.arange(rows, device=device).expand(b, rows))
+    kids = kids.gather(1, order[..., None].expand(-1, -1, width))
+    sizes = tuple(min(rows, m // (c + 1)) for c in range(width))
+    return sizes, order, position, torch.cat([kids[:, :k, c] for c, k in enumerate(sizes)], 1)
+
+
 def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: torch.Tensor,
-                         u_sample: torch.Tensor, width: int, levels: int) -> Verdict:
-    """``verify_tree``'s verdict with no host read, in ``width`` rule steps over every node at once and ``levels``
-    gathers (the static path; vLLM's and SGLang's tree samplers walk on the device too).
+                         u_sample: torch.Tensor, width: int, levels: int, tests: bool = True,
+                         ancestors: torch.Tensor | None = None, plan: TreePlan | None = None) -> Verdict:
+    """``verify_tree``'s verdict with no host read, in ``width`` rule steps over every node at once (the static
+    path; vLLM's and SGLang's tree samplers walk on the device too).
 
     Each node's sibling walk starts from its own target row ``p[row]``, whatever path led there, so every node's
-    walk is computed at once: for rank c = 0 .. width − 1, the c-th valid child of every row is tested with the
-    row's current residual (the rule's ``accept_prob``), and a rejection updates that row's residual (the rule's
-    ``residual``), as the walk would at that node. At rank c only the rows that can have a c-th child are worked
-    on (at most M // (c + 1), moved first by a stable sort): about M · H(width) rule rows in all instead of
-    width · (M + 1). Then the walk descends from the root, level by level, to each
-    row's first accepted child, and the next token is drawn from the residual of the row where it stops (its
-    ``p`` at a leaf: the bonus token). The tests and their operands at every node are the sequential walk's, so
-    the verdict (accepted count, path, next token) is bitwise ``_verify_tree_batch``'s
-    (tests/test_trees.py); the tests are reported per rank over the rows the walk visited (B, levels + 1: the root,
-    then the accepted path; ``made`` up to each row's accepted child), which ``summed_tv`` sums alike. ``width``: at
-    least the most children of a node; ``levels``: at least the tree's depth.
+    walk is computed at once: for rank c = 0 .. width − 1, the c-th child of every row is tested with the row's
+    current residual (the rule's ``accept_prob``), and a rejection updates that row's residual (the rule's
+    ``residual``), as the walk would at that node. The rows are sorted by their number of children (most first):
+    the rows with a c-th child are then a prefix (``TreePlan``: of exactly their number for a fixed shape, else of
+    at most M // (c + 1) rows), held rank-major ((row, image) flattened), so rank c works on a slice of every
+    tensor, updated in place: about twenty torch calls per rank besides the rule's own, whatever the batch. A node
+    is on the accepted path when it and each of its ancestors is its parent's first accepted child (one pass over
+    the ancestor mask); the next token is drawn from the residual of the row where the path stops (its ``p`` at a
+    leaf: the bonus token). The tests and their operands at every node are the sequential walk's, so the verdict
+    (accepted count, path, next token) is bitwise ``_verify_tree_batch``'s (tests/test_trees.py).
+
+    ``width``: at least the most children of a node; ``levels``: at least the tree's depth. ``ancestors``: the
+    tree's (B or 1, M + 1, M + 1) ancestor mask over [root, nodes] when the caller has it (the verify block's
+    attention mask), else built here. ``plan``: the fixed shape's layout (its parents must be ``draft.parents``).
+    ``tests``: report the tests, per rank over the rows the walk visited (B, levels + 1: the root, then the
+    accepted path; ``made`` up to each row's accepted child), which ``summed_tv`` sums alike; False: none
+    (``Verdict.tests`` empty, for a caller that counts no tests).
     """
     b, m = draft.tokens.shape
     rows, v = m + 1, p.shape[-1]
@@ -324,71 +383,64 @@ def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_
     if m == 0:  # an empty tree: the next token from the root's p
         return Verdict(num_accepted=torch.zeros(b, dtype=torch.long, device=device),
                        next_token=sample(p[:, 0], u_sample), path=draft.tokens, tests=())
-    kids = children_slots(draft.parents, draft.valid, width)  # (B, M + 1, C)
-    depth = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), node_depths(draft.parents, levels)],
-                      1) + 1  # (B, M + 1): the depth of a row's children, as the rule sees them
-    residual = p  # (B, M + 1, V): every row's current residual
-    chosen = torch.full((b, rows), -1, dtype=torch.long, device=device)  # each row's first accepted child
-    every_row = torch.arange(rows, device=device).expand(b, rows)
-    tests = []
-    for c in range(width):
-        child = kids[..., c]  # (B, M + 1)
-        # rows with a c-th child have c + 1 or more, of M children in all: at most M // (c + 1) of them; those rows
-        # first (a stable sort on the host-free flag), and only they are tested
-        budget = min(rows, m // (c + 1))
-        if budget < rows:
-            order = torch.argsort((child < 0).to(torch.uint8), dim=1, stable=True)[:, :budget]  # (B, K)
-            child = child.gather(1, order)
-            row_residual = residual.gather(1, order[..., None].expand(-1, -1, v))
-            row_depth, row_chosen = depth.gather(1, order), chosen.gather(1, order)
-            position = torch.full((b, rows), budget, dtype=torch.long, device=device).scatter(
-                1, order, torch.arange(budget, device=device).expand(b, budget))  # each row's slot (budget: none)
-        else:
-            order, row_residual, row_depth, row_chosen, position = None, residual, depth, chosen, every_row
-        testing = (child >= 0) & (row_chosen < 0)
-        j = child.clamp_min(0)
-        q = draft.q.gather(1, j[..., None].expand(-1, -1, v))  # (B, K, V)
-        x = draft.tokens.gather(1, j)  # (B, K)
-        k = child.shape[1]
-        flat_r, flat_q, flat_x, flat_depth = row_residual.reshape(-1, v), q.reshape(-1, v), x.reshape(-1), \
-            row_depth.reshape(-1)
-        accepted = testing & (u_accept.gather(1, j) < rule.accept_prob(flat_r, flat_q, flat_x, flat_depth).view(b, k))
-        tests.append((row_residual, q, row_depth, testing, position, budget))
-        rejected = testing & ~accepted
-        updated = torch.where(rejected[..., None], rule.residual(flat_r, flat_q, flat_x, flat_depth).view(b, k, v),
-                              row_residual)
-        picked = torch.where(accepted, child, row_chosen)
-        if order is None:
-            residual, chosen = updated, picked
-        else:
-            residual = residual.scatter(1, order[..., None].expand(-1, -1, v), updated)
-            chosen = chosen.scatter(1, order, picked)
-    current = torch.zeros(b, dtype=torch.long, device=device)  # the row the walk is at
-    n = torch.zeros(b, dtype=torch.long, device=device)
-    steps = []
-    for _ in range(levels):
-        nxt = chosen.gather(1, current[:, None])[:, 0]  # (B,) the accepted child of the current row, or −1
-        go = nxt >= 0
-        steps.append(torch.where(go, nxt, 0))
-        current = torch.where(go, nxt + 1, current)
-        n = n + go
-    path = torch.stack(steps, 1) if steps else torch.zeros(b, 0, dtype=torch.long, device=device)
-    if path.shape[1] < m:
-        path = torch.cat([path, torch.zeros(b, m - path.shape[1], dtype=torch.long, device=device)], 1)
-    final = residual.gather(1, current[:, None, None].expand(-1, 1, v))[:, 0]  # (B, V)
-    # the tests the walk made: at the rows it visited (the root, then the accepted path), up to each row's
-    # accepted child; kept as (B, levels + 1) rows per rank, so the TV diagnostic reads no other row
-    visited = torch.cat([torch.zeros_like(n[:, None]), path[:, :levels] + 1], 1)  # (B, levels + 1)
-    reached = torch.arange(levels + 1, device=device)[None, :] <= n[:, None]
+    if ancestors is None:
+        ancestors = ancestor_masks(draft.parents, levels=levels + 1)
+    ancestors = ancestors.expand(b, rows, rows)
+    depth = ancestors.sum(-1)  # (B, M + 1): the depth of a row's children, as the rule sees them (root's: 1)
+    image = torch.arange(b, device=device)
+    if plan is None:
+        sizes, order, position, child = _device_plan(draft, width)
+        child = child.t().reshape(-1)  # (Σ sizes · B,) rank-major: (slot, image)
+        exists = child >= 0
+        node_at = image.repeat(child.shape[0] // b) * m + child.clamp_min(0)  # flat (image, node) index
+    else:
+        sizes, order, position = plan.sizes, plan.order.expand(b, rows), plan.position.expand(b, rows)
+        child = plan.child.repeat_interleave(b)
+        node_at = image.repeat(child.shape[0] // b) * m + child.clamp_min(0)
+        exists = (child >= 0) & draft.valid.reshape(-1)[node_at]
+    row_at = (order.t() + image * rows).reshape(-1)  # flat (image, row) index of each (slot, image)
+    spans = [k * b for k in sizes]
+    q_all = draft.q.reshape(b * m, v).index_select(0, node_at).split(spans)  # per rank (k·B, V)
+    x_all = draft.tokens.reshape(-1)[node_at].split(spans)
+    u_all = u_accept[:, :m].reshape(-1)[node_at].split(spans)
+    child, exists = child.split(spans), exists.split(spans)
+    sorted_depth = depth.reshape(-1)[row_at]  # (R·B,)
+    residual = p.reshape(b * rows, v).index_select(0, row_at)  # (R·B, V): every row's residual, updated in place
+    chosen = torch.full((rows * b,), -1, dtype=torch.long, device=device)  # each row's first accepted child
+    made_tests = []
+    for c, span in enumerate(spans):
+        q, x, row_depth, row_residual, row_chosen = q_all[c], x_all[c], sorted_depth[:span], residual[:span], \
+            chosen[:span]
+        testing = exists[c] & (row_chosen < 0)
+        accepted = testing & (u_all[c] < rule.accept_prob(row_residual, q, x, row_depth))
+        if tests:
+            made_tests.append((row_residual.clone(), q, row_depth, testing, sizes[c]))
+        row_residual.copy_(torch.where((testing ^ accepted)[:, None], rule.residual(row_residual, q, x, row_depth),
+                                       row_residual))
+        row_chosen.copy_(torch.where(accepted, child[c], row_chosen))
+    # node j is accepted when its parent's first accepted child is j; on the path when it and every ancestor are
+    node = torch.arange(m, device=device)
+    chosen = chosen.view(rows, b).t().gather(1, position)  # (B, M + 1) in row order
+    accepted_node = chosen.gather(1, draft.parents + 1) == node  # (B, M)
+    on_path = ~(ancestors[:, 1:, 1:] & ~accepted_node[:, None, :]).any(-1)  # (B, M)
+    n = on_path.sum(-1)
+    # the path in depth order (a node at depth d is its d-th step; the rest: 0), the row where it stops (node
+    # indices grow along a path: the deepest node on it is the largest)
+    path = torch.zeros(b, rows, dtype=torch.long, device=device).scatter_(
+        1, torch.where(on_path, depth[:, 1:] - 2, m), node.expand(b, m))[:, :m]
+    current = torch.where(on_path, node + 1, 0).amax(-1)  # (B,) the row the walk stops at (0: the root)
+    final = residual.index_select(0, position.gather(1, current[:, None])[:, 0] * b + image)  # (B, V)
     kept = []
-    for r, q, d, made, position, budget in tests:
-        slot = position.gather(1, visited)  # (B, levels + 1): where each visited row was tested (budget: not)
-        index = slot.clamp(max=budget - 1)
-        wide = index[..., None].expand(-1, -1, v)
-        kept.append((r.gather(1, wide), q.gather(1, wide), d.gather(1, index),
-                     made.gather(1, index) & reached & (slot < budget)))
-    tests = tuple(kept)
-    return Verdict(num_accepted=n, next_token=sample(final, u_sample), path=path[:, :m], tests=tests)
+    if tests:
+        # the tests the walk made: at the rows it visited (the root, then the accepted path), up to each row's
+        # accepted child; kept as (B, levels + 1) rows per rank, so the TV diagnostic reads no other row
+        visited = torch.cat([torch.zeros_like(n[:, None]), path[:, :levels] + 1], 1)  # (B, levels + 1)
+        reached = torch.arange(levels + 1, device=device)[None, :] <= n[:, None]
+        slot = position.gather(1, visited)  # where each visited row sits in the sorted rows
+        for r, q, d, made, k in made_tests:
+            index = slot.clamp(max=k - 1) * b + image[:, None]  # (B, levels + 1) flat (slot, image)
+            kept.append((r[index], q[index], d[index], made[index] & reached & (slot < k)))
+    return Verdict(num_accepted=n, next_token=sample(final, u_sample), path=path, tests=tuple(kept))
 
 
 def summed_tv(rule: AcceptanceRule, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -344,6 +344,9 @@ class DeviceKVCache:
         self._columns = torch.arange(self.max_len, device=device)  # (S_max,)
         self._row_index = torch.arange(rows, device=device)[:, None]  # (B·S, 1)
         self._slots: torch.Tensor | None = None  # (B·S, T) the latest block's slots
+        #: the additive mask's two values (visible, masked) in the cache's dtype
+        self._mask_values = (torch.zeros((), dtype=k.dtype, device=device),
+                          torch.full((), float("-inf"), dtype=k.dtype, device=device))
 
     @classmethod
     def of(cls, cache: StaticKVCache) -> "DeviceKVCache":
@@ -401,8 +404,7 @@ class DeviceKVCache:
             visible = (rel < 0)[:, None, :] | (inside[:, None, :] & window)
         visible = visible & self.key_valid[:, None, :]
         self.lengths.add_(t)
-        return torch.zeros(visible.shape, dtype=self.k.dtype, device=visible.device).masked_fill_(
-            ~visible, float("-inf")).unsqueeze(1)
+        return torch.where(visible, self._mask_values[0], self._mask_values[1]).unsqueeze(1)
 
     def block_slots(self, layer: int) -> None:
         """Never contiguous views (rows start at their own slots): ``write_tokens`` writes."""

@@ -255,3 +255,44 @@ def test_the_parallel_walk_gives_the_sequential_walks_verdict(rule_name):
         assert torch.equal(count_w, count_f) and torch.allclose(tv_w, tv_f, rtol=1e-9, atol=1e-12)
         accepted += int(n.sum())
     assert accepted > 40  # the walks went deeper than the root's children
+
+
+@pytest.mark.parametrize("rule_name", ["exact", "lantern"])
+def test_the_parallel_walk_with_a_fixed_shapes_plan_gives_the_sequential_walks_verdict(rule_name):
+    """With a fixed shape's ``TreePlan`` (the static path's static trees: exact per-rank row counts, invalid nodes
+    skipped where they sit) and the caller's ancestor mask, ``verify_tree_parallel`` still gives bitwise the
+    batched walk's verdict, on 150 random shapes shared by a batch of 3 with per-image invalid nodes; with
+    ``tests=False`` it reports no tests and the same verdict."""
+    from coolsd.acceptance import TreePlan, _verify_tree_batch, summed_tv, verify_tree_parallel
+    from coolsd.trees import ancestor_mask
+
+    v = 12
+    neighbours = compute_neighbours(torch.randn(v, 3, generator=torch.Generator().manual_seed(1)), v - 1)
+    rule = ExactRule() if rule_name == "exact" else LanternRule(neighbours, k=4, mode="additive", budget=0.2)
+    g = torch.Generator().manual_seed(11)
+    accepted = 0
+    for trial in range(50):
+        m, b = 1 + trial % 12, 3
+        shape = [-1 if j == 0 or torch.rand(1, generator=g) < 0.25 else int(torch.randint(j, (1,), generator=g))
+                 for j in range(m)]
+        parents = torch.tensor(shape, dtype=torch.long).expand(b, m)
+        p = torch.softmax(3 * torch.randn(b, m + 1, v, generator=g), -1)
+        q = torch.softmax(3 * torch.randn(b, m, v, generator=g), -1)
+        tokens = torch.multinomial(q.view(-1, v), 1, generator=g).view(b, m)
+        draft = Draft(tokens=tokens, q=q, valid=torch.rand(b, m, generator=g) < 0.85, forwards=[m] * b,
+                      parents=parents)
+        u_accept, u_sample = torch.rand(b, m, generator=g), torch.rand(b, generator=g)
+        walk = _verify_tree_batch(rule, p, draft, u_accept, u_sample)
+        plan = TreePlan.of(shape)
+        for tests in (True, False):
+            fast = verify_tree_parallel(rule, p, draft, u_accept, u_sample, width=len(plan.sizes), levels=m,
+                                        tests=tests, ancestors=ancestor_mask(shape), plan=plan)
+            assert torch.equal(walk.num_accepted, fast.num_accepted) and torch.equal(walk.next_token, fast.next_token)
+            mask = torch.arange(m)[None, :] < walk.num_accepted[:, None]
+            assert torch.equal(torch.where(mask, walk.path, 0), torch.where(mask, fast.path, 0))
+            if tests:
+                assert torch.equal(summed_tv(rule, walk)[1], summed_tv(rule, fast)[1])
+            else:
+                assert fast.tests == ()
+        accepted += int(walk.num_accepted.sum())
+    assert accepted > 20  # the walks went below the root

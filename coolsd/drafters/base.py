@@ -92,9 +92,13 @@ class Drafter(abc.ABC):
     #: static path names its step after it (``jacobi_window`` or ``chain``)
     self_drafting: bool = False
 
-    def static_begin(self, prefill: TargetOutput, first_tokens: torch.Tensor, streams: Streams, depth: int) -> None:
+    def static_begin(self, prefill: TargetOutput, first_tokens: torch.Tensor, streams: Streams, depth: int,
+                     room: int | None = None) -> None:
         """Start a batch on the static path: as ``begin``, with state in persistent buffers of the batch's size
-        (kept between batches of that size, refilled in place) and chains of exactly ``depth`` slots."""
+        (kept between batches of that size, refilled in place) and chains of exactly ``depth`` slots. ``room``:
+        the most speculative pairs one iteration feeds a drafter cache (its capacity beyond the committed
+        pairs: a static step attends to the whole capacity, so it is sized to what the step needs); None: the
+        eager path's room."""
         raise NotImplementedError(f"{type(self).__name__} does not run on the static path")
 
     def static_propose(self, last_tokens: torch.Tensor, t: torch.Tensor, limit: torch.Tensor, depth: int,

@@ -440,17 +440,17 @@ class EagleDrafter(Drafter):
         self._static: dict[tuple[int, int, int], StaticPending] = {}  # static path: per (batch, prefix, depth)
         self.static: StaticPending | None = None  # the current batch's
 
-    def new_cache(self, batch: int, prefix_pairs: int = 1) -> StaticKVCache:
+    def new_cache(self, batch: int, prefix_pairs: int = 1, room: int | None = None) -> StaticKVCache:
         """A cache for ``batch`` images: ``prefix_pairs`` prefix pairs (1 with ``prefix: last``, C with ``all``),
-        the pairs of image tokens 1..N−1 and room for the speculative ones (a pending block padded to the
-        longest image's, then a draft or tree)."""
+        the pairs of image tokens 1..N−1 and ``room`` for the speculative ones (a pending block padded to the
+        longest image's, then a draft or tree; None: ``2 · extra_slots``)."""
         layer, weight = self.head.layer, self.head.fc.weight
         return StaticKVCache(
             num_layers=1,
             batch=batch,
             streams=self.target.num_streams,
             num_heads=layer.num_kv_heads,
-            max_len=prefix_pairs + self.target.num_image_tokens + 2 * self.extra_slots,
+            max_len=prefix_pairs + self.target.num_image_tokens + (2 * self.extra_slots if room is None else room),
             head_dim=layer.head_dim,
             dtype=weight.dtype,
             device=weight.device,
@@ -634,16 +634,18 @@ class EagleDrafter(Drafter):
     # -- the static decode path (coolsd.static): chains of a fixed length, pending pairs in fixed buffers -----
     static_path = True
 
-    def static_begin(self, prefill: TargetOutput, first_tokens: torch.Tensor, streams, depth: int) -> None:
+    def static_begin(self, prefill: TargetOutput, first_tokens: torch.Tensor, streams, depth: int,
+                     room: int | None = None) -> None:
         """Persistent buffers for this batch size (``StaticPending``), refilled: an empty drafter cache, the prefix
         pairs but the last fed at once (none with ``prefix: last``), the last one pending with ``x_0``."""
         b = first_tokens.shape[0]
         features = self.target.prefix_states(prefill, self.prefix)  # (S, B, C, H)
         s, _, c, h = features.shape
-        key = (b, c, depth)
+        key = (b, c, depth, room)
         state = self._static.get(key)
         if state is None:
-            state = self._static[key] = StaticPending.new(self.new_cache(b, prefix_pairs=c), s, b, depth + 1, h,
+            state = self._static[key] = StaticPending.new(self.new_cache(b, prefix_pairs=c, room=room), s, b,
+                                                          depth + 1, h,
                                                           features.dtype)
         self.static = state
         self.cache = state.cache

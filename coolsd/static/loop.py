@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from coolsd.acceptance import summed_tv, verify_chain, verify_tree_parallel
+from coolsd.acceptance import TreePlan, summed_tv, verify_chain, verify_tree_parallel
 from coolsd.drafters.base import NullDrafter
 from coolsd.kv_cache import DeviceKVCache, padding_invariant_attention
 from coolsd.rng import ACCEPT, SAMPLE, Streams, sample
@@ -124,9 +124,13 @@ class StaticLoop:
         self.step = {"ar": self.ar_step, "chain": self.chain_step, "tree": self.tree_step,
                      "jacobi_window": self.jacobi_step}[self.step_name]
         room = 2 * getattr(self.drafter, "extra_slots", 0)  # an EAGLE drafter's speculative cache slots
+        #: the drafter cache's room on this path: what an iteration feeds at most (the pending block, then every
+        #: expansion), not the eager path's 2 · extra_slots, since a static step attends to the whole capacity
+        self.drafter_room: int | None = None
         if room:  # the static cache cannot refuse an overflow inside a step: check the largest iteration here
             need = (self.depth + 1) + (self.tree.depth * self.tree.top_k if self.tree is not None
                                        and not isinstance(self.tree, TreeShape) else decoder.max_nodes)
+            self.drafter_room = need
             if need > room:
                 raise ValueError(f"decoder {decoder.name!r}: an iteration feeds up to {need} pairs to the drafter "
                                  f"cache, which holds {room}: set drafter.extra_slots={-(-need // 2)} or more")
@@ -136,6 +140,7 @@ class StaticLoop:
             parents = self.tree.parents()
             self.width = max(len(kids) for kids in children_of(parents))
             self._shape = (ancestor_mask(parents), torch.tensor([0] + depths_of(parents)))  # (M+1, M+1), (M+1,)
+            self._plan = TreePlan.of(parents)  # the parallel walk's row layout of the shape
         elif self.tree is not None:
             self.width = self.tree.top_k
         elif self.tree_drafts:
@@ -181,21 +186,23 @@ class StaticLoop:
         window tree verified by the parallel walk (module doc)."""
         self._speculative_step(ws)
 
-    def _block(self, draft, t: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Positions (B, M + 1) of the verify block ``[last committed token, drafts]`` (past the grid: clamped) and
-        its mask: causal for a chain (None), the shape's ancestor mask, or each image's (dynamic trees)."""
+    def _block(self, draft, t: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                      TreePlan | None]:
+        """Positions (B, M + 1) of the verify block ``[last committed token, drafts]`` (past the grid: clamped), its
+        mask: causal for a chain (None), the shape's ancestor mask, or each image's (dynamic trees), and a fixed
+        shape's ``TreePlan`` (else None)."""
         device = t.device
         m = draft.tokens.shape[1]
         if not self.tree_drafts:
-            return ((t - 1)[:, None] + self._columns(m + 1, device)).clamp(max=n_tokens - 1), None
+            return ((t - 1)[:, None] + self._columns(m + 1, device)).clamp(max=n_tokens - 1), None, None
         if isinstance(self.tree, TreeShape):
             key = ("shape", device)
             if key not in self._offsets:
-                self._offsets[key] = (self._shape[0].to(device), self._shape[1].to(device))
-            mask, depth = self._offsets[key]
-            return ((t - 1)[:, None] + depth).clamp(max=n_tokens - 1), mask
+                self._offsets[key] = (self._shape[0].to(device), self._shape[1].to(device), self._plan.to(device))
+            mask, depth, plan = self._offsets[key]
+            return ((t - 1)[:, None] + depth).clamp(max=n_tokens - 1), mask, plan
         mask = ancestor_masks(draft.parents, levels=self.depth + 1)  # (B, M + 1, M + 1)
-        return ((t - 1)[:, None] + mask.sum(-1) - 1).clamp(max=n_tokens - 1), mask
+        return ((t - 1)[:, None] + mask.sum(-1) - 1).clamp(max=n_tokens - 1), mask, None
 
     def _speculative_step(self, ws: Workspace) -> None:
         model, decoder = self.model, self.decoder
@@ -209,14 +216,15 @@ class StaticLoop:
         draft = self.drafter.static_propose(last, t, limit, depth, self.tree)
         m = draft.tokens.shape[1]
         # 2. verify [last committed token, drafts] at each node's position (a node at depth d: t − 1 + d)
-        positions, mask = self._block(draft, t, n_tokens)
+        positions, mask, plan = self._block(draft, t, n_tokens)
         out = model.static_forward(ws.cache, torch.cat([last[:, None], draft.tokens], 1), positions, mask)
         p = model.probs(out)  # (B, M + 1, V)
         # 3. accept / resample with each image's ACCEPT draws 0..M−1 and SAMPLE draw 0 at t (the eager loop's)
         u_accept = ws.streams.uniform(t, ACCEPT, decoder.max_nodes)[:, :m]
         u_sample = ws.streams.uniform(t, SAMPLE, 1)[:, 0]
         if self.tree_drafts:
-            verdict = verify_tree_parallel(decoder.rule, p, draft, u_accept, u_sample, self.width, depth)
+            verdict = verify_tree_parallel(decoder.rule, p, draft, u_accept, u_sample, self.width, depth,
+                                           tests=decoder.track_tv, ancestors=mask, plan=plan)
         else:
             verdict = verify_chain(decoder.rule, p, draft, u_accept, u_sample)
         n = verdict.num_accepted  # (B,)
@@ -332,7 +340,7 @@ class StaticLoop:
         invariant = model.batch_invariant and not decoder.plain_ar
         with model.decode_context(), padding_invariant_attention(invariant):
             if not decoder.plain_ar:
-                self.drafter.static_begin(out, first, ws.streams, self.depth)
+                self.drafter.static_begin(out, first, ws.streams, self.depth, room=self.drafter_room)
             clock.mark("prefill")
             self.decode(ws, runner, clock)
         clock.mark("end")

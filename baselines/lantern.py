@@ -75,7 +75,7 @@ class LanternRule(AcceptanceRule):
         if neighbours.shape[1] < k + 1:
             raise ValueError(f"the neighbour table has {neighbours.shape[1]} columns; k = {k} needs k + 1")
         self.neighbours = neighbours.long()
-        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._last_relaxed: tuple | None = None  # (p, x, relaxed(p, x)) of the last call with drafts
         self.k, self.mode, self.budget, self.resample = k, mode, budget, resample
         self.lossless = budget == (0.0 if mode == "additive" else 1.0) and resample == "optimal"
@@ -131,14 +131,15 @@ class LanternRule(AcceptanceRule):
         """The neighbour table on ``device`` (moved once)."""
         return self._tables(device)[0]
 
-    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the neighbour table, each code followed by its k nearest neighbours (V, k + 1)) on ``device``,
-        built once per device."""
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the neighbour table, each code followed by its k nearest neighbours (V, k + 1), each code's zeroing
+        set Z(x) = its k + 1 nearest (V, k + 1)) on ``device``, built once per device."""
         tables = self._on.get(device)
         if tables is None:
             table = self.neighbours.to(device)
             codes = torch.arange(table.shape[0], device=device)[:, None]
-            tables = self._on[device] = (table, torch.cat([codes, table[:, : self.k]], 1))
+            tables = self._on[device] = (table, torch.cat([codes, table[:, : self.k]], 1),
+                                         table[:, : self.k + 1].contiguous())
         return tables
 
     def acceptance(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
@@ -159,13 +160,14 @@ class LanternRule(AcceptanceRule):
         if self.resample == "optimal" or x is None:
             return vanilla_residual(p, q)
         _, m_star = self.relaxed(p, x)
-        z = self.table(p.device).index_select(0, x)[:, : self.k + 1]  # (N, k+1)
+        z = self._tables(p.device)[2].index_select(0, x)  # (N, k+1): Z(x)
         zeroing = (m_star >= 1)[:, None]
         if self.resample == "reference":
-            p = p.scatter(-1, z, torch.where(zeroing, 0.0, p.gather(-1, z)))
+            p = torch.where(zeroing, p.scatter(-1, z, 0.0), p)
         else:
-            q = q.scatter(-1, z, torch.where(zeroing, 0.0, q.gather(-1, z)))
-        return vanilla_residual(p, q, fallback=torch.full_like(p, 1.0 / p.shape[-1]))
+            q = torch.where(zeroing, q.scatter(-1, z, 0.0), q)
+        # the uniform fallback as one broadcast value (the same float32 1/V in every entry of the result)
+        return vanilla_residual(p, q, fallback=p.new_full((1,), 1.0 / p.shape[-1]))
 
     def one_step_tv(self, p: torch.Tensor, q: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         """Exact TV (N,) of ``q f + Σ_x q(x)(1 − f(x)) G_x`` to ``p``, with the token-dependent ``G_x``.

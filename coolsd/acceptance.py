@@ -338,9 +338,11 @@ class TreePlan:
         return TreePlan(self.sizes, self.order.to(device), self.position.to(device), self.child.to(device))
 
 
-def _device_plan(draft: Draft, width: int) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
+def _device_plan(draft: Draft, width: int, internal: int | None = None
+                 ) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
     """``TreePlan``'s layout of every image's own tree, on the device with no host read: (sizes, order (B, R),
-    position (B, R), child (B, Σ sizes)), ``sizes[c]`` the bound M // (c + 1) on the rows with a c-th child."""
+    position (B, R), child (B, Σ sizes)), ``sizes[c]`` the bound M // (c + 1) on the rows with a c-th child, or
+    ``internal`` (the most rows that have children) where smaller."""
     b, m = draft.tokens.shape
     rows = m + 1
     device = draft.tokens.device
@@ -348,13 +350,14 @@ def _device_plan(draft: Draft, width: int) -> tuple[tuple[int, ...], torch.Tenso
     order = torch.argsort((kids >= 0).sum(-1), dim=1, descending=True, stable=True)  # (B, M + 1)
     position = torch.empty_like(order).scatter_(1, order, torch.arange(rows, device=device).expand(b, rows))
     kids = kids.gather(1, order[..., None].expand(-1, -1, width))
-    sizes = tuple(min(rows, m // (c + 1)) for c in range(width))
+    sizes = tuple(min(rows, m // (c + 1), rows if internal is None else internal) for c in range(width))
     return sizes, order, position, torch.cat([kids[:, :k, c] for c, k in enumerate(sizes)], 1)
 
 
 def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: torch.Tensor,
                          u_sample: torch.Tensor, width: int, levels: int, tests: bool = True,
-                         ancestors: torch.Tensor | None = None, plan: TreePlan | None = None) -> Verdict:
+                         ancestors: torch.Tensor | None = None, plan: TreePlan | None = None,
+                         internal: int | None = None) -> Verdict:
     """``verify_tree``'s verdict with no host read, in ``width`` rule steps over every node at once (the static
     path; vLLM's and SGLang's tree samplers walk on the device too).
 
@@ -373,6 +376,8 @@ def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_
     ``width``: at least the most children of a node; ``levels``: at least the tree's depth. ``ancestors``: the
     tree's (B or 1, M + 1, M + 1) ancestor mask over [root, nodes] when the caller has it (the verify block's
     attention mask), else built here. ``plan``: the fixed shape's layout (its parents must be ``draft.parents``).
+    ``internal``: without a plan, at most this many rows have children (an EAGLE-2 tree: the root and ``top_k``
+    expanded nodes per level), a tighter bound than M on the rows a rank works on.
     ``tests``: report the tests, per rank over the rows the walk visited (B, levels + 1: the root, then the
     accepted path; ``made`` up to each row's accepted child), which ``summed_tv`` sums alike; False: none
     (``Verdict.tests`` empty, for a caller that counts no tests).
@@ -389,7 +394,7 @@ def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_
     depth = ancestors.sum(-1)  # (B, M + 1): the depth of a row's children, as the rule sees them (root's: 1)
     image = torch.arange(b, device=device)
     if plan is None:
-        sizes, order, position, child = _device_plan(draft, width)
+        sizes, order, position, child = _device_plan(draft, width, internal)
         child = child.t().reshape(-1)  # (Σ sizes · B,) rank-major: (slot, image)
         exists = child >= 0
         node_at = image.repeat(child.shape[0] // b) * m + child.clamp_min(0)  # flat (image, node) index

@@ -344,6 +344,8 @@ class DeviceKVCache:
         self._columns = torch.arange(self.max_len, device=device)  # (S_max,)
         self._row_index = torch.arange(rows, device=device)[:, None]  # (B·S, 1)
         self._slots: torch.Tensor | None = None  # (B·S, T) the latest block's slots
+        self._frames: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # ``_frame``'s columns per block width
+        self._layers = list(zip(k.unbind(0), v.unbind(0)))  # per layer: views of the buffers (never replaced)
         #: the additive mask's two values (visible, masked) in the cache's dtype
         self._mask_values = (torch.zeros((), dtype=k.dtype, device=device),
                           torch.full((), float("-inf"), dtype=k.dtype, device=device))
@@ -390,21 +392,33 @@ class DeviceKVCache:
         self.block_len = t
         self.starts.copy_(self.lengths)
         start = self._rows(self.lengths)  # (B·S,)
-        offsets = torch.arange(t, device=start.device)
-        self._slots = (start[:, None] + offsets).clamp(max=self.max_len - 1)  # (B·S, T)
+        self._slots = (start[:, None] + self._columns[:t]).clamp(max=self.max_len - 1)  # (B·S, T)
         if tree_mask is None:  # causal: key slot j visible to block token i iff j <= start + i
-            visible = self._columns[None, None, :] <= self._slots[:, :, None]  # (B·S, T, S_max)
+            visible = self._columns <= self._slots[:, :, None]  # (B·S, T, S_max)
         else:
-            mask = tree_mask.to(torch.bool)
-            k = mask.shape[-1]
-            rel = self._columns[None, :] - (start + t - k)[:, None]  # (B·S, S_max): column in the window
-            inside = (rel >= 0) & (rel < k)
-            window = (self._rows(mask) if mask.dim() == 3 else mask.expand(start.shape[0], -1, -1))
-            window = window.gather(-1, rel.clamp(0, k - 1)[:, None, :].expand(-1, t, -1))  # (B·S, T, S_max)
-            visible = (rel < 0)[:, None, :] | (inside[:, None, :] & window)
-        visible = visible & self.key_valid[:, None, :]
+            # the window framed by a visible column (older slots) and a masked one (free slots): one gather at
+            # each key slot's column in the frame gives the visibility of every slot
+            k = tree_mask.shape[-1]
+            old, free = self._frame(t)
+            window = tree_mask if tree_mask.dtype == torch.bool else tree_mask.to(torch.bool)
+            if window.dim() == 3:
+                window = self._rows(window)
+                old, free = old.expand(window.shape[0], -1, -1), free.expand(window.shape[0], -1, -1)
+            framed = torch.cat([old, window, free], -1)  # (T, K + 2) or (B·S, T, K + 2)
+            column = (self._columns - (start + (t - k - 1))[:, None]).clamp(0, k + 1)  # (B·S, S_max)
+            visible = framed.expand(start.shape[0], -1, -1).gather(-1, column[:, None, :].expand(-1, t, -1))
+        visible = visible & self.key_valid[:, None, :]  # (always: a captured step serves batches with and without)
         self.lengths.add_(t)
         return torch.where(visible, self._mask_values[0], self._mask_values[1]).unsqueeze(1)
+
+    def _frame(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T, 1) columns of True and of False (built once per block width)."""
+        frame = self._frames.get(t)
+        if frame is None:
+            device = self.k.device
+            frame = self._frames[t] = (torch.ones(t, 1, dtype=torch.bool, device=device),
+                                       torch.zeros(t, 1, dtype=torch.bool, device=device))
+        return frame
 
     def block_slots(self, layer: int) -> None:
         """Never contiguous views (rows start at their own slots): ``write_tokens`` writes."""
@@ -413,9 +427,12 @@ class DeviceKVCache:
     def write_tokens(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the block's token-major K/V (B·S, T, H, D) at its slots (rounded to the cache's dtype); return the
         layer's whole K/V (B·S, H, S_max, D)."""
-        self.k[layer][self._row_index, :, self._slots] = k.to(self.k.dtype)
-        self.v[layer][self._row_index, :, self._slots] = v.to(self.v.dtype)
-        return self.k[layer], self.v[layer]
+        keys, values = self._layers[layer]
+        if k.dtype != keys.dtype:
+            k, v = k.to(keys.dtype), v.to(values.dtype)
+        keys[self._row_index, :, self._slots] = k
+        values[self._row_index, :, self._slots] = v
+        return keys, values
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``write_tokens`` for head-major K/V (B·S, H, T, D)."""

@@ -121,13 +121,18 @@ class Streams:
             position = position.long()
         return self._draws_at(position, self.draws((kind, count), device=self.device))
 
-    def prefetch(self, position: torch.Tensor, *kinds_counts: tuple[int, int]) -> torch.Tensor:
+    def uniforms(self, position: torch.Tensor, *kinds_counts: tuple[int, int]) -> torch.Tensor:
         """Draws ``0 .. count − 1`` of each ``(kind, count)`` at ``position`` (B,), in one call -> (B, Σ count),
-        the kinds side by side in order; kept for ``uniform`` calls at this position tensor (class doc). A kind
-        may appear once."""
+        the kinds side by side in order: bitwise one ``uniform`` call per kind. A kind may appear once."""
         if position.dtype != torch.long:
             position = position.long()
-        u = self._draws_at(position, self.draws(*kinds_counts, device=self.device))
+        return self._draws_at(position, self.draws(*kinds_counts, device=self.device))
+
+    def prefetch(self, position: torch.Tensor, *kinds_counts: tuple[int, int]) -> torch.Tensor:
+        """``uniforms``, kept for ``uniform`` calls at this position tensor (class doc)."""
+        if position.dtype != torch.long:
+            position = position.long()
+        u = self.uniforms(position, *kinds_counts)
         spans, start = {}, 0
         for kind, count in kinds_counts:
             spans[kind] = (start, count)

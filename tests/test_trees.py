@@ -296,3 +296,34 @@ def test_the_parallel_walk_with_a_fixed_shapes_plan_gives_the_sequential_walks_v
                 assert fast.tests == ()
         accepted += int(walk.num_accepted.sum())
     assert accepted > 20  # the walks went below the root
+
+
+def test_eagle2_trees_have_at_most_one_plus_top_k_times_depth_rows_with_children():
+    """The bound the static path gives the parallel walk for EAGLE-2 trees (``internal = 1 + top_k · depth``: the
+    root and each level's expanded frontier) holds on 40 random dynamic trees (random draft distributions, some
+    rows with zero-probability codes), and the walk under it gives the batched walk's verdict bitwise."""
+    from coolsd.acceptance import _verify_tree_batch, children_slots, verify_tree_parallel
+    from coolsd.trees import DraftRows, DynamicTree, draft_dynamic_tree
+
+    g = torch.Generator().manual_seed(5)
+    v, b = 16, 2
+    for trial in range(40):
+        spec = DynamicTree(top_k=2 + trial % 4, depth=1 + trial % 4, total_tokens=4 + trial % 20)
+
+        def expand(request):
+            f = 1 if request.root else request.tokens.shape[1]
+            logits = 3 * torch.randn(b, f, v, generator=g)
+            logits[torch.rand(b, f, v, generator=g) < 0.2] = float("-inf")
+            return DraftRows(q=torch.softmax(logits, -1), finite=None)
+
+        draft = draft_dynamic_tree(spec, torch.full((b,), 5), torch.full((b,), spec.depth + 1), expand, static=True)
+        m = draft.tokens.shape[1]
+        internal = 1 + spec.top_k * spec.depth
+        rows_with_children = (children_slots(draft.parents, torch.ones_like(draft.valid), spec.top_k) >= 0).any(-1)
+        assert int(rows_with_children.sum(-1).max()) <= internal
+        p = torch.softmax(2 * torch.randn(b, m + 1, v, generator=g), -1)
+        u_accept, u_sample = torch.rand(b, m, generator=g), torch.rand(b, generator=g)
+        walk = _verify_tree_batch(ExactRule(), p, draft, u_accept, u_sample)
+        fast = verify_tree_parallel(ExactRule(), p, draft, u_accept, u_sample, spec.top_k, spec.depth + 1,
+                                    tests=False, internal=internal)
+        assert torch.equal(walk.num_accepted, fast.num_accepted) and torch.equal(walk.next_token, fast.next_token)

@@ -136,6 +136,8 @@ class StaticLoop:
                                  f"cache, which holds {room}: set drafter.extra_slots={-(-need // 2)} or more")
         #: the parallel walk's width: the most children a node of these trees has
         self.width = 1
+        #: the most rows with children (an EAGLE-2 tree: the root and top_k expanded nodes per level; None: M)
+        self.internal: int | None = None
         if isinstance(self.tree, TreeShape):
             parents = self.tree.parents()
             self.width = max(len(kids) for kids in children_of(parents))
@@ -143,6 +145,7 @@ class StaticLoop:
             self._plan = TreePlan.of(parents)  # the parallel walk's row layout of the shape
         elif self.tree is not None:
             self.width = self.tree.top_k
+            self.internal = 1 + self.tree.top_k * self.tree.depth
         elif self.tree_drafts:
             self.width = self.drafter.tree_width
         self.mode = mode_for(self.model.device, bool(getattr(self.model, "compile", False)))
@@ -220,11 +223,12 @@ class StaticLoop:
         out = model.static_forward(ws.cache, torch.cat([last[:, None], draft.tokens], 1), positions, mask)
         p = model.probs(out)  # (B, M + 1, V)
         # 3. accept / resample with each image's ACCEPT draws 0..M−1 and SAMPLE draw 0 at t (the eager loop's)
-        u_accept = ws.streams.uniform(t, ACCEPT, decoder.max_nodes)[:, :m]
-        u_sample = ws.streams.uniform(t, SAMPLE, 1)[:, 0]
+        u = ws.streams.uniforms(t, (ACCEPT, decoder.max_nodes), (SAMPLE, 1))
+        u_accept, u_sample = u[:, :m], u[:, decoder.max_nodes]
         if self.tree_drafts:
             verdict = verify_tree_parallel(decoder.rule, p, draft, u_accept, u_sample, self.width, depth,
-                                           tests=decoder.track_tv, ancestors=mask, plan=plan)
+                                           tests=decoder.track_tv, ancestors=mask, plan=plan,
+                                           internal=self.internal)
         else:
             verdict = verify_chain(decoder.rule, p, draft, u_accept, u_sample)
         n = verdict.num_accepted  # (B,)

@@ -354,6 +354,18 @@ def _device_plan(draft: Draft, width: int, internal: int | None = None
     return sizes, order, position, torch.cat([kids[:, :k, c] for c, k in enumerate(sizes)], 1)
 
 
+_RANK_SLOTS: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+
+
+def _rank_slots(spans: Sequence[int], device: torch.device) -> torch.Tensor:
+    """(Σ spans,) each rank's flat (slot, image) positions 0 .. span − 1, rank after rank (built once per layout)."""
+    key = (tuple(spans), device)
+    found = _RANK_SLOTS.get(key)
+    if found is None:
+        found = _RANK_SLOTS[key] = torch.cat([torch.arange(span, device=device) for span in spans])
+    return found
+
+
 def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: torch.Tensor,
                          u_sample: torch.Tensor, width: int, levels: int, tests: bool = True,
                          ancestors: torch.Tensor | None = None, plan: TreePlan | None = None,
@@ -411,18 +423,25 @@ def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_
     child, exists = child.split(spans), exists.split(spans)
     sorted_depth = depth.reshape(-1)[row_at]  # (R·B,)
     residual = p.reshape(b * rows, v).index_select(0, row_at)  # (R·B, V): every row's residual, updated in place
-    chosen = torch.full((rows * b,), -1, dtype=torch.long, device=device)  # each row's first accepted child
+    # A row's residual is updated at every rejection of one of its children, also after it has accepted an
+    # earlier one: such a row is passed through, never sampled from (the path goes on to its accepted child), and
+    # its residuals stay distributions; only the first acceptance counts (below), and the tests reported are
+    # those made before it.
+    accepted, seen = [], None
     made_tests = []
     for c, span in enumerate(spans):
-        q, x, row_depth, row_residual, row_chosen = q_all[c], x_all[c], sorted_depth[:span], residual[:span], \
-            chosen[:span]
-        testing = exists[c] & (row_chosen < 0)
-        accepted = testing & (u_all[c] < rule.accept_prob(row_residual, q, x, row_depth))
-        if tests:
+        q, x, row_depth, row_residual = q_all[c], x_all[c], sorted_depth[:span], residual[:span]
+        passed = u_all[c] < rule.accept_prob(row_residual, q, x, row_depth)
+        accepted.append(exists[c] & passed)
+        if tests:  # a test is made until the row's first acceptance
+            testing = exists[c] if seen is None else exists[c] & ~seen[:span]
             made_tests.append((row_residual.clone(), q, row_depth, testing, sizes[c]))
-        row_residual.copy_(torch.where((testing ^ accepted)[:, None], rule.residual(row_residual, q, x, row_depth),
-                                       row_residual))
-        row_chosen.copy_(torch.where(accepted, child[c], row_chosen))
+            seen = accepted[-1].clone() if seen is None else torch.cat([seen[:span] | accepted[-1], seen[span:]])
+        torch.where(torch.gt(exists[c], passed)[:, None], rule.residual(row_residual, q, x, row_depth),
+                    row_residual, out=row_residual)
+    # each row's first accepted child: children are ranked in node order, so the smallest accepted one
+    chosen = torch.full((rows * b,), m, dtype=torch.long, device=device).scatter_reduce_(
+        0, _rank_slots(spans, device), torch.where(torch.cat(accepted), torch.cat(child), m), "amin")
     # node j is accepted when its parent's first accepted child is j; on the path when it and every ancestor are
     node = torch.arange(m, device=device)
     chosen = chosen.view(rows, b).t().gather(1, position)  # (B, M + 1) in row order

@@ -428,10 +428,8 @@ class DeviceKVCache:
         """Store the block's token-major K/V (B·S, T, H, D) at its slots (rounded to the cache's dtype); return the
         layer's whole K/V (B·S, H, S_max, D)."""
         keys, values = self._layers[layer]
-        if k.dtype != keys.dtype:
-            k, v = k.to(keys.dtype), v.to(values.dtype)
-        keys[self._row_index, :, self._slots] = k
-        values[self._row_index, :, self._slots] = v
+        keys[self._row_index, :, self._slots] = k.to(keys.dtype)
+        values[self._row_index, :, self._slots] = v.to(values.dtype)
         return keys, values
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

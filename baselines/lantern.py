@@ -86,7 +86,9 @@ class LanternRule(AcceptanceRule):
 
         A test asks twice for the same drafts (``accept_prob``, then ``residual`` after a rejection): the last
         ``(p, x)`` pair's result is kept and returned for the same two tensor objects (held, so their ids
-        cannot be reused; the walk never writes into a distribution it has tested)."""
+        cannot be reused). A caller that writes into a tested distribution in place must ask with another tensor
+        object afterwards: the static path's parallel walk overwrites its residual rows after their rank's two
+        calls and slices them anew for the next rank."""
         if x is not None:
             last = self._last_relaxed
             if last is not None and last[0] is p and last[1] is x:

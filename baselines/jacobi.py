@@ -367,7 +367,7 @@ class JacobiDrafter(Drafter):
         self.q, self.x, self.carried = self._static[key]
         self.carried.zero_()
 
-    def static_propose(self, last_tokens, t, limit, depth, tree=None) -> Draft:
+    def static_propose(self, last_tokens, t, limit, depth, tree=None, cache=None) -> Draft:
         return self.propose(last_tokens, t, limit, depth, tree)
 
     def static_observe(self, out, p, draft, verdict, active) -> None:

@@ -354,22 +354,24 @@ def _device_plan(draft: Draft, width: int, internal: int | None = None
     return sizes, order, position, torch.cat([kids[:, :k, c] for c, k in enumerate(sizes)], 1)
 
 
-_RANK_SLOTS: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+_RANK_SLOTS: dict[tuple, torch.Tensor] = {}
 
 
-def _rank_slots(spans: Sequence[int], device: torch.device) -> torch.Tensor:
-    """(Σ spans,) each rank's flat (slot, image) positions 0 .. span − 1, rank after rank (built once per layout)."""
-    key = (tuple(spans), device)
-    found = _RANK_SLOTS.get(key)
+def _rank_slots(spans: Sequence[int], device: torch.device, cache: dict | None = None) -> torch.Tensor:
+    """(Σ spans,) each rank's flat (slot, image) positions 0 .. span − 1, rank after rank (built once per layout,
+    in ``cache`` or the module's store)."""
+    store = _RANK_SLOTS if cache is None else cache
+    key = ("rank slots", tuple(spans), device)
+    found = store.get(key)
     if found is None:
-        found = _RANK_SLOTS[key] = torch.cat([torch.arange(span, device=device) for span in spans])
+        found = store[key] = torch.cat([torch.arange(span, device=device) for span in spans])
     return found
 
 
 def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: torch.Tensor,
                          u_sample: torch.Tensor, width: int, levels: int, tests: bool = True,
                          ancestors: torch.Tensor | None = None, plan: TreePlan | None = None,
-                         internal: int | None = None) -> Verdict:
+                         internal: int | None = None, cache: dict | None = None) -> Verdict:
     """``verify_tree``'s verdict with no host read, in ``width`` rule steps over every node at once (the static
     path; vLLM's and SGLang's tree samplers walk on the device too).
 
@@ -389,7 +391,8 @@ def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_
     tree's (B or 1, M + 1, M + 1) ancestor mask over [root, nodes] when the caller has it (the verify block's
     attention mask), else built here. ``plan``: the fixed shape's layout (its parents must be ``draft.parents``).
     ``internal``: without a plan, at most this many rows have children (an EAGLE-2 tree: the root and ``top_k``
-    expanded nodes per level), a tighter bound than M on the rows a rank works on.
+    expanded nodes per level), a tighter bound than M on the rows a rank works on. ``cache``: where its layout
+    constants are kept (the static loop's own store: a compiled step guards on what it reads).
     ``tests``: report the tests, per rank over the rows the walk visited (B, levels + 1: the root, then the
     accepted path; ``made`` up to each row's accepted child), which ``summed_tv`` sums alike; False: none
     (``Verdict.tests`` empty, for a caller that counts no tests).
@@ -441,7 +444,7 @@ def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_
                     row_residual, out=row_residual)
     # each row's first accepted child: children are ranked in node order, so the smallest accepted one
     chosen = torch.full((rows * b,), m, dtype=torch.long, device=device).scatter_reduce_(
-        0, _rank_slots(spans, device), torch.where(torch.cat(accepted), torch.cat(child), m), "amin")
+        0, _rank_slots(spans, device, cache), torch.where(torch.cat(accepted), torch.cat(child), m), "amin")
     # node j is accepted when its parent's first accepted child is j; on the path when it and every ancestor are
     node = torch.arange(m, device=device)
     chosen = chosen.view(rows, b).t().gather(1, position)  # (B, M + 1) in row order

@@ -345,7 +345,6 @@ class DeviceKVCache:
         self._row_index = torch.arange(rows, device=device)[:, None]  # (B·S, 1)
         self._slots: torch.Tensor | None = None  # (B·S, T) the latest block's slots
         self._frames: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # ``_frame``'s columns per block width
-        self._layers = list(zip(k.unbind(0), v.unbind(0)))  # per layer: views of the buffers (never replaced)
         #: the additive mask's two values (visible, masked) in the cache's dtype
         self._mask_values = (torch.zeros((), dtype=k.dtype, device=device),
                           torch.full((), float("-inf"), dtype=k.dtype, device=device))
@@ -426,8 +425,10 @@ class DeviceKVCache:
 
     def write_tokens(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the block's token-major K/V (B·S, T, H, D) at its slots (rounded to the cache's dtype); return the
-        layer's whole K/V (B·S, H, S_max, D)."""
-        keys, values = self._layers[layer]
+        layer's whole K/V (B·S, H, S_max, D). The layer's views are taken here, not kept: a compiled step given
+        views of its buffers as inputs of their own (aliasing them) gave wrong tokens under inductor (torch
+        2.14.1, CPU)."""
+        keys, values = self.k[layer], self.v[layer]
         keys[self._row_index, :, self._slots] = k.to(keys.dtype)
         values[self._row_index, :, self._slots] = v.to(values.dtype)
         return keys, values

@@ -121,12 +121,14 @@ class Streams:
             position = position.long()
         return self._draws_at(position, self.draws((kind, count), device=self.device))
 
-    def uniforms(self, position: torch.Tensor, *kinds_counts: tuple[int, int]) -> torch.Tensor:
+    def uniforms(self, position: torch.Tensor, *kinds_counts: tuple[int, int],
+                 index: torch.Tensor | None = None) -> torch.Tensor:
         """Draws ``0 .. count − 1`` of each ``(kind, count)`` at ``position`` (B,), in one call -> (B, Σ count),
-        the kinds side by side in order: bitwise one ``uniform`` call per kind. A kind may appear once."""
+        the kinds side by side in order: bitwise one ``uniform`` call per kind. A kind may appear once.
+        ``index``: their ``draws`` index, held by the caller (a compiled step reads no shared cache)."""
         if position.dtype != torch.long:
             position = position.long()
-        return self._draws_at(position, self.draws(*kinds_counts, device=self.device))
+        return self._draws_at(position, self.draws(*kinds_counts, device=self.device) if index is None else index)
 
     def prefetch(self, position: torch.Tensor, *kinds_counts: tuple[int, int]) -> torch.Tensor:
         """``uniforms``, kept for ``uniform`` calls at this position tensor (class doc)."""

@@ -264,18 +264,22 @@ DRAW_STRIDE = 1024  # draw-index stride between a level's (frontier, rank) slots
 _SHAPED: dict[tuple, Any] = {}
 
 
-def _shaped(key: tuple, make: Callable[[], Any]) -> Any:
+def _shaped(key: tuple, make: Callable[[], Any], cache: dict | None = None) -> Any:
     """A value of the tree code that depends only on shapes (``key``: what it is, its sizes, the device), made once;
-    the callers only read it (they gather, concatenate and repeat it into new tensors)."""
-    out = _SHAPED.get(key)
+    the callers only read it (they gather, concatenate and repeat it into new tensors). ``cache``: the caller's own
+    store instead of the module's (the static path's: a compiled step guards on the store it reads, so a store
+    that other decoders also fill would recompile it)."""
+    store = _SHAPED if cache is None else cache
+    out = store.get(key)
     if out is None:
-        if len(_SHAPED) > 4096:  # many batch sizes over a long mixed run: start again
-            _SHAPED.clear()
-        out = _SHAPED[key] = make()
+        if len(store) > 4096:  # many batch sizes over a long mixed run: start again
+            store.clear()
+        out = store[key] = make()
     return out
 
 
-def _draw_index(shape: TreeShape, levels: int, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+def _draw_index(shape: TreeShape, levels: int, device: torch.device, cache: dict | None = None
+                ) -> tuple[torch.Tensor, list[int]]:
     """The draw indices of the first ``levels`` levels of ``shape``'s plan, concatenated, and where each level's
     (F·C) block starts: (frontier f, rank r) at level l draws l + STRIDE·(f·C + r)."""
     def make() -> tuple[torch.Tensor, list[int]]:
@@ -286,7 +290,7 @@ def _draw_index(shape: TreeShape, levels: int, device: torch.device) -> tuple[to
             offsets.append(offsets[-1] + n)
         return torch.cat(blocks), offsets
 
-    return _shaped(("draw index", shape, levels, device), make)
+    return _shaped(("draw index", shape, levels, device), make, cache)
 
 
 @dataclass(frozen=True)
@@ -302,7 +306,7 @@ class _LevelTensors:
     nodes: torch.Tensor  # (n,) the shape node each of them creates
 
 
-def _level_tensors(shape: TreeShape, level: int, device: torch.device) -> _LevelTensors:
+def _level_tensors(shape: TreeShape, level: int, device: torch.device, cache: dict | None = None) -> _LevelTensors:
     def make() -> _LevelTensors:
         plan = _static_plan(shape)[level]
         flat = [c for row in plan.children for c in row]
@@ -312,11 +316,11 @@ def _level_tensors(shape: TreeShape, level: int, device: torch.device) -> _Level
                              width=len(plan.children[0]), slots=torch.tensor(slots, device=device),
                              nodes=torch.tensor([flat[i] for i in slots], device=device))
 
-    return _shaped(("level", shape, level, device), make)
+    return _shaped(("level", shape, level, device), make, cache)
 
 
 def draft_static_tree(shape: TreeShape, root_pos: torch.Tensor, limit: torch.Tensor, expand: ExpandFn,
-                      streams, key_pos: torch.Tensor, static: bool = False) -> Draft:
+                      streams, key_pos: torch.Tensor, static: bool = False, cache: dict | None = None) -> Draft:
     """Sample a static tree for every image, level by level (children without replacement, conditional q).
 
     ``root_pos`` (B,) image position of each root (the last committed token), ``limit`` (B,) how many more
@@ -324,23 +328,23 @@ def draft_static_tree(shape: TreeShape, root_pos: torch.Tensor, limit: torch.Ten
     node is invalid (never tested) when its parent's distribution has fewer non-zero entries than its rank, when
     its parent is invalid, or when it lies deeper than the image's limit. ``static``: every level of the shape
     is drafted whatever the limits (the static path's fixed shapes; nodes past a limit are invalid) and the
-    forward counts stay on the device: no host read.
+    forward counts stay on the device: no host read. ``cache``: where its shape constants are kept (``_shaped``).
     """
     device = root_pos.device
     b = root_pos.shape[0]
     parents_list = shape.parents()
     m = len(parents_list)
-    depth = _shaped(("depths", shape, device), lambda: torch.tensor(depths_of(parents_list), device=device))
+    depth = _shaped(("depths", shape, device), lambda: torch.tensor(depths_of(parents_list), device=device), cache)
     levels_needed = shape.depth if static else min(shape.depth, int(limit.max()) if b else 0)
     tokens = torch.zeros(b, m, dtype=torch.long, device=device)
     valid = torch.zeros(b, m, dtype=torch.bool, device=device)
     qs: torch.Tensor | None = None
     finite = None
     # every level's draws in one call (the hash is elementwise: the same uniforms as one call per level)
-    index, offsets = _draw_index(shape, levels_needed, device)
+    index, offsets = _draw_index(shape, levels_needed, device, cache)
     u_all = streams.uniform_at(key_pos, DRAFT, index) if levels_needed else None
     for level in range(levels_needed):
-        plan = _level_tensors(shape, level, device)
+        plan = _level_tensors(shape, level, device, cache)
         if level == 0:
             request = Expansion(root=True)
         else:
@@ -367,7 +371,7 @@ def draft_static_tree(shape: TreeShape, root_pos: torch.Tensor, limit: torch.Ten
             if r + 1 < width:  # what the next rank draws from
                 remaining = remaining.scatter(-1, picks[-1][..., None], 0.0)
         picks, cond = torch.stack(picks, 2), torch.stack(cond, 2)  # (B, F, C), (B, F, C, V)
-        enough = _shaped(("ranks", width, device), lambda: torch.arange(width, device=device)) \
+        enough = _shaped(("ranks", width, device), lambda: torch.arange(width, device=device), cache) \
             < (q > 0).sum(-1, keepdim=True)  # (B, F, C)
         parent_ok = valid[:, plan.frontier] if level else torch.ones(b, 1, dtype=torch.bool, device=device)
         node = plan.nodes  # (n,) shape nodes created at this level
@@ -380,11 +384,11 @@ def draft_static_tree(shape: TreeShape, root_pos: torch.Tensor, limit: torch.Ten
     forwards = torch.clamp(limit, max=levels_needed)
     return Draft(tokens=tokens, q=qs, valid=valid, forwards=forwards if static else forwards.tolist(),
                  parents=_shaped(("parents", shape, b, device), lambda: torch.tensor(
-                     parents_list, device=device).expand(b, -1)), finite=finite)
+                     parents_list, device=device).expand(b, -1), cache), finite=finite)
 
 
 def draft_dynamic_tree(spec: DynamicTree, root_pos: torch.Tensor, limit: torch.Tensor, expand: ExpandFn,
-                       static: bool = False) -> Draft:
+                       static: bool = False, cache: dict | None = None) -> Draft:
     """EAGLE-2 for every image: grow by cumulative log q, keep the ``total_tokens`` best nodes; q one-hot.
 
     Every expanded node proposes its ``top_k`` children (all scored); each image's ``top_k`` best new
@@ -392,7 +396,7 @@ def draft_dynamic_tree(spec: DynamicTree, root_pos: torch.Tensor, limit: torch.T
     ``total_tokens`` candidates form the tree (ancestors score at least as high as their descendants, and
     win ties by depth); siblings are ordered best first. Candidates of zero draft probability, or deeper
     than an image's limit, are invalid. ``static``: all ``depth + 1`` levels whatever the limits, forward counts
-    on the device (the static path: no host read).
+    on the device (the static path: no host read). ``cache``: where its shape constants are kept (``_shaped``).
     """
     device = root_pos.device
     b = root_pos.shape[0]
@@ -400,7 +404,8 @@ def draft_dynamic_tree(spec: DynamicTree, root_pos: torch.Tensor, limit: torch.T
     levels = spec.depth + 1 if static else min(spec.depth + 1, int(limit.max()) if b else 0)
     tok, par, score, depth, front_row = [], [], [], [], []  # per level, (B, n_level)
     frontier = None  # (B, F) candidate ids of the current frontier
-    lineage = _shaped(("lineage", b, device), lambda: torch.ones(b, 1, 1, dtype=torch.bool, device=device))  # (B, F, K)
+    lineage = _shaped(("lineage", b, device),  # (B, F, K)
+                      lambda: torch.ones(b, 1, 1, dtype=torch.bool, device=device), cache)
     finite = None
     v = 1
     for level in range(1, levels + 1):
@@ -417,17 +422,17 @@ def draft_dynamic_tree(spec: DynamicTree, root_pos: torch.Tensor, limit: torch.T
         f, v = q.shape[1], q.shape[-1]
         top = torch.topk(q, min(k, v), dim=-1)  # (B, F, k)
         kk = top.indices.shape[-1]
-        base = _shaped(("root score", b, device), lambda: torch.zeros(b, 1, device=device)) if frontier is None \
-            else torch.cat(score, 1).gather(1, frontier)
+        base = _shaped(("root score", b, device), lambda: torch.zeros(b, 1, device=device), cache) \
+            if frontier is None else torch.cat(score, 1).gather(1, frontier)
         new_score = (base[:, :, None] + top.values.log()).flatten(1)  # (B, F·k); log 0 = -inf: invalid
         tok.append(top.indices.flatten(1))
-        par.append(_shaped(("root parent", b, kk, device), lambda: torch.full((b, kk), -1, device=device))
+        par.append(_shaped(("root parent", b, kk, device), lambda: torch.full((b, kk), -1, device=device), cache)
                    if frontier is None else frontier.repeat_interleave(kk, dim=1))
         score.append(new_score)
         depth.append(_shaped(("depth", b, f * kk, level, device),
-                             lambda: torch.full((b, f * kk), level, dtype=torch.long, device=device)))
+                             lambda: torch.full((b, f * kk), level, dtype=torch.long, device=device), cache))
         front_row.append(_shaped(("frontier row", b, f, kk, device),  # each candidate's row in this request
-                                 lambda: torch.arange(f, device=device).repeat_interleave(kk).expand(b, -1)))
+                                 lambda: torch.arange(f, device=device).repeat_interleave(kk).expand(b, -1), cache))
         offset = sum(x.shape[1] for x in tok[:-1])
         best = torch.topk(new_score, min(k, new_score.shape[1]), dim=-1).indices  # (B, F')
         if level < levels:  # the next frontier's slots: this request's slots plus one block of F' new ones
@@ -435,7 +440,7 @@ def draft_dynamic_tree(spec: DynamicTree, root_pos: torch.Tensor, limit: torch.T
             parent_pos = front_row[-1].gather(1, best)  # row of each new frontier node's parent in this request
             old = lineage.gather(1, parent_pos[:, :, None].expand(-1, -1, lineage.shape[-1]))  # (B, F', K)
             own = _shaped(("eye", b, f_next, device),
-                          lambda: torch.eye(f_next, dtype=torch.bool, device=device).expand(b, -1, -1))
+                          lambda: torch.eye(f_next, dtype=torch.bool, device=device).expand(b, -1, -1), cache)
             lineage = torch.cat([old, own], dim=-1)
         frontier = best + offset
     if not tok:

@@ -235,6 +235,40 @@ def test_static_path_steps_compile_whole_without_recompiling(kind):
     assert runner.calls > 2
 
 
+@pytest.mark.slow
+def test_compiled_tree_steps_give_the_eager_tokens_and_stay_compiled_beside_other_decoders():
+    """The tree steps compile with inductor (a static and an EAGLE-2 tree, ``model.compile=true``) and give the
+    eager path's tokens (an uncompiled twin of the model); interleaved with each other and with eager decoders,
+    which fill the tree code's module-level caches with other shapes, neither compiled step recompiles (each static
+    loop reads its own store of constants: ``StaticLoop._constants``)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model, twin = tiny_llamagen(dtype="float32"), tiny_llamagen(dtype="float32")
+    model.compile = True
+
+    def decoder(m: LlamaGen, tree: str, path: str) -> Decoder:
+        return Decoder("sd", m, ExactRule(), draft_len=3, path=path, tree=tree,
+                       drafter=EagleDrafter(m, head=EagleHead(m, init_seed=1)),
+                       dynamic_tree=dict(top_k=3, depth=3, total_tokens=10))
+
+    trees = ("mc_sim_7b_63", "dynamic")
+    static = {tree: decoder(model, tree, "static") for tree in trees}
+    eager = {tree: decoder(twin, tree, "eager") for tree in trees}
+    prompts = ["one", "two"]
+    for tree in trees:  # compile each step (its first two calls) and fill the eager caches
+        static[tree].generate_batch(prompts, [0, 1])
+        eager[tree].generate_batch(prompts, [0, 1])
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for seeds in ([2, 3], [4, 5]):
+            for tree in trees:
+                got = static[tree].generate_batch(prompts, seeds)
+                want = eager[tree].generate_batch(prompts, seeds)
+                assert all(torch.equal(g.tokens, w.tokens) for g, w in zip(got, want)), tree
+    assert all(static[tree].static.mode == "compiled" and static[tree].static._workspaces[2][1].calls > 4
+               for tree in trees)
+
+
 # -- exactness ---------------------------------------------------------------------------------------------
 EXACT_PROMPTS = ("one", "two")
 

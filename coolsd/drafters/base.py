@@ -102,9 +102,10 @@ class Drafter(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not run on the static path")
 
     def static_propose(self, last_tokens: torch.Tensor, t: torch.Tensor, limit: torch.Tensor, depth: int,
-                       tree: TreeShape | DynamicTree | None = None) -> Draft:
+                       tree: TreeShape | DynamicTree | None = None, cache: dict | None = None) -> Draft:
         """``propose`` of exactly ``depth`` levels per image (a chain, or every level of ``tree``) with no host
-        read (``limit`` marks the valid ones)."""
+        read (``limit`` marks the valid ones). ``cache``: the static loop's own store of the tree code's shape
+        constants (``coolsd.trees._shaped``), which its compiled step reads."""
         raise NotImplementedError(f"{type(self).__name__} does not run on the static path")
 
     def static_observe(self, out: TargetOutput, p: torch.Tensor, draft: Draft, verdict: Verdict,

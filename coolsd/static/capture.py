@@ -9,9 +9,10 @@ never changes afterwards. Capture follows ``torch.cuda.graphs``: that first call
 warm-up CUDA graphs need), the second captures the step (capturing runs nothing) and replays it, every later
 call replays. Compiling traces at the second call.
 
-The tree steps compile with the ``aot_eager`` backend (the same whole graph, traced by dynamo and AOTAutograd,
-run by eager kernels): inductor's CPU code for them failed its own index bounds check with torch 2.14.1 where the
-same graph under ``aot_eager`` gives the eager path's tokens (``tests/test_static_path.py``).
+Every step compiles with inductor, the tree steps too: their earlier form (a level-by-level descent of the
+parallel walk) made inductor's CPU code fail its own index bounds check with torch 2.14.1 and ran under
+``aot_eager``, which was slower than no compilation; the walk as it is now compiles, and the compiled tree step
+gives the eager path's tokens (``tests/test_static_path.py``).
 
 Example: ``Runner(lambda: step(ws), "graph")()`` once per iteration.
 """

@@ -155,6 +155,9 @@ class StaticLoop:
         self._workspaces: dict[int, tuple[Workspace, Runner]] = {}
         self._streams: dict[int, Streams] = {}  # per batch size: the persistent random streams
         self._offsets: dict[torch.device, torch.Tensor] = {}
+        #: this loop's own store of the tree code's constants (``coolsd.trees._shaped``, the parallel walk's rank
+        #: slots): a compiled step guards on the stores it reads, and these are filled by its first call only
+        self._constants: dict = {}
 
     # -- the steps --------------------------------------------------------------------------------------
     def ar_step(self, ws: Workspace) -> None:
@@ -216,19 +219,23 @@ class StaticLoop:
         limit = (n_tokens - 1 - t).clamp(0, depth)  # (B,) draft levels that fit in each image
         last = ws.tokens.gather(1, (t - 1)[:, None])[:, 0]  # (B,)
         # 1. draft
-        draft = self.drafter.static_propose(last, t, limit, depth, self.tree)
+        draft = self.drafter.static_propose(last, t, limit, depth, self.tree, cache=self._constants)
         m = draft.tokens.shape[1]
         # 2. verify [last committed token, drafts] at each node's position (a node at depth d: t − 1 + d)
         positions, mask, plan = self._block(draft, t, n_tokens)
         out = model.static_forward(ws.cache, torch.cat([last[:, None], draft.tokens], 1), positions, mask)
         p = model.probs(out)  # (B, M + 1, V)
         # 3. accept / resample with each image's ACCEPT draws 0..M−1 and SAMPLE draw 0 at t (the eager loop's)
-        u = ws.streams.uniforms(t, (ACCEPT, decoder.max_nodes), (SAMPLE, 1))
+        draws = ((ACCEPT, decoder.max_nodes), (SAMPLE, 1))
+        key = ("draws", t.device)
+        if key not in self._constants:
+            self._constants[key] = Streams.draws(*draws, device=t.device)
+        u = ws.streams.uniforms(t, *draws, index=self._constants[key])
         u_accept, u_sample = u[:, :m], u[:, decoder.max_nodes]
         if self.tree_drafts:
             verdict = verify_tree_parallel(decoder.rule, p, draft, u_accept, u_sample, self.width, depth,
                                            tests=decoder.track_tv, ancestors=mask, plan=plan,
-                                           internal=self.internal)
+                                           internal=self.internal, cache=self._constants)
         else:
             verdict = verify_chain(decoder.rule, p, draft, u_accept, u_sample)
         n = verdict.num_accepted  # (B,)
@@ -318,8 +325,7 @@ class StaticLoop:
                 fn = (lambda: [self.ar_step(ws) for _ in range(steps)]) if steps > 1 else (lambda: self.ar_step(ws))
             else:
                 fn = lambda: self.step(ws)  # noqa: E731
-            backend = "aot_eager" if self.tree_drafts else "inductor"  # coolsd.static.capture says why
-            found = self._workspaces[batch] = (ws, Runner(fn, self.mode, backend))
+            found = self._workspaces[batch] = (ws, Runner(fn, self.mode))
         else:
             found[0].cache.load(cache)
         return found

@@ -52,15 +52,20 @@ def main(argv: list[str] | None = None) -> None:
                                                      "every peer this run does not measure (e.g. to add a peer)")
     parser.add_argument("--path", default="eager", choices=("eager", "static"),
                         help="our decode path (decoder.path): the papers' eager loop or the static path")
+    parser.add_argument("--compile", action="store_true",
+                        help="ours with model.compile=true (the static step compiled whole; the warm-up images "
+                             "compile it, untimed; no anatomy table: a compiled step has no phases to hook)")
     args = parser.parse_args(argv)
     if args.prompts < 1:
         raise SystemExit("--prompts must be at least 1")
     peers = {k: Path(v).expanduser().resolve() for k, v in pairs_of(args.peer, "--peer").items()}
     pythons = pairs_of(args.python, "--python")
     prompts = comparison.prompts_for(args.prompts, args.prompt_file)
-    record = comparison.run(peers, pythons, prompts, args.seed, args.warmup, args.threads, args.only, path=args.path)
+    record = comparison.run(peers, pythons, prompts, args.seed, args.warmup, args.threads, args.only, path=args.path,
+                            compiled=args.compile)
     command = "python scripts/bench_peers.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    meta = comparison.meta_for(command, len(prompts), args.seed, args.warmup, args.threads, args.device, args.path)
+    meta = comparison.meta_for(command, len(prompts), args.seed, args.warmup, args.threads, args.device, args.path,
+                               args.compile)
     if args.keep:
         import json
 

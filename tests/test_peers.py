@@ -258,3 +258,21 @@ def test_llamagen_generate_gives_our_ar_tokens_under_greedy_sampling():
             mine = ours.generate(prompt, 0)
             assert list(theirs.codes) == mine.tokens.flatten().tolist()
             assert theirs.target_forwards == mine.stats.target_forwards
+
+
+def test_our_side_can_run_compiled_on_the_static_path_and_the_table_says_so():
+    """``--compile`` builds ours with ``model.compile=true`` (on the static path: the step compiled whole, its
+    runner in compiled mode; a model of its own, not the uncompiled pairs' shared one), and the table's heading
+    says so."""
+    from eval.bench.peers import lantern as glue
+
+    models: dict = {}
+    plain = comparison.build_ours(glue, glue.SPEC.pairs[0], models, "static")
+    ours = comparison.build_ours(glue, glue.SPEC.pairs[0], models, "static", compiled=True)
+    assert ours.static.mode == "compiled" and ours.model.compile and ours.model is not plain.model
+    assert plain.static.mode == "eager" and not plain.model.compile
+    meta = {"device": "CPU", "command": "c", "date": "d", "prompts": 20, "seed": 0, "warmup": 2, "threads": 1,
+            "cpu": "x", "torch": "t", "transformers": "v", "path": "static", "compiled": True}
+    text = comparison.markdown([], {}, meta, {})
+    assert text.startswith("# Each decoder against its authors' code (CPU, ours on the static decode path, "
+                           "compiled (`model.compile=true`))")

@@ -141,15 +141,16 @@ def compose(overrides: Sequence[str]):
         return hydra_compose("config", overrides=list(overrides))
 
 
-def build_ours(glue: Any, pair: Pair, models: dict, path: str = "eager") -> Any:
+def build_ours(glue: Any, pair: Pair, models: dict, path: str = "eager", compiled: bool = False) -> Any:
     """Our decoder of ``pair`` on the peer's model config (one model per set of model overrides, shared), on the
-    decode ``path`` (``decoder.path``)."""
+    decode ``path`` (``decoder.path``); ``compiled``: with ``model.compile=true`` (the static path's step compiled
+    whole, the eager path's layers piecewise)."""
     from hydra.utils import instantiate
 
     spec: PeerSpec = glue.SPEC
     cfg = compose([f"model={spec.model}", *spec.model_overrides, f"decoder={pair.ours}", *pair.overrides,
-                   f"decoder.path={path}"])
-    key = (spec.model, spec.model_overrides)
+                   f"decoder.path={path}", *(["model.compile=true"] if compiled else [])])
+    key = (spec.model, spec.model_overrides, compiled)
     if key not in models:
         models[key] = instantiate(cfg.model)
     model = models[key]
@@ -232,8 +233,9 @@ def interleave(ours: Callable[[str, int], PeerImage], theirs: Callable[[str, int
 
 def measure_pair(glue: Any, checkout: Path, pair: Pair, prompts: Sequence[str], seed: int, warmup: int,
                  threads: int | None, python: str | None, models: dict,
-                 progress: Callable[[str], None] | None = None, path: str = "eager") -> PairResult:
-    ours = build_ours(glue, pair, models, path)
+                 progress: Callable[[str], None] | None = None, path: str = "eager",
+                 compiled: bool = False) -> PairResult:
+    ours = build_ours(glue, pair, models, path, compiled)
     with PeerWorker(python) as worker:
         info = worker.ask("build", glue.__name__, str(checkout), glue.export(ours, pair), pair, threads)
         # their conditioning (our caption features or prompt ids) is prepared before the timing
@@ -242,8 +244,9 @@ def measure_pair(glue: Any, checkout: Path, pair: Pair, prompts: Sequence[str], 
                           prompts, seed, warmup, progress,
                           after_warmup=lambda: worker.ask("reset"))   # patch counts: the timed images only
         hits = worker.ask("hits")
-        anatomy = {"ours": anatomy_ours(ours, prompts[0], seed),
-                   "theirs": worker.ask("anatomy", conditioning[prompts[0]], seed)}
+        # a compiled step has no phases to hook (its forwards run inside one compiled graph): no anatomy then
+        anatomy = {} if compiled else {"ours": anatomy_ours(ours, prompts[0], seed),
+                                       "theirs": worker.ask("anatomy", conditioning[prompts[0]], seed)}
     return PairResult(peer=glue.SPEC.name, pair=pair, ours=a, theirs=b, patches=hits, worker=info, anatomy=anatomy)
 
 
@@ -319,7 +322,8 @@ def markdown(rows: Sequence[dict[str, Any]], skipped: dict[str, str], meta: dict
              specs: dict[str, PeerSpec]) -> str:
     lines = [
         f"# Each decoder against its authors' code ({meta['device']}"
-        + (", ours on the static decode path" if meta.get("path") == "static" else "") + ")",
+        + (", ours on the static decode path" if meta.get("path") == "static" else "")
+        + (", compiled (`model.compile=true`)" if meta.get("compiled") else "") + ")",
         "",
         f"{_written(meta, rows)}. Batch 1, {meta['prompts']} prompts per pair "
         f"(seed {meta['seed']} + i), {meta['warmup']} warm-up image(s) per side, {meta['threads']} torch "
@@ -407,7 +411,7 @@ def keep(record: dict[str, Any], meta: dict[str, Any], kept: dict[str, Any]) -> 
     skipped = {k: v for k, v in record["skipped"].items() if k not in peers}
     earlier = kept["meta"]
     info = {k: earlier.get(k) for k in ("command", "date", "cpu", "torch", "transformers", "prompts", "seed", "warmup",
-                                        "threads", "path")}
+                                        "threads", "path", "compiled")}
     for k in ("prompts", "seed", "warmup", "threads"):
         if peers and earlier.get(k) != meta.get(k):
             raise ValueError(f"--keep: the kept rows were measured with {k}={earlier.get(k)}, this run with "
@@ -477,9 +481,9 @@ def load_glue(name: str) -> Any:
 
 def run(peers: dict[str, Path], pythons: dict[str, str], prompts: Sequence[str], seed: int, warmup: int,
         threads: int | None, only: Sequence[str] = (), log: Callable[[str], None] = print,
-        path: str = "eager") -> dict[str, Any]:
-    """Measure every pair of every given peer, ours on decode ``path``; list the known peers that were not given
-    with the reason."""
+        path: str = "eager", compiled: bool = False) -> dict[str, Any]:
+    """Measure every pair of every given peer, ours on decode ``path`` (``compiled``: with ``model.compile=true``);
+    list the known peers that were not given with the reason."""
     import torch
 
     if threads:
@@ -510,7 +514,8 @@ def run(peers: dict[str, Path], pythons: dict[str, str], prompts: Sequence[str],
             log(f"{name}: ours {pair.ours} vs theirs {pair.theirs} ({len(prompts)} prompts)")
             results.append(measure_pair(glue, peers[name], pair, prompts, seed, warmup, threads,
                                         pythons.get(name), models,
-                                        progress=lambda text: log(f"  {text}"), path=path))
+                                        progress=lambda text: log(f"  {text}"), path=path,
+                                        compiled=compiled))
     unknown = sorted(set(peers) - set(specs))
     if unknown:
         raise ValueError(f"--peer {unknown}: unknown peers; known: {', '.join(specs)}")
@@ -533,9 +538,10 @@ def write(out: Path, record: dict[str, Any], meta: dict[str, Any]) -> None:
 
 
 def meta_for(command: str, prompts: int, seed: int, warmup: int, threads: int | None, device: str,
-             path: str = "eager") -> dict:
+             path: str = "eager", compiled: bool = False) -> dict:
     from eval.records.environment import environment
 
     env = environment(packages=("transformers",))
     return {"command": command, "date": dt.date.today().isoformat(), "prompts": prompts, "seed": seed,
-            "warmup": warmup, "threads": threads or "default", "device": device, "path": path, **env}
+            "warmup": warmup, "threads": threads or "default", "device": device, "path": path,
+            "compiled": compiled, **env}

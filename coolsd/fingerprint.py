@@ -24,9 +24,7 @@ import torch
 #: float32 arithmetic on CPU (column-major linear weights, ``padding_invariant_attention``): an image alone and
 #: in a batch are bitwise equal (where the start-up self-check passes, ``coolsd.numerics``); 0–3 % of the default run's
 #: images changed tokens. (``model.row_block`` and the machine's numerics signature are fingerprinted beside it.)
-#: 4: a static tree's siblings after the first are drawn at once by an exponential race (``coolsd.trees._race``),
-#: where each rank drew in turn: every sampled static tree's tokens changed (chains and dynamic trees kept theirs).
-TOKEN_CODE_VERSION = 4
+TOKEN_CODE_VERSION = 3
 
 
 def tensor_digest(tensor: torch.Tensor, chunk_bytes: int = 1 << 28) -> bytes:

@@ -33,7 +33,6 @@ COUPLE = 8  # Jacobi maximal coupling of a carried draft: the keep test and the 
 GUMBEL = 9  # Jacobi Gumbel coupling: one noise vector per absolute image position (its draw index = the code)
 TREE = 10  # SJD-PAC's proactive tree: the extra siblings of each level
 SKIP = 11  # VVS: the draft path a round that skips verification commits (baselines/vvs.py)
-SIBLINGS = 12  # static trees: a level's race keys for the ranks after the first (index l + STRIDE·(f·V + code))
 
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # the constants as signed int64 (torch has no uint64 arithmetic)
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)

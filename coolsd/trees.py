@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from coolsd import validate
-from coolsd.rng import DRAFT, SIBLINGS, sample
+from coolsd.rng import DRAFT, sample
 from coolsd.types import Draft
 
 TREE_DIR = Path(__file__).resolve().parent / "trees"
@@ -319,35 +319,6 @@ def _level_tensors(shape: TreeShape, level: int, device: torch.device, cache: di
     return _shaped(("level", shape, level, device), make, cache)
 
 
-def _race_index(shape: TreeShape, level: int, v: int, device: torch.device, cache: dict | None) -> torch.Tensor:
-    """The race's draw indices of a level (F, V): code c of frontier f at level l draws l + STRIDE·(f·V + c)."""
-    def make() -> torch.Tensor:  # (the plan is read here only: a compiled step reads no module-level store)
-        f = len(_static_plan(shape)[level].frontier)
-        return level + DRAW_STRIDE * torch.arange(f * v, device=device).view(f, v)
-
-    return _shaped(("race index", shape, level, v, device), make, cache)
-
-
-def _race(q: torch.Tensor, first: torch.Tensor, width: int, u: torch.Tensor) -> torch.Tensor:
-    """(B, F, C) children of every frontier node: ``first``, then ranks 1 .. C − 1 in one go as the C − 1 smallest
-    keys −log(u_c)/q_c among the other codes (an exponential race; each code its own uniform ``u`` (B, F, V), so the
-    keys are independent of the first draw). Given the earlier ranks, rank r is then distributed as q without
-    them, renormalised: the same law as drawing each rank in turn from what the earlier ones left (Efraimidis and
-    Spirakis). Codes of zero probability key +inf and come last; ranks past a row's support are marked invalid by
-    the caller, as before."""
-    if width == 1:
-        return first[..., None]
-    v = q.shape[-1]
-    keys = -torch.log(u + 0.5 / (1 << 24)) / q  # u in [0, 1) on a 2^-24 grid: the middle of its cell, never 0
-    keys = keys.scatter(-1, first[..., None], float("inf"))
-    k = min(width - 1, v - 1)
-    rest = torch.topk(keys, k, dim=-1, largest=False).indices
-    parts = [first[..., None], rest]
-    if k < width - 1:  # a codebook smaller than the widest node: those ranks are past every support
-        parts.append(torch.zeros_like(first)[..., None].expand(-1, -1, width - 1 - k))
-    return torch.cat(parts, -1)
-
-
 def draft_static_tree(shape: TreeShape, root_pos: torch.Tensor, limit: torch.Tensor, expand: ExpandFn,
                       streams, key_pos: torch.Tensor, static: bool = False, cache: dict | None = None) -> Draft:
     """Sample a static tree for every image, level by level (children without replacement, conditional q).
@@ -388,17 +359,18 @@ def draft_static_tree(shape: TreeShape, root_pos: torch.Tensor, limit: torch.Ten
             qs = torch.zeros(b, m, v, device=device)
         width = plan.width
         f = plan.frontier.shape[0]
-        # children without replacement: the first by inverse CDF with the uniform of (frontier f, rank 0), draw
-        # index l + STRIDE·(f·C) at level l (``_draw_index``: a one-path tree draws exactly what a chain does);
-        # the others at once, by an exponential race among the codes left (``_race``)
-        u = u_all[:, offsets[level]: offsets[level + 1]].view(b, f, width)[..., 0]
-        first = sample(q, u)  # (B, F)
-        picks = _race(q, first, width, streams.uniform_at(key_pos, SIBLINGS, _race_index(shape, level, v, device,
-                                                                                             cache)))
-        # rank r's distribution: q without the ranks before it, renormalised (what a draw in turn would use)
-        chosen = torch.zeros(b, f, width, v, device=device).scatter_(-1, picks[..., None], 1.0)
-        left = torch.where(chosen.cumsum(2) - chosen == 0, q[:, :, None, :], 0.0)  # (B, F, C, V)
-        cond = left / left.sum(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
+        # children without replacement, one rank at a time: rank r is drawn from what ranks < r left; the
+        # draw index of (frontier f, rank r) at level l is l + STRIDE·(f·C + r) (``_draw_index``), so a
+        # one-path tree draws exactly what a chain does
+        u = u_all[:, offsets[level]: offsets[level + 1]].view(b, f, width).unbind(-1)
+        remaining = q.clone()
+        picks, cond = [], []
+        for r in range(width):
+            cond.append(remaining / remaining.sum(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny))
+            picks.append(sample(remaining, u[r]))
+            if r + 1 < width:  # what the next rank draws from
+                remaining = remaining.scatter(-1, picks[-1][..., None], 0.0)
+        picks, cond = torch.stack(picks, 2), torch.stack(cond, 2)  # (B, F, C), (B, F, C, V)
         enough = _shaped(("ranks", width, device), lambda: torch.arange(width, device=device), cache) \
             < (q > 0).sum(-1, keepdim=True)  # (B, F, C)
         parent_ok = valid[:, plan.frontier] if level else torch.ones(b, 1, dtype=torch.bool, device=device)

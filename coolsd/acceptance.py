@@ -381,9 +381,10 @@ def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_
     ``residual``), as the walk would at that node. The rows are sorted by their number of children (most first):
     the rows with a c-th child are then a prefix (``TreePlan``: of exactly their number for a fixed shape, else of
     at most M // (c + 1) rows), held rank-major ((row, image) flattened), so rank c works on a slice of every
-    tensor, updated in place: about twenty torch calls per rank besides the rule's own, whatever the batch. A node
-    is on the accepted path when it and each of its ancestors is its parent's first accepted child (one pass over
-    the ancestor mask); the next token is drawn from the residual of the row where the path stops (its ``p`` at a
+    tensor, updated in place: under ten torch calls per rank besides the rule's own, whatever the batch; each
+    row's first acceptance is taken once, after the last rank (one scatter-min). A node is on the accepted path
+    when it and each of its ancestors is its parent's first accepted child (one pass over the ancestor mask); the
+    next token is drawn from the residual of the row where the path stops (its ``p`` at a
     leaf: the bonus token). The tests and their operands at every node are the sequential walk's, so the verdict
     (accepted count, path, next token) is bitwise ``_verify_tree_batch``'s (tests/test_trees.py).
 

@@ -125,7 +125,7 @@ class LanternRule(AcceptanceRule):
         if v > self.DENSE_MEMBERSHIP:
             return None
         if getattr(self, "_membership", None) is None or self._membership.device != device:
-            z = self.table(device)[:, : self.k + 1]
+            z = self._tables(device)[2]
             self._membership = torch.zeros(v, v, dtype=torch.float64, device=device).scatter_(1, z, 1.0)
         return self._membership
 
@@ -201,7 +201,7 @@ class LanternRule(AcceptanceRule):
         if member is not None:
             on_z = lambda a: a @ member.T  # noqa: E731  (N, V): Σ_{y ∈ Z(x)} a(y) for every x
         else:
-            z = self.table(p.device)[:, : self.k + 1]
+            z = self._tables(p.device)[2]
             on_z = lambda a: a.index_select(-1, z.flatten()).view(*a.shape, -1).sum(-1)  # noqa: E731
         total = r.sum(-1, keepdim=True)
         outside = (total - on_z(r)).clamp_min(0.0)  # (N, V): Σ_{y ∉ Z(x)} r(y), exact to ~1e-16

@@ -28,7 +28,7 @@ import torch
 
 from coolsd.rng import sample
 from coolsd.sampling import normalize
-from coolsd.trees import ancestor_masks
+from coolsd.trees import _shaped, ancestor_masks, children_of
 from coolsd.types import Draft, Verdict
 
 
@@ -184,12 +184,6 @@ def _chain_indices(b: int, length: int, device: torch.device) -> tuple[torch.Ten
     return _CHAIN_INDICES[key]
 
 
-def children_table(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """(B, M + 1, C) node indices of the valid children of the root (row 0) and of node j (row j + 1), in
-    node order, −1 padded; C is the largest number of children (``children_slots`` with its width read)."""
-    return children_slots(parents, valid)
-
-
 def verify_tree(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: torch.Tensor,
                 u_sample: torch.Tensor) -> Verdict:
     """The multi-draft acceptance walk over every image's draft tree, for every rule (EAGLE-1 recursive
@@ -216,7 +210,7 @@ def _verify_tree_batch(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_ac
     b, m = draft.tokens.shape
     device = p.device
     rows = torch.arange(b, device=device)
-    kids = children_table(draft.parents, draft.valid)
+    kids = children_slots(draft.parents, draft.valid)
     width = kids.shape[-1]
     current = torch.zeros(b, dtype=torch.long, device=device)  # row of p of the current node
     rank = torch.zeros(b, dtype=torch.long, device=device)  # next child to try
@@ -260,7 +254,7 @@ def _verify_one_tree(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_acce
     kids: list[list[int]] = [[] for _ in range(m + 1)]
     for j in range(m):
         if host[m + j]:
-            kids[int(host[j]) + 1].append(j)  # valid children in node order: the batched walk's children_table
+            kids[int(host[j]) + 1].append(j)  # valid children in node order: the batched walk's children_slots
     testing = torch.ones(1, dtype=torch.bool, device=device)
     depths: dict[int, torch.Tensor] = {}
     current, rank, depth, path = 0, 0, 1, []
@@ -318,23 +312,18 @@ class TreePlan:
     child: torch.Tensor
 
     @classmethod
-    def of(cls, parents: Sequence[int], device: torch.device | str = "cpu") -> "TreePlan":
-        m = len(parents)
-        kids: list[list[int]] = [[] for _ in range(m + 1)]
-        for j, parent in enumerate(parents):
-            kids[parent + 1].append(j)
-        order = sorted(range(m + 1), key=lambda row: -len(kids[row]))  # stable: row order among equals
+    def of(cls, parents: Sequence[int]) -> TreePlan:
+        kids = children_of(parents)
+        order = sorted(range(len(kids)), key=lambda row: -len(kids[row]))  # stable: row order among equals
         width = max(len(k) for k in kids)
         sizes = tuple(sum(len(k) > c for k in kids) for c in range(width))
         child = [kids[row][c] for c in range(width) for row in order[: sizes[c]]]
-        position = [0] * (m + 1)
+        position = [0] * len(kids)
         for slot, row in enumerate(order):
             position[row] = slot
-        as_long = dict(dtype=torch.long, device=device)
-        return cls(sizes=sizes, order=torch.tensor(order, **as_long), position=torch.tensor(position, **as_long),
-                   child=torch.tensor(child, **as_long))
+        return cls(sizes=sizes, order=torch.tensor(order), position=torch.tensor(position), child=torch.tensor(child))
 
-    def to(self, device: torch.device) -> "TreePlan":
+    def to(self, device: torch.device) -> TreePlan:
         return TreePlan(self.sizes, self.order.to(device), self.position.to(device), self.child.to(device))
 
 
@@ -352,20 +341,6 @@ def _device_plan(draft: Draft, width: int, internal: int | None = None
     kids = kids.gather(1, order[..., None].expand(-1, -1, width))
     sizes = tuple(min(rows, m // (c + 1), rows if internal is None else internal) for c in range(width))
     return sizes, order, position, torch.cat([kids[:, :k, c] for c, k in enumerate(sizes)], 1)
-
-
-_RANK_SLOTS: dict[tuple, torch.Tensor] = {}
-
-
-def _rank_slots(spans: Sequence[int], device: torch.device, cache: dict | None = None) -> torch.Tensor:
-    """(Σ spans,) each rank's flat (slot, image) positions 0 .. span − 1, rank after rank (built once per layout,
-    in ``cache`` or the module's store)."""
-    store = _RANK_SLOTS if cache is None else cache
-    key = ("rank slots", tuple(spans), device)
-    found = store.get(key)
-    if found is None:
-        found = store[key] = torch.cat([torch.arange(span, device=device) for span in spans])
-    return found
 
 
 def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_accept: torch.Tensor,
@@ -412,13 +387,13 @@ def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_
     if plan is None:
         sizes, order, position, child = _device_plan(draft, width, internal)
         child = child.t().reshape(-1)  # (Σ sizes · B,) rank-major: (slot, image)
-        exists = child >= 0
-        node_at = image.repeat(child.shape[0] // b) * m + child.clamp_min(0)  # flat (image, node) index
     else:
         sizes, order, position = plan.sizes, plan.order.expand(b, rows), plan.position.expand(b, rows)
         child = plan.child.repeat_interleave(b)
-        node_at = image.repeat(child.shape[0] // b) * m + child.clamp_min(0)
-        exists = (child >= 0) & draft.valid.reshape(-1)[node_at]
+    node_at = image.repeat(child.shape[0] // b) * m + child.clamp_min(0)  # flat (image, node) index
+    exists = child >= 0
+    if plan is not None:  # a fixed shape keeps its invalid nodes in place: they are skipped, never tested
+        exists = exists & draft.valid.reshape(-1)[node_at]
     row_at = (order.t() + image * rows).reshape(-1)  # flat (image, row) index of each (slot, image)
     spans = [k * b for k in sizes]
     q_all = draft.q.reshape(b * m, v).index_select(0, node_at).split(spans)  # per rank (k·B, V)
@@ -445,7 +420,8 @@ def verify_tree_parallel(rule: AcceptanceRule, p: torch.Tensor, draft: Draft, u_
                     row_residual, out=row_residual)
     # each row's first accepted child: children are ranked in node order, so the smallest accepted one
     chosen = torch.full((rows * b,), m, dtype=torch.long, device=device).scatter_reduce_(
-        0, _rank_slots(spans, device, cache), torch.where(torch.cat(accepted), torch.cat(child), m), "amin")
+        0, _shaped(("rank slots", tuple(spans), device),  # each rank's slots 0 .. span − 1, rank after rank
+                   lambda: torch.cat([torch.arange(span, device=device) for span in spans]), cache), torch.where(torch.cat(accepted), torch.cat(child), m), "amin")
     # node j is accepted when its parent's first accepted child is j; on the path when it and every ancestor are
     node = torch.arange(m, device=device)
     chosen = chosen.view(rows, b).t().gather(1, position)  # (B, M + 1) in row order

@@ -170,15 +170,6 @@ def ancestor_masks(parents: torch.Tensor, levels: int | None = None) -> torch.Te
     return mask
 
 
-def node_depths(parents: torch.Tensor, levels: int) -> torch.Tensor:
-    """(B, M) depth of every node (the root's children: 1) from parents (B, M), in ``levels`` steps with no host
-    read (``levels`` at least the tree's depth)."""
-    depth = torch.ones_like(parents)
-    for _ in range(max(levels - 1, 0)):
-        depth = torch.where(parents >= 0, depth.gather(1, parents.clamp_min(0)) + 1, 1)
-    return depth
-
-
 @dataclass(frozen=True)
 class Expansion:
     """A request to a drafter: run the listed nodes of every image and return the draft distributions of

@@ -42,7 +42,7 @@ from coolsd.kv_cache import DeviceKVCache, padding_invariant_attention
 from coolsd.rng import ACCEPT, SAMPLE, Streams, sample
 from coolsd.sampling import finite_images
 from coolsd.static.capture import Runner, mode_for
-from coolsd.trees import TreeShape, ancestor_mask, ancestor_masks, children_of, depths_of
+from coolsd.trees import TreeShape, ancestor_mask, ancestor_masks, depths_of
 from coolsd.types import DecodeStats, Generation, Verdict
 
 STEPS = ("ar", "chain", "tree", "jacobi_window")
@@ -140,9 +140,9 @@ class StaticLoop:
         self.internal: int | None = None
         if isinstance(self.tree, TreeShape):
             parents = self.tree.parents()
-            self.width = max(len(kids) for kids in children_of(parents))
             self._shape = (ancestor_mask(parents), torch.tensor([0] + depths_of(parents)))  # (M+1, M+1), (M+1,)
             self._plan = TreePlan.of(parents)  # the parallel walk's row layout of the shape
+            self.width = len(self._plan.sizes)
         elif self.tree is not None:
             self.width = self.tree.top_k
             self.internal = 1 + self.tree.top_k * self.tree.depth
@@ -158,6 +158,9 @@ class StaticLoop:
         #: this loop's own store of the tree code's constants (``coolsd.trees._shaped``, the parallel walk's rank
         #: slots): a compiled step guards on the stores it reads, and these are filled by its first call only
         self._constants: dict = {}
+        #: the draw index of an iteration's uniforms: ACCEPT 0 .. max_nodes − 1, then SAMPLE 0 (held here, read by
+        #: every step)
+        self._draws = Streams.draws((ACCEPT, decoder.max_nodes), (SAMPLE, 1), device=self.model.device)
 
     # -- the steps --------------------------------------------------------------------------------------
     def ar_step(self, ws: Workspace) -> None:
@@ -226,11 +229,7 @@ class StaticLoop:
         out = model.static_forward(ws.cache, torch.cat([last[:, None], draft.tokens], 1), positions, mask)
         p = model.probs(out)  # (B, M + 1, V)
         # 3. accept / resample with each image's ACCEPT draws 0..M−1 and SAMPLE draw 0 at t (the eager loop's)
-        draws = ((ACCEPT, decoder.max_nodes), (SAMPLE, 1))
-        key = ("draws", t.device)
-        if key not in self._constants:
-            self._constants[key] = Streams.draws(*draws, device=t.device)
-        u = ws.streams.uniforms(t, *draws, index=self._constants[key])
+        u = ws.streams.uniforms(t, index=self._draws)
         u_accept, u_sample = u[:, :m], u[:, decoder.max_nodes]
         if self.tree_drafts:
             verdict = verify_tree_parallel(decoder.rule, p, draft, u_accept, u_sample, self.width, depth,

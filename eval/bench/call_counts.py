@@ -146,12 +146,10 @@ def phase_hooks(decoder: Decoder) -> list[tuple[Any, str, str, bool]]:
     from coolsd.drafters.model_drafter import ModelDrafter
 
     model, drafter = decoder.model, decoder.drafter
-    if getattr(decoder, "static", None) is not None:  # the static path: its forward and its drafter's begin
-        hooks = [(model, "prefill", "prefill", False), (drafter, "static_begin", "prefill", False),
-                 (model, "static_forward", "target", True)]
-    else:
-        hooks = [(model, "prefill", "prefill", False), (drafter, "begin", "prefill", False),
-                 (model, "forward_block", "target", True)]
+    static = getattr(decoder, "static", None) is not None  # the static path: its own forward and drafter begin
+    hooks = [(model, "prefill", "prefill", False),
+             (drafter, "static_begin" if static else "begin", "prefill", False),
+             (model, "static_forward" if static else "forward_block", "target", True)]
     if isinstance(drafter, EagleDrafter):
         hooks += [(drafter.head, "forward", "drafter", True), (drafter.head, "logits", "drafter", False)]
     elif isinstance(drafter, ModelDrafter):

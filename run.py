@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from eval.run.experiment import run_experiment
 
 

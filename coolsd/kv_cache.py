@@ -303,6 +303,16 @@ class StaticKVCache:
         self.block_starts = [self.block_starts[i] for i in images]
 
 
+#: the granule of ``bucket``: key slots are attended in multiples of it
+BUCKET_GRANULE = 128
+
+
+def bucket(length: int, capacity: int, granule: int = BUCKET_GRANULE) -> int:
+    """The smallest multiple of ``granule`` that holds ``length`` key slots, at most ``capacity``: the span a
+    static step attends to when its caller knows every row's block ends by ``length`` (one graph per bucket)."""
+    return min(capacity, -(-length // granule) * granule)
+
+
 def swap_remove(count: int, finished: Sequence[int]) -> list[int]:
     """The order of the images that stay when ``finished`` (positions in a batch of ``count``) leave: every
     place of a finished image is filled by one of the last images, the rest keep their places."""
@@ -313,66 +323,86 @@ def swap_remove(count: int, finished: Sequence[int]) -> list[int]:
 
 
 class DeviceKVCache:
-    """The static decode path's cache (``coolsd.static``): the same buffers, every length on the device.
+    """The static decode path's cache (``coolsd.static``): K/V of its own per layer, every length on the device.
 
     A ``StaticKVCache`` keeps each image's committed length in a host list and attends to the keys up to the
-    longest row's end; this one keeps the lengths in a (B,) tensor, attends every block to the whole capacity
-    with a mask computed on the device from the lengths, writes a block's K/V at each row's own slots with one
-    index copy per layer, and moves lengths in place. No value of a step depends on a tensor's contents, so a
-    step over it can be captured in a CUDA graph or compiled with ``fullgraph=True``, and replayed: every
-    tensor it holds is updated in place (``lengths``, ``starts``) and never replaced.
+    longest row's end; this one keeps the lengths in a (B,) tensor, attends every block to the whole capacity (or
+    to a bucket of it, ``span``) with a mask computed on the device from the lengths, writes a block's K/V at each
+    row's own slots with one index copy per layer, and moves lengths in place. No value of a step depends on a
+    tensor's contents, so a step over it can be captured in a CUDA graph or compiled with ``fullgraph=True``, and
+    replayed: every tensor it holds is updated in place (``lengths``, ``starts``) and never replaced.
 
-    Built over a prefilled ``StaticKVCache`` (``of``) or over persistent buffers refilled by ``load`` for each
-    batch of the same size. A row's block starts at its length; a chain's rejected tail is dropped by moving the
-    length (the next block overwrites it), a tree's accepted path is compacted by ``keep`` with an index.
+    Each layer's K and V is a tensor of its own (``keys``, ``values``), not a view of one buffer of every layer:
+    a compiled step that writes into a view of a graph input is rewritten by functionalization into a copy of the
+    whole base (the step then copied the cache of every layer at every token, its cost growing with the cache's
+    capacity: measured at 256 tokens on a CPU), where a write into an input of its own is done in place.
+
+    Built over a prefilled ``StaticKVCache`` (``of``: its committed slots copied once) or refilled by ``load`` for
+    each batch of the same size. A row's block starts at its length; a chain's rejected tail is dropped by moving
+    the length (the next block overwrites it), a tree's accepted path is compacted by ``keep`` with an index.
     Rows that have finished stay in the batch and keep nothing (``keep`` with a count of 0).
 
     Example: ``DeviceKVCache.of(model.prefill(prompts, extra_slots=8)[0])``, then ``model.static_forward``.
     """
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor, streams: int,
-                 prefix_len: int = 0) -> None:
-        self.k, self.v, self.key_valid = k, v, key_valid  # (L, B·S, H, S_max, D) ×2, (B·S, S_max)
-        self.num_layers, rows, _, self.max_len, _ = k.shape
+    def __init__(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], key_valid: torch.Tensor,
+                 streams: int, prefix_len: int = 0) -> None:
+        self.keys, self.values = tuple(keys), tuple(values)  # L × (B·S, H, S_max, D), a storage each
+        self.key_valid = key_valid  # (B·S, S_max)
+        self.num_layers = len(self.keys)
+        rows, _, self.max_len, _ = self.keys[0].shape
         self.streams = streams
         self.prefix_len = prefix_len
-        device = k.device
+        device = self.keys[0].device
         self.lengths = torch.zeros(rows // streams, dtype=torch.long, device=device)  # (B,) committed slots
         self.starts = torch.zeros_like(self.lengths)  # (B,) first slot of the latest block
         self.block_len = 0
         self.has_padding = False
+        #: the key slots a block attends to, ``[0, span)``: the whole capacity, or a bucket that its caller knows
+        #: holds every row's block end (a Python number: one compiled or captured graph per bucket)
+        self.span = self.max_len
         self._columns = torch.arange(self.max_len, device=device)  # (S_max,)
         self._row_index = torch.arange(rows, device=device)[:, None]  # (B·S, 1)
         self._slots: torch.Tensor | None = None  # (B·S, T) the latest block's slots
         self._frames: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # ``_frame``'s columns per block width
         #: the additive mask's two values (visible, masked) in the cache's dtype
-        self._mask_values = (torch.zeros((), dtype=k.dtype, device=device),
-                          torch.full((), float("-inf"), dtype=k.dtype, device=device))
+        self._mask_values = (torch.zeros((), dtype=self.dtype, device=device),
+                             torch.full((), float("-inf"), dtype=self.dtype, device=device))
 
     @classmethod
     def of(cls, cache: StaticKVCache) -> "DeviceKVCache":
-        """Over a prefilled cache's buffers (shared, not copied), its host lengths copied to the device once."""
-        out = cls(cache.k, cache.v, cache.key_valid, cache.streams, getattr(cache, "prefix_len", 0))
-        out.lengths.copy_(torch.tensor(cache.lengths))
-        out.has_padding = cache.has_padding
+        """Buffers of its own, shaped as a prefilled cache's, holding its committed slots and lengths."""
+        out = cls.like(cache)
+        out.load(cache)
         return out
 
     @classmethod
     def like(cls, cache: StaticKVCache) -> "DeviceKVCache":
-        """Empty persistent buffers of a prefilled cache's shape, dtype and device (``load`` fills them)."""
-        return cls(torch.zeros_like(cache.k), torch.zeros_like(cache.v), torch.ones_like(cache.key_valid),
+        """Empty buffers of a prefilled cache's shape, dtype and device (``load`` fills them)."""
+        layer = cache.k[0]
+        return cls([torch.zeros_like(layer) for _ in range(cache.k.shape[0])],
+                   [torch.zeros_like(layer) for _ in range(cache.v.shape[0])], torch.ones_like(cache.key_valid),
                    cache.streams, getattr(cache, "prefix_len", 0))
 
     @property
     def batch(self) -> int:
         return int(self.lengths.shape[0])
 
+    @property
+    def device(self) -> torch.device:
+        return self.keys[0].device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.keys[0].dtype
+
     def load(self, cache: StaticKVCache) -> None:
         """Copy a prefilled cache (of this shape) into these buffers, in place: its committed slots, padding and
         lengths (the tail of the buffers is stale and masked until overwritten)."""
         end = max(cache.lengths)
-        self.k[:, :, :, :end].copy_(cache.k[:, :, :, :end])
-        self.v[:, :, :, :end].copy_(cache.v[:, :, :, :end])
+        for layer, (keys, values) in enumerate(zip(self.keys, self.values)):
+            keys[:, :, :end].copy_(cache.k[layer, :, :, :end])
+            values[:, :, :end].copy_(cache.v[layer, :, :, :end])
         self.key_valid.copy_(cache.key_valid)
         self.lengths.copy_(torch.tensor(cache.lengths))
         self.has_padding = cache.has_padding
@@ -382,7 +412,8 @@ class DeviceKVCache:
 
     # -- one forward ------------------------------------------------------------------------------------
     def begin_block(self, num_tokens: int, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Reserve ``num_tokens`` slots per image at its length; return the additive mask (B·S, 1, T, S_max).
+        """Reserve ``num_tokens`` slots per image at its length; return the additive mask (B·S, 1, T, span) over the
+        first ``span`` key slots (``span``: the whole capacity unless a caller set a bucket that holds every block).
 
         ``tree_mask`` as ``StaticKVCache.begin_block``: (T, K) shared or (B, T, K) per image over each row's last
         K slots up to the block end (``None``: causal inside the block); older slots are visible unless padding.
@@ -392,8 +423,9 @@ class DeviceKVCache:
         self.starts.copy_(self.lengths)
         start = self._rows(self.lengths)  # (B·S,)
         self._slots = (start[:, None] + self._columns[:t]).clamp(max=self.max_len - 1)  # (B·S, T)
+        columns = self._columns[:self.span]  # (span,)
         if tree_mask is None:  # causal: key slot j visible to block token i iff j <= start + i
-            visible = self._columns <= self._slots[:, :, None]  # (B·S, T, S_max)
+            visible = columns <= self._slots[:, :, None]  # (B·S, T, span)
         else:
             # the window framed by a visible column (older slots) and a masked one (free slots): one gather at
             # each key slot's column in the frame gives the visibility of every slot
@@ -404,9 +436,10 @@ class DeviceKVCache:
                 window = self._rows(window)
                 old, free = old.expand(window.shape[0], -1, -1), free.expand(window.shape[0], -1, -1)
             framed = torch.cat([old, window, free], -1)  # (T, K + 2) or (B·S, T, K + 2)
-            column = (self._columns - (start + (t - k - 1))[:, None]).clamp(0, k + 1)  # (B·S, S_max)
+            column = (columns - (start + (t - k - 1))[:, None]).clamp(0, k + 1)  # (B·S, span)
             visible = framed.expand(start.shape[0], -1, -1).gather(-1, column[:, None, :].expand(-1, t, -1))
-        visible = visible & self.key_valid[:, None, :]  # (always: a captured step serves batches with and without)
+        # (always: a captured step serves batches with and without padding)
+        visible = visible & self.key_valid[:, None, :self.span]
         self.lengths.add_(t)
         return torch.where(visible, self._mask_values[0], self._mask_values[1]).unsqueeze(1)
 
@@ -414,9 +447,8 @@ class DeviceKVCache:
         """(T, 1) columns of True and of False (built once per block width)."""
         frame = self._frames.get(t)
         if frame is None:
-            device = self.k.device
-            frame = self._frames[t] = (torch.ones(t, 1, dtype=torch.bool, device=device),
-                                       torch.zeros(t, 1, dtype=torch.bool, device=device))
+            frame = self._frames[t] = (torch.ones(t, 1, dtype=torch.bool, device=self.device),
+                                       torch.zeros(t, 1, dtype=torch.bool, device=self.device))
         return frame
 
     def block_slots(self, layer: int) -> None:
@@ -425,35 +457,37 @@ class DeviceKVCache:
 
     def write_tokens(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the block's token-major K/V (B·S, T, H, D) at its slots (rounded to the cache's dtype); return the
-        layer's whole K/V (B·S, H, S_max, D). The layer's views are taken here, not kept: a compiled step given
-        views of its buffers as inputs of their own (aliasing them) gave wrong tokens under inductor (torch
-        2.14.1, CPU)."""
-        keys, values = self.k[layer], self.v[layer]
+        layer's K/V over the attended slots (B·S, H, span, D)."""
+        keys, values = self.keys[layer], self.values[layer]
         keys[self._row_index, :, self._slots] = k.to(keys.dtype)
         values[self._row_index, :, self._slots] = v.to(values.dtype)
-        return keys, values
+        return self._spanned(keys), self._spanned(values)
+
+    def _spanned(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.span == self.max_len else x[:, :, :self.span]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``write_tokens`` for head-major K/V (B·S, H, T, D)."""
         return self.write_tokens(layer, k.transpose(1, 2), v.transpose(1, 2))
 
     def attended(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[layer], self.v[layer]
+        return self._spanned(self.keys[layer]), self._spanned(self.values[layer])
 
     # -- after verification -----------------------------------------------------------------------------
     def keep(self, counts: torch.Tensor | int, index: torch.Tensor | None = None) -> None:
         """Keep the first ``counts[b]`` tokens (B,) of each image's latest block, or its block indices
-        ``index[b, :counts[b]]`` ((B, n), compacted to the block's start with one gather and one scatter)."""
+        ``index[b, :counts[b]]`` ((B, n), compacted to the block's start with one gather and one scatter per layer's
+        K and V)."""
         self.lengths.copy_(self.starts + counts)
         if index is None:
             return
         n = index.shape[1]
         start = self._rows(self.starts)[:, None]  # (B·S, 1)
         src = (start + self._rows(index)).clamp(max=self.max_len - 1)  # (B·S, n)
-        dst = (start + torch.arange(n, device=start.device)).clamp(max=self.max_len - 1)
+        dst = (start + self._columns[:n]).clamp(max=self.max_len - 1)
         rows = self._row_index
-        self.k[:, rows, :, dst] = self.k[:, rows, :, src]  # gather first, then scatter
-        self.v[:, rows, :, dst] = self.v[:, rows, :, src]
+        for buffer in (*self.keys, *self.values):
+            buffer[rows, :, dst] = buffer[rows, :, src]  # gather first, then scatter
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Forget every slot at or after ``lengths[b]`` (B,) (a pointer move)."""

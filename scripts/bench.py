@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from eval.bench.efficiency import run_bench  # noqa: E402
 
 

@@ -10,17 +10,19 @@
         --readme docs/claims.md                            # joins them to the committed data, then the page
     python run.py -m experiment=embedded_claims_quick      # under 10 minutes
     python scripts/claims.py results/runs/embedded_claims_quick
+    python scripts/claims.py results/claims_data --convert  # float16 features of earlier exports -> 8-bit, in place
 
 Writes ``<out>/embedded_claims.md`` (verdicts, figures, the μ fit, every point and comparison with its 95 %
 interval), ``<out>/embedded_claims.json``, ``<out>/embedded_claims_summary.md`` (the verdicts in short; with
 ``--readme`` also written into that file between its claims-summary markers) and
 ``<out>/figures/embedded_claims_*.{png,pdf}``. ``--out`` defaults
 to the input folder. ``--export`` writes each regime's compact per-image data (``<regime>.claims.npz``: accepted
-lengths, TV sums, timed latencies, float16 classifier features) and decides from it; a folder of such files is
-itself a valid input, with no run folders or images. ``--extend`` adds the runs of
+lengths, TV sums, timed latencies, classifier features quantised to 8 bits per column) and decides from it; a
+folder of such files is itself a valid input, with no run folders or images. ``--extend`` adds the runs of
 ``experiment=embedded_claims_more`` (more images of a claim's deciding points) to that data as
 ``<regime>.more_<group>.claims.npz``; the page joins each to its regime's images and the claims it decides replace
-the regime's.
+the regime's. ``--convert`` rewrites FOLDER's compact data of the earlier format (float16 features) in the
+quantised one, in place, and stops (``convert_compact``); the page reads both formats.
 """
 from __future__ import annotations
 
@@ -45,7 +47,16 @@ def main() -> None:
     parser.add_argument("--extend", type=Path, default=None,
                         help="the runs of experiment=embedded_claims_more: write them into FOLDER (compact data) as "
                              "<regime>.more_<group>.claims.npz, then decide from FOLDER (each joins its regime)")
+    parser.add_argument("--convert", action="store_true",
+                        help="rewrite FOLDER's *.claims.npz with float16 features as 8-bit ones, in place, and stop")
     args = parser.parse_args()
+    if args.convert:
+        from eval.studies.claims import COMPACT_SUFFIX, convert_compact
+
+        for path in sorted(args.folder.glob(f"*{COMPACT_SUFFIX}")):
+            before, after = convert_compact(path)
+            print(f"{path}: {before:,} -> {after:,} bytes")
+        return
     out = args.out or args.folder
     if args.extend is not None:
         from eval.studies.claims import export_more

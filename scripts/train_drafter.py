@@ -31,6 +31,7 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.training.drafter import run, summary  # noqa: E402
 
 

@@ -12,6 +12,7 @@ os.environ.setdefault("COOLSD_CACHE", tempfile.mkdtemp(prefix="coolsd-test-cache
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+import coolsd.resolvers  # noqa: E402, F401  (the ${asset:} resolver)
 from tests.helpers import tiny_llamagen  # noqa: E402
 
 

@@ -7,6 +7,7 @@ import torch
 from omegaconf import OmegaConf
 from scipy import stats
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.models.llamagen import LlamaGen
 from coolsd.types import TargetOutput
 

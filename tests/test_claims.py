@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-import coolsd  # noqa: F401  (registers the ${asset:} resolver)
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver that configs use)
 from eval.studies import claims
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -348,8 +348,9 @@ def test_a_fitted_run_on_other_prompts_is_refused():
 
 def test_compact_data_gives_back_the_regime_and_its_estimates(tmp_path):
     """``save_compact`` / ``load_compact``: the per-image values, timed latencies and labels come back; paths into
-    another checkout's assets are rebased onto this one's, so a clone rebuilds the FID; the estimates of the
-    reloaded regime equal those of the original with its features rounded to float16."""
+    another checkout's assets are rebased onto this one's, so a clone rebuilds the FID; the features come back
+    quantised (8 bits per column: within half a step of each column's range ÷ 255, its minimum exactly); the
+    estimates of the reloaded regime equal those of the original with its features so quantised."""
     from coolsd import ASSET_DIR
 
     rng = np.random.default_rng(0)
@@ -377,7 +378,10 @@ def test_compact_data_gives_back_the_regime_and_its_estimates(tmp_path):
         q = back.points[name]
         assert (q.label, q.config, q.indices, q.latency) == (p.label, p.config, p.indices, p.latency)
         assert np.array_equal(q.committed, p.committed) and np.array_equal(q.tv_sum, p.tv_sum)
-        assert np.array_equal(q.features, p.features.astype(np.float16).astype(np.float64))
+        step = (p.features.max(0) - p.features.min(0)) / 255
+        assert np.all(np.abs(q.features - p.features) <= step / 2 * (1 + 1e-9))
+        assert np.array_equal(q.features.min(0), p.features.min(0))
+        assert np.array_equal(q.features, claims.dequantise(*claims.quantise(p.features)))
         p.features = q.features.copy()
     original.record = back.record  # the rebased metric paths
     claims.compute(original, resamples=50)
@@ -385,6 +389,36 @@ def test_compact_data_gives_back_the_regime_and_its_estimates(tmp_path):
     for name, p in points.items():
         for key in ("tau", "tv", "fid", "speedup"):
             assert back.points[name].est[key] == pytest.approx(p.est[key], rel=1e-12), (name, key)
+
+
+def test_compact_data_of_the_float16_format_loads_and_converts_in_place(tmp_path):
+    """A file of the earlier format (float16 ``<point>/features``) loads as it did; ``convert_compact`` rewrites it
+    with quantised features (the page's input then holds no float16 features) and everything else as it was,
+    smaller, and leaves a converted file alone. A constant column (a ReLU feature at 0) comes back exactly."""
+    rng = np.random.default_rng(1)
+    n = 200
+    features = rng.gamma(2.0, 1.0, (n, 128)).astype(np.float16)
+    features[:, 5] = 0
+    record = {"config": {"decoder": {"name": "sd"}, "suite": {}}, "labels": {"sd": "SD"}, "points": ["sd"]}
+    arrays = {"record": np.frombuffer(json.dumps(record).encode(), dtype=np.uint8),
+              "sd/indices": np.arange(n, dtype=np.int32), "sd/committed": np.full(n, 9, dtype=np.int16),
+              "sd/iterations": np.full(n, 4, dtype=np.int16), "sd/tv_sum": rng.random(n),
+              "sd/timed": np.arange(3, dtype=np.int32), "sd/latency": rng.random(3), "sd/features": features}
+    path = tmp_path / f"r{claims.COMPACT_SUFFIX}"
+    np.savez_compressed(path, **arrays)
+    old = claims.load_compact(path)
+    assert np.array_equal(old.points["sd"].features, features.astype(np.float64))
+    before, after = claims.convert_compact(path)
+    assert after < before and after == path.stat().st_size
+    with np.load(path) as data:
+        assert "sd/features" not in data and data["sd/feature_codes"].dtype == np.uint8
+        for key in ("record", "sd/indices", "sd/tv_sum", "sd/latency"):
+            assert np.array_equal(data[key], arrays[key])
+    new = claims.load_compact(path).points["sd"]
+    step = (features.max(0) - features.min(0)).astype(np.float64) / 255
+    assert np.all(np.abs(new.features - old.points["sd"].features) <= step / 2 * (1 + 1e-9))
+    assert np.all(new.features[:, 5] == 0) and new.latency == old.points["sd"].latency
+    assert claims.convert_compact(path) == (after, after)
 
 
 def test_robustness_rows_repeat_the_decisive_verdicts_per_drafter():
@@ -439,7 +473,7 @@ def test_the_committed_claims_data_rebuilds_the_pages_points(tmp_path):
     every point estimate of the committed page (accepted length, TV per token, FID, speedup; to 1e-6, the rounding
     of FID's cancellation under other matrix shapes: none depends on the
     resamples, so 20 suffice here), within the size budget of 40 MB (31 MB since issue 60 added the deciding points'
-    extra images, 7.5 MB)."""
+    extra images, 7.5 MB; 19 MB since issue 65 quantised the features to 8 bits)."""
     files = sorted(CLAIMS_DATA.glob("*" + claims.COMPACT_SUFFIX))
     assert {f.name[: -len(claims.COMPACT_SUFFIX)] for f in files} >= {"strong_chain", "weak_tree", "weak_tree_fitted"}
     assert sum(f.stat().st_size for f in files) <= 40 * 2**20

@@ -23,7 +23,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-import coolsd  # noqa: F401  (registers the config resolvers)
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver that configs use)
 from coolsd.decoding import Decoder
 
 ROOT = Path(__file__).resolve().parent.parent

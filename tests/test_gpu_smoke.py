@@ -1,4 +1,5 @@
-"""``scripts/gpu_smoke.py`` (``eval.bench.gpu_smoke``): it refuses at once without CUDA, saying why; its runner
+"""The GPU smoke test (``eval.bench.gpu_smoke``, the GPU command's named step ``smoke``): it refuses at once without
+CUDA, saying why; its runner
 reports every check (a failing one does not stop the others) in a pass/fail table; the checks themselves run on
 the CPU with ``--allow-cpu`` (``-m slow``: about 2 min, the compiled check included). Their GPU results are in
 ``results/bench/h200/``. About 5 s without the slow test."""
@@ -19,11 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_refuses_without_cuda_and_says_why(tmp_path):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "scripts/gpu_smoke.py", "--out", str(tmp_path / "s")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "scripts/gpu.py", "--steps", "smoke", "--out", str(tmp_path / "s")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert "no usable CUDA device" in proc.stderr and "torch.cuda.is_available() = False" in proc.stderr
-    assert "srun --gpus=1" in proc.stderr and not (tmp_path / "s").exists()  # nothing ran, nothing written
+    assert "needs a GPU" in proc.stderr and "torch.cuda.is_available() = False" in proc.stderr
+    assert "--dry-run" in proc.stderr and not (tmp_path / "s").exists()  # nothing ran, nothing written
+    with pytest.raises(SystemExit, match="srun --gpus=1"):
+        gpu_smoke.require_cuda(False)
 
 
 def test_every_check_is_reported_and_a_failure_does_not_stop_the_others(tmp_path, monkeypatch):
@@ -55,10 +58,11 @@ def test_every_check_is_reported_and_a_failure_does_not_stop_the_others(tmp_path
 
 @pytest.mark.slow
 def test_the_checks_pass_on_the_cpu(tmp_path):
-    proc = subprocess.run([sys.executable, "scripts/gpu_smoke.py", "--allow-cpu", "--acceptance-images", "16",
+    proc = subprocess.run([sys.executable, "scripts/gpu.py", "--dry-run", "--wheels", "--steps", "smoke",
                            "--out", str(tmp_path)], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tmp_path = tmp_path / "smoke"
     record = json.loads((tmp_path / "gpu_smoke.json").read_text())
     assert [r["status"] for r in record["checks"]] == ["pass"] * len(gpu_smoke.CHECKS)
     assert "4 models x 6 decoders finished on cpu" in record["checks"][0]["detail"]

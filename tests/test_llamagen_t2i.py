@@ -646,14 +646,13 @@ def test_run_py_every_decoder_on_the_tiny_t2i_model(tmp_path):
 @pytest.mark.gpu
 def test_real_size_xl_on_gpu(tmp_path):
     """GPT-XL (T2I, 512 px) with random weights on CUDA: timing and bf16-vs-fp32 agreement, through the
-    script's command line (``eval.bench.gpu_check_llamagen``)."""
+    GPU command's named step (``scripts/gpu.py --steps xl_numerics``, ``eval.bench.gpu_check_llamagen``)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    out = tmp_path / "gpu_check.json"
-    proc = subprocess.run([sys.executable, "scripts/gpu_check_llamagen.py", "--block-size", "1024", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "scripts/gpu.py", "--steps", "xl_numerics", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report = json.loads((tmp_path / "gpu.json").read_text())["results"]["xl_numerics"]
     # bounds estimated from GPT-B on a CPU (1.4 % mean relative logit error, 94 % arg-max agreement)
     assert report["rel_mean_abs_diff"] < 0.05 and report["argmax_agreement"] >= 0.8
     assert report["guided_tv_mean"] < 0.1

@@ -27,7 +27,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-import coolsd  # noqa: F401  (registers the ${asset:...} resolver that configs use, as run.py's imports do)
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver that configs use)
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

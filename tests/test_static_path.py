@@ -28,7 +28,7 @@ from baselines.jacobi import JacobiDrafter
 from coolsd.decoding import Decoder
 from coolsd.drafters.eagle import EagleDrafter, EagleHead
 from coolsd.drafters.model_drafter import ModelDrafter
-from coolsd.kv_cache import DeviceKVCache
+from coolsd.kv_cache import DeviceKVCache, bucket
 from coolsd.models.llamagen import LlamaGen, layer_skip_copy
 from coolsd.static import StaticLoop
 from coolsd.static.capture import Runner
@@ -374,14 +374,18 @@ def test_static_path_exactness_test_rejects_a_broken_residual(enumerable):
 
 
 # -- the cache and the refusals -----------------------------------------------------------------------------
-def test_device_cache_blocks_equal_the_eager_cache(tiny_model):
-    """A ``DeviceKVCache`` block (whole-capacity attention, masks from device lengths, per-row writes) gives the
-    outputs of ``StaticKVCache`` for rows of different lengths, a causal block and a tree block, and ``keep`` with
-    an index compacts a path as the eager cache does."""
+@pytest.mark.parametrize("span", [None, 16])
+def test_device_cache_blocks_equal_the_eager_cache(tiny_model, span):
+    """A ``DeviceKVCache`` block (attention over the whole capacity, or over a bucket of 16 slots that holds every
+    block, masks from device lengths, per-row writes) gives the outputs of ``StaticKVCache`` for rows of different
+    lengths, a causal block and a tree block, and ``keep`` with an index compacts a path as the eager cache does."""
     model = tiny_model
     prompts = ["one", "two"]
     eager, _ = model.prefill(prompts, extra_slots=8)
     static = DeviceKVCache.of(model.prefill(prompts, extra_slots=8)[0])
+    if span is not None:
+        assert bucket(9, static.max_len, granule=8) == span and span < static.max_len
+        static.span = span
 
     def both(tokens, positions, tree=None):
         out_e = model.forward_block(eager, tokens, positions, tree)

@@ -117,18 +117,51 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
            causal: bool, shape: tuple[int, int] | None = None) -> torch.Tensor:
     """Scaled dot-product attention (B, H, T, D) with an additive ``mask`` (or causal, or none): PyTorch's
     kernels, or written out inside ``attention_context("matmul")`` (see ``padding_invariant_attention``).
-    ``shape``: q's (T, D) where the caller knows them (saves reading ``q.shape``)."""
-    if not _MATMUL_ATTENTION.get() or causal:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    queries, head_dim = shape if shape is not None else q.shape[-2:]
-    single = queries == 1 and padding_invariant()
+    ``shape``: q's (T, D) where the caller knows them (saves reading ``q.shape``).
+
+    Inside ``torch.compile`` (a static step compiled whole) the same eager computation runs as one library call
+    (``library_attention``, an opaque custom op): inductor would otherwise lower the attention of a single query
+    over the cache to generated loops on a CPU (it rewrites a batched matmul with one row as a multiply and a
+    sum), which measured slower than the library's kernels at real lengths; the op keeps the eager kernels, so a
+    compiled step's tokens stay the eager ones bit for bit."""
+    matmul = _MATMUL_ATTENTION.get()
+    if causal:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+    head_dim, single = 0, False
+    if matmul:
+        queries, head_dim = shape if shape is not None else q.shape[-2:]
+        single = queries == 1 and padding_invariant()
+    if torch.compiler.is_compiling():
+        return library_attention(q, k, v, mask, matmul, single, head_dim)
+    return _attention(q, k, v, mask, matmul, single, head_dim)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, matmul: bool,
+               single: bool, head_dim: int) -> torch.Tensor:
+    """``attend``'s eager computation (not causal): PyTorch's SDPA, or written out (``matmul``, scaled by
+    ``head_dim``), a single query run as two equal ones (``single``)."""
+    if not matmul:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     if single:
         q = torch.cat([q, q], dim=-2)  # materialised: a stride-0 expand takes matmul's slow path (7x)
     scores = torch.matmul(q, k.transpose(-1, -2)) * (head_dim ** -0.5)
     if mask is not None:
         scores = scores + mask
     out = torch.matmul(scores.softmax(-1), v)
-    return out[..., :1, :] if single else out
+    return out[..., :1, :].contiguous() if single else out
+
+
+@torch.library.custom_op("coolsd::attention", mutates_args=(),
+                         schema="(Tensor q, Tensor k, Tensor v, Tensor? mask, bool matmul, bool single, int head_dim) "
+                                "-> Tensor")
+def library_attention(q, k, v, mask, matmul, single, head_dim):  # noqa: ANN001, ANN201 (the schema types it)
+    """``_attention`` as one opaque op for compiled steps (``attend``)."""
+    return _attention(q, k, v, mask, matmul, single, head_dim)
+
+
+@library_attention.register_fake
+def _(q, k, v, mask, matmul, single, head_dim):  # noqa: ANN001, ANN202
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 def eager_only(compile: Any, model: str) -> None:

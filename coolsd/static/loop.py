@@ -71,7 +71,7 @@ class Workspace:
     @classmethod
     def new(cls, cache: DeviceKVCache, streams: Streams, batch: int, width: int, commits: int, vocab: int,
             tests: tuple[int, int] | None) -> "Workspace":
-        device = cache.k.device
+        device = cache.device
         long = dict(dtype=torch.long, device=device)
         return cls(cache=cache, streams=streams,
                    tokens=torch.zeros(batch, width, **long), t=torch.ones(batch, **long),
@@ -329,13 +329,16 @@ class StaticLoop:
             found[0].cache.load(cache)
         return found
 
-    def generate_batch(self, prompts: Sequence[str], seeds: Sequence[int], labels: list) -> list[Generation]:
+    @contextlib.contextmanager
+    def batch(self, prompts: Sequence[str], seeds: Sequence[int]):
+        """A batch made ready to step: the prefill, the workspace of its size refilled, the first token drawn, the
+        drafter begun; yields ``(workspace, runner, clock)`` inside the decode contexts. ``generate_batch`` steps it
+        to the end; a benchmark may call the runner a fixed number of times instead (every step has fixed shapes,
+        so an image that has finished costs what a decoding one does)."""
         decoder, model = self.decoder, self.model
         b = len(prompts)
-        n_tokens = model.num_image_tokens
         device = model.device
-        cuda = device.type == "cuda"
-        clock = _Clock(cuda)
+        clock = _Clock(device.type == "cuda")
         clock.mark("start")
         if b not in self._streams:
             self._streams[b] = Streams.persistent_for(b, device)
@@ -351,6 +354,13 @@ class StaticLoop:
             if not decoder.plain_ar:
                 self.drafter.static_begin(out, first, ws.streams, self.depth, room=self.drafter_room)
             clock.mark("prefill")
+            yield ws, runner, clock
+
+    def generate_batch(self, prompts: Sequence[str], seeds: Sequence[int], labels: list) -> list[Generation]:
+        decoder = self.decoder
+        b = len(prompts)
+        n_tokens = self.model.num_image_tokens
+        with self.batch(prompts, seeds) as (ws, runner, clock):
             self.decode(ws, runner, clock)
         clock.mark("end")
         host = torch.cat([ws.t, ws.iterations, ws.drafter_forwards, ws.tv_steps, ws.bad_target, ws.bad_drafter,

@@ -97,6 +97,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.acceptance import ExactRule
 from coolsd.decoding import Decoder
 from coolsd.drafters.eagle import CONFIG_FILE, WEIGHTS_FILE, EagleDrafter, EagleHead, save_eagle

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.datasets import load_fashion_mnist
 from coolsd.io import atomic_write_bytes
 from coolsd.kv_cache import StaticKVCache

@@ -13,8 +13,8 @@ caption slots, VQ-16) and a stand-in random T5 of flan-t5-xl's width, on CUDA, t
 The output head is initialised like the other layers (the reference zero-initialises it, which would make
 every logit 0). Numbers on random weights bound the numerics of the implementation, not image quality.
 
-Example: ``python scripts/gpu_check_llamagen.py --block-size 1024 --out gpu_check.json`` (the command line of
-``run_check``; also run by ``pytest -m gpu tests/test_llamagen_t2i.py``).
+Example: ``python scripts/gpu.py --steps xl_numerics`` (the GPU command's named step; also run by
+``pytest -m gpu tests/test_llamagen_t2i.py``).
 """
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ Without CUDA it stops at once with ``coolsd.device.cuda_diagnosis`` (which build
 ``allow_cpu=True`` (``--allow-cpu``) runs the same checks on the CPU, gloo instead of NCCL: only for testing
 this module on a machine without a GPU; its table says so.
 
-Example: ``python scripts/gpu_smoke.py --out gpu_smoke`` (writes ``gpu_smoke/gpu_smoke.{md,json}``).
+Example: ``python scripts/gpu.py --steps smoke --out gpu_run`` (writes ``gpu_run/smoke/gpu_smoke.{md,json}``; it
+composes Hydra configs, so on an offline node it needs the carried wheels, ``eval.bench.gpu.node``).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.device import cuda_available, cuda_diagnosis
 from coolsd.io import atomic_write_bytes
 
@@ -79,7 +81,7 @@ def require_cuda(allow_cpu: bool) -> torch.device:
     if allow_cpu:
         return torch.device("cpu")
     raise SystemExit("gpu_smoke: no usable CUDA device, so there is nothing to smoke-test here: "
-                     f"{cuda_diagnosis()}. Run it on a GPU node (e.g. srun --gpus=1 python scripts/gpu_smoke.py); "
+                     f"{cuda_diagnosis()}. Run it on a GPU node (e.g. srun --gpus=1 python scripts/gpu.py --steps smoke); "
                      "the CPU path is covered by python -m pytest")
 
 

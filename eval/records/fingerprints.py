@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.fingerprint import TOKEN_CODE_VERSION
 
 #: decoder keys that no image depends on: diagnostics, and where a cache lives (the LANTERN neighbour table is

@@ -61,6 +61,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from eval.records.image_records import RECORD_FILE, JsonlLog
 from eval.records.lease import Lease, describe, lease_age_s
 from eval.records.rank_markers import MARKER_DEFAULTS, RankMarkers

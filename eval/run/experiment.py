@@ -43,6 +43,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.decoding import Decoder
 from coolsd.device import DeviceError, check_model_device
 from coolsd.fingerprint import TOKEN_CODE_VERSION, weights_digest

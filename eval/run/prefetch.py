@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.required_files import (MissingFilesError, RequiredFile, Resolution, files_of, missing_message,
                                    resolve, unique)
 

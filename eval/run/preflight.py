@@ -56,6 +56,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.drafters.eagle import (CONFIG_FILE, FORMAT, HUB_PREFIX, TRAIN_HINT, EagleDrafter, EagleHead,
                                    arch_mismatch, head_sizes, released_prefix)
 from coolsd.models.base import ImageARModel

@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd import validate
 from eval.metrics.intervals import Bootstrap
 

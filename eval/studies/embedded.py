@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.datasets import CLASS_NAMES
 from coolsd.io import atomic_write_bytes
 from coolsd.sampling import SamplingConfig

@@ -30,6 +30,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.required_files import RequiredFile, Resolution, resolve, table
 from eval.run.prefetch import run_files
 from eval.run.preflight import check_decoders

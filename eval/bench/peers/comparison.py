@@ -42,6 +42,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from scipy import stats as sps
 
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from eval.bench.peers.contract import Pair, PeerImage, PeerSpec
 from eval.run.suite import WARMUP_SEED
 

@@ -139,10 +139,47 @@ def _rebase_assets(value: Any) -> Any:
     return value
 
 
+#: the classifier features in compact data: unsigned integers of this many bits (uint8 up to 8, uint16 up to 16),
+#: per point and column an affine map back (offset = the column's minimum, scale = its range ÷ (2^bits − 1)),
+#: dequantised on load (``quantise``, ``dequantise``). Files of the earlier format hold float16 features instead
+#: (``<point>/features``); ``load_compact`` reads both and ``convert_compact`` turns one into the other.
+FEATURE_BITS = 8
+
+
+def quantise(features: np.ndarray, bits: int = FEATURE_BITS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, offset, scale) of (N, D) ``features``: codes = round((x − offset) ÷ scale), per column; a constant
+    column (e.g. a ReLU feature that is 0 on every image) has scale 0 and comes back exactly, as does each column's
+    minimum (0 for the classifier's non-negative features)."""
+    if not 1 <= bits <= 16:
+        raise ValueError(f"bits {bits}: 1 to 16")
+    x = np.asarray(features, dtype=np.float64)
+    offset = x.min(axis=0) if len(x) else np.zeros(x.shape[1:])
+    scale = ((x.max(axis=0) if len(x) else offset) - offset) / (2**bits - 1)
+    codes = np.rint((x - offset) / np.where(scale > 0, scale, 1.0))
+    return codes.astype(np.uint8 if bits <= 8 else np.uint16), offset, scale
+
+
+def dequantise(codes: np.ndarray, offset: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The features (float64) of ``quantise``'s output: offset + codes · scale."""
+    return offset + codes.astype(np.float64) * scale
+
+
+def _feature_arrays(name: str, features: np.ndarray, bits: int = FEATURE_BITS) -> dict[str, np.ndarray]:
+    codes, offset, scale = quantise(features, bits)
+    return {f"{name}/feature_codes": codes, f"{name}/feature_offset": offset, f"{name}/feature_scale": scale}
+
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
 def save_compact(regime: Regime, folder: Path) -> Path:
     """Write ``<folder>/<regime>.claims.npz``: the trimmed run record (JSON) and, per point, the image indices,
     committed tokens and verify forwards (int16), summed TV (float64), the timed latencies and the classifier
-    features in float16 (compressed). ``load_compact`` gives the regime back; the page is made from it."""
+    features quantised to ``FEATURE_BITS`` bits per column (compressed). ``load_compact`` gives the regime back;
+    the page is made from it."""
     record = {k: regime.record[k] for k in RECORD_KEYS if k in regime.record}
     record["points"] = list(regime.points)
     arrays: dict[str, np.ndarray] = {"record": np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)}
@@ -154,17 +191,26 @@ def save_compact(regime: Regime, folder: Path) -> Path:
             f"{name}/tv_sum": p.tv_sum, f"{name}/timed": np.asarray(timed, dtype=np.int32),
             f"{name}/latency": np.asarray([p.latency[i] for i in timed], dtype=np.float64)})
         if p.features is not None:
-            arrays[f"{name}/features"] = p.features.astype(np.float16)
+            arrays.update(_feature_arrays(name, p.features))
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{regime.name}{COMPACT_SUFFIX}"
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **arrays)
-    atomic_write_bytes(path, buffer.getvalue())
+    _write_npz(path, arrays)
     return path
 
 
+def _load_features(data: Any, name: str) -> np.ndarray | None:
+    """A point's features (float64) from compact data: quantised (``quantise``) or, in files of the earlier
+    format, float16; None where the point has none."""
+    if f"{name}/feature_codes" in data:
+        return dequantise(data[f"{name}/feature_codes"], data[f"{name}/feature_offset"], data[f"{name}/feature_scale"])
+    if f"{name}/features" in data:
+        return data[f"{name}/features"].astype(np.float64)
+    return None
+
+
 def load_compact(path: Path) -> Regime:
-    """A regime from its compact data (``save_compact``); features come back as float64 (their float16 values)."""
+    """A regime from its compact data (``save_compact``, or a file of the earlier float16 format); features come
+    back as float64 (their stored values, dequantised)."""
     with np.load(path) as data:
         record = current_record(json.loads(data["record"].tobytes().decode()))
         record["config"] = _rebase_assets(record["config"])
@@ -175,11 +221,28 @@ def load_compact(path: Path) -> Regime:
                 indices=data[f"{name}/indices"].tolist(), committed=data[f"{name}/committed"].astype(np.float64),
                 iterations=data[f"{name}/iterations"].astype(np.float64), tv_sum=data[f"{name}/tv_sum"],
                 latency=dict(zip(data[f"{name}/timed"].tolist(), data[f"{name}/latency"].tolist())),
-                features=data[f"{name}/features"].astype(np.float64) if f"{name}/features" in data else None)
+                features=_load_features(data, name))
     if len({tuple(p.indices) for p in points.values()}) > 1:
         raise ValueError(f"{path}: the method points do not share the same image indices; the comparisons pair "
                          "images by position, so every point must hold the same images")
     return Regime(path.name[: -len(COMPACT_SUFFIX)], path, record, points)
+
+
+def convert_compact(path: Path, bits: int = FEATURE_BITS) -> tuple[int, int]:
+    """Rewrite compact data of the earlier format (float16 ``<point>/features``) in place, atomically, with its
+    features quantised to ``bits`` bits (``quantise``); every other array is kept as it is (the record too: its
+    asset paths are not rebased). A file already quantised is left alone. Returns its size before and after."""
+    path = Path(path)
+    before = path.stat().st_size
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    old = [k for k in arrays if k.endswith("/features")]
+    if not old:
+        return before, before
+    for key in old:
+        arrays.update(_feature_arrays(key[: -len("/features")], arrays.pop(key), bits))
+    _write_npz(path, arrays)
+    return before, path.stat().st_size
 
 
 def subset(regime: Regime, names: list[str], indices: list[int], name: str) -> Regime:

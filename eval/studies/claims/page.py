@@ -601,7 +601,7 @@ def run(folder: Path, out: Path, resamples: int = 10000, command: str | None = N
     """Load every regime below ``folder`` (runs or their compact data), decide the claims, write
     ``<out>/embedded_claims.md``, its figures (``<out>/figures/embedded_claims_*``) and
     ``<out>/embedded_claims.json``; returns the JSON record. ``export``: also write each regime's compact data
-    there and decide from it (float16 features), so the page is exactly what the exported data rebuild.
+    there and decide from it (8-bit features), so the page is exactly what the exported data rebuild.
     ``readme``: also rewrite that file's claims summary (``summary``, between ``README_BEGIN`` and ``README_END``);
     the summary is written to ``<out>/embedded_claims_summary.md`` either way."""
     regimes, seeds, extra = [], [], None

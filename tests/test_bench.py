@@ -12,11 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from baselines.exact import ExactRule
 from coolsd.decoding import Decoder
+from coolsd.drafters.eagle import EagleDrafter, EagleHead
 from coolsd.drafters.model_drafter import ModelDrafter
+from coolsd.kv_cache import DeviceKVCache
 from coolsd.models.llamagen import layer_skip_copy
 from coolsd.types import DecodeStats
 from eval.bench import efficiency as bench
@@ -50,8 +53,8 @@ def test_cli_smoke_run_writes_table_and_record(tmp_path):
     tree = record["decoders"]["sd_tree"]
     assert tree["verify_tokens"] == 26 and tree["tree"] == "mc_sim_7b_63"
     assert record["decoders"]["sd"]["verify_tokens"] == 5
-    assert set(record["costs"]["forward_s"]) == {"1", "2", "5"}  # the sd chain block is always timed
-    assert record["costs"]["tree_tokens"] == {"mc_sim_7b_63": 26}
+    assert set(record["costs"]["eager"]["forward_s"]) == {"1", "2", "5"}  # the sd chain block is always timed
+    assert record["costs"]["eager"]["tree_tokens"] == {"mc_sim_7b_63": 26}
     ar = record["decoders"]["ar"]
     assert ar["accepted_length"] == 1.0 and ar["ideal_speedup"] == pytest.approx(1.0)
     for row in record["decoders"].values():
@@ -207,3 +210,152 @@ def test_both_paths_are_timed_side_by_side_each_over_its_own_ar(tmp_path):
     assert "| sd@static |" in page and "speedup is over ar@static" in page
     with pytest.raises(ValueError, match="paths must list eager and/or static"):
         bench.run_bench(compose_bench(["paths=[graph]"]), "tiny")
+
+
+def test_static_rows_use_the_static_cost_model(tiny_model):
+    """A ``@static`` row: forwards = the networks of one iteration in one call (the static target forward alone
+    without a drafter network), c_d = one ``static_propose``, c_1 and c_v(T) one verify each; the eager row keeps
+    the eager costs."""
+    drafter = EagleDrafter(target=tiny_model, head=EagleHead(tiny_model, init_seed=0), extra_slots=8)
+    sd = Decoder("sd", tiny_model, ExactRule(), draft_len=4, drafter=drafter, path="static")
+    ar = Decoder("ar", tiny_model, ExactRule(), path="static")
+    costs = bench.Costs(context=32, forward_s={1: 1.0, 5: 2.0}, probs_s={1: 0.1, 5: 0.3}, sample_s=0.05,
+                        tree_tokens={}, tree_forward_s={}, graph_forward_s={}, graph_tree_forward_s={},
+                        drafters={"EagleDrafter": bench.DrafterCost("EagleDrafter", 0.25, 0.05),
+                                  "NullDrafter": bench.DrafterCost("NullDrafter", 0.0, 0.0)})
+    ar_key, sd_key = bench.static_block_key(ar), bench.static_block_key(sd)
+    assert sd_key == "chain T=5, +5 slots" and bench.static_drafter_key(sd) == "EagleDrafter, L=4"
+    static = bench.StaticCosts(
+        mode="compiled", context=32, ar_block=ar_key, networks_s={f"EagleDrafter, L=4; {sd_key}": 1.4},
+        step_s={"sd@static": 1.6}, overhead_ci_s={"sd@static": (0.1, 0.3)},
+        blocks={ar_key: bench.StaticBlockCost(1, None, 70, 0.5, 0.55),
+                sd_key: bench.StaticBlockCost(5, None, 74, 0.9, 1.0)},
+        drafters={bench.static_drafter_key(ar): bench.StaticDrafterCost("NullDrafter, L=0", 0, 0, 0, 0, 0),
+                  "EagleDrafter, L=4": bench.StaticDrafterCost("EagleDrafter, L=4", 4, 0.3, 0.1, 0.01, 0.7)})
+    assert static.drafters["EagleDrafter, L=4"].separate_s == pytest.approx(0.3 + 3 * 0.1)
+
+    def stats(iterations: int, latency: float, drafter_forwards: int) -> DecodeStats:
+        return DecodeStats(num_tokens=64, iterations=iterations, accepted_hist=(iterations,), target_forwards=0,
+                           drafter_forwards=drafter_forwards, latency_s=latency, prefill_s=0.5, draft_s=0.0,
+                           verify_s=0.0, accept_s=0.0, observe_s=0.0, diagnostics_s=0.0, tv_sum=0.0, tv_steps=0)
+
+    ar_row = bench.summarize("ar@static", [stats(63, 0.5 + 63 * 0.6, 0)], ar, costs, None, None, static)
+    assert ar_row.forwards_s == pytest.approx(0.5) and ar_row.overhead_s == pytest.approx(0.1)
+    assert ar_row.cost_path == "static (compiled)" and ar_row.ideal_speedup == pytest.approx(1.0)
+    ref = {"latency_s": ar_row.latency_s, "iteration_s": ar_row.iteration_s}
+    row = bench.summarize("sd@static", [stats(21, 0.5 + 21 * 2.0, 80)], sd, costs, ref, None, static)
+    # the overhead of a static row with a step probe: step − forwards, both probes (the decode's iteration is 2.0)
+    assert row.forwards_s == pytest.approx(1.4) and row.overhead_s == pytest.approx(1.6 - 1.4)
+    assert row.overhead_frac == pytest.approx(0.2 / 1.6) and row.step_s == 1.6 and row.iteration_s == pytest.approx(2)
+    assert row.overhead_ci_s == (0.1, 0.3) and ar_row.overhead_ci_s is None
+    assert row.ideal_speedup == pytest.approx(3 * 0.55 / (0.7 + 1.0))
+    eager = bench.summarize("sd", [stats(21, 0.5 + 21 * 2.0, 80)], sd, costs, ref, None, static)
+    assert eager.cost_path == "eager" and eager.forwards_s == pytest.approx(80 / 21 * 0.25 + 2.0)
+    # an eager row's target forwards timed inside its decodes replace the cost model's (21 iterations, 31.5 s)
+    timed = bench.summarize("sd", [stats(21, 0.5 + 21 * 2.0, 80)], sd, costs, ref, None, static, [31.5])
+    assert timed.forwards_s == pytest.approx(80 / 21 * 0.25 + 1.5) and timed.ideal_speedup == eager.ideal_speedup
+
+
+def test_static_probes_run_the_static_forward_and_the_drafters_static_step(tiny_model, monkeypatch):
+    """The static cost model's probes call ``model.static_forward`` over a ``DeviceKVCache`` (never the eager
+    ``forward_block``) and the drafter's ``static_propose``, each through a ``Runner`` in the static loop's mode."""
+    cfg = compose_bench(["decoders=[ar,sd,sjd]", "drafter_weights=random", "cost.trees=[]"])
+    decoders = bench.build_decoders(cfg, tiny_model, "static")
+    assert set(decoders) == {"ar@static", "sd@static", "sjd@static"}
+    probes = bench.Probes(bench.Timer(tiny_model.device))
+    with torch.inference_mode():
+        model = bench.StaticCostModel(decoders, tiny_model, "zero", 8, 0, probes)
+    calls: dict[str, list] = {"static_forward": [], "forward_block": [], "static_propose": []}
+    static_forward, static_propose = tiny_model.static_forward, EagleDrafter.static_propose
+
+    def counting_static_forward(cache, *args, **kwargs):
+        calls["static_forward"].append(type(cache))
+        return static_forward(cache, *args, **kwargs)
+
+    def counting_propose(self, *args, **kwargs):
+        calls["static_propose"].append(args[3])  # depth
+        return static_propose(self, *args, **kwargs)
+
+    monkeypatch.setattr(tiny_model, "static_forward", counting_static_forward)
+    monkeypatch.setattr(tiny_model, "forward_block", lambda *a, **k: calls["forward_block"].append(a))
+    monkeypatch.setattr(EagleDrafter, "static_propose", counting_propose)
+    with torch.inference_mode():
+        probes.round(1)  # every probe: one untimed call and one timed
+    blocks = [bench.static_block_key(decoders[k]) for k in ("ar@static", "sd@static", "sjd@static")]
+    assert blocks[:2] == ["chain T=1, +1 slots", "chain T=5, +5 slots"]
+    assert [k.split("/", 2)[2] for k in probes.fns if k.startswith("static/forward/")] == blocks
+    # forward and verify of every block, and sd's networks of one iteration: two calls each (untimed, timed)
+    # (and the round's throwaway transition call of the first probe, the T = 1 forward)
+    assert calls["static_forward"] == [DeviceKVCache] * 2 * (2 * len(blocks) + 2) and not calls["forward_block"]
+    assert calls["static_propose"] == [4, 4]  # sd's chain of L = 4; sjd's Jacobi window has no network
+    shared = probes.fns["static/transition"]
+    assert shared is probes.fns[f"static/forward/{blocks[0]}"] and shared.runner.calls == 4
+    assert all(fn.runner.mode == "eager" and fn.runner.calls == 2 for fn in probes.fns.values() if fn is not shared)
+    assert {k.split("/")[1] for k in probes.fns} == {"transition", "forward", "verify", "drafter_feed", "drafter_step",
+                                                    "drafter_pipeline", "drafter_propose", "networks"}
+    costs = model.costs()
+    assert costs.ar_block == blocks[0] and costs.blocks[blocks[1]].slots == costs.blocks[blocks[0]].slots + 4
+    assert set(costs.networks_s) == {f"EagleDrafter, L=4; {blocks[1]}"}
+    jacobi = bench.static_drafter_key(decoders["sjd@static"])
+    assert costs.drafters["EagleDrafter, L=4"].propose_s > 0 and costs.drafters[jacobi].depth == 0
+
+
+def test_both_paths_costs_are_kept_in_one_record_keyed_by_path(tmp_path):
+    """``record["costs"]`` holds the eager and the static cost model; every row says whose costs it used, and the
+    page shows the static path's cost model."""
+    cfg = compose_bench([*SMALL, "decoders=[ar,sd]", "drafter_weights=random", "cost.trees=[]",
+                         "throughput.batch_sizes=[]", "call_counts=false", f"out_dir={tmp_path}", "name=k"])
+    record = bench.run_bench(cfg, "tiny")
+    assert set(record["costs"]) == {"eager", "static"}
+    static = record["costs"]["static"]
+    assert static["mode"] == "eager" and set(static["blocks"]) == {"chain T=1, +1 slots", "chain T=5, +5 slots"}
+    assert static["ar_block"] == "chain T=1, +1 slots" and set(record["costs"]["eager"]["forward_s"]) == {1, 2, 5}
+    rows = record["decoders"]
+    assert {k: r["cost_path"] for k, r in rows.items()} == {"ar": "eager", "sd": "eager", "ar@static": "static (eager)",
+                                                            "sd@static": "static (eager)"}
+    assert rows["sd@static"]["forwards_s"] == static["networks_s"]["EagleDrafter, L=4; chain T=5, +5 slots"]
+    assert rows["ar@static"]["forwards_s"] == static["blocks"]["chain T=1, +1 slots"]["forward_s"]
+    assert rows["ar"]["overhead_s"] > 0  # the eager AR's forward timed inside its own iterations
+    for label in ("ar@static", "sd@static"):  # each static decoder's own step, timed in the cost model's rounds
+        assert rows[label]["step_s"] == static["step_s"][label] > 0
+        assert rows[label]["overhead_s"] == pytest.approx(rows[label]["step_s"] - rows[label]["forwards_s"])
+        low, high = rows[label]["overhead_ci_s"]
+        assert low <= high and f"[{1e3 * low:.3f}, {1e3 * high:.3f}]" in (tmp_path / "k.md").read_text()
+    assert rows["sd"]["step_s"] is None
+    page = (tmp_path / "k.md").read_text()
+    assert "## Cost model, static path (ms; steps: eager;" in page and "| sd@static |" in page
+    assert "| static (eager) |" in page and "| EagleDrafter, L=4 |" in page
+    saved = json.loads((tmp_path / "k.json").read_text())
+    assert saved["decoders"]["sd@static"]["cost_path"] == "static (eager)"
+
+
+def test_no_committed_bench_record_has_a_negative_overhead():
+    """Every decoder row of every bench record under ``results/bench`` (``decoders.<row>.overhead_s``): an
+    iteration takes at least the network forwards the cost model puts inside it (a static row: unless noise put
+    the difference below 0 inside its own 95 % interval)."""
+    assert bench.negative_overheads(ROOT / "results" / "bench") == []
+
+
+def test_negative_overheads_and_the_paired_interval(tmp_path):
+    """A negative overhead is reported unless its row's 95 % interval reaches 0; the interval of a constant
+    difference is that difference, and a per-call step count divides the step's samples."""
+    rows = {"ar": {"overhead_s": -0.001, "overhead_frac": -0.2}, "a@static": {"overhead_s": -0.001,
+            "overhead_ci_s": [-0.002, 0.0005]}, "b@static": {"overhead_s": -0.002, "overhead_ci_s": [-0.003, -0.001]},
+            "c": {"overhead_s": 0.001}}
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "r.json").write_text(json.dumps({"decoders": rows}))
+    (tmp_path / "other.json").write_text(json.dumps({"rows": [1]}))
+    found = bench.negative_overheads(tmp_path)
+    assert len(found) == 2 and found[0].startswith("sub/r.json: ar -1.000 ms") and "b@static" in found[1]
+    assert bench.paired_interval([3.0] * 5, [1.0] * 5) == (2.0, 2.0)
+    assert bench.paired_interval([16.0] * 5, [1.0] * 5, per_call=8) == (1.0, 1.0)
+
+
+def test_the_target_clock_times_the_forwards_inside_a_decode(tiny_model):
+    """``TargetClock``: the seconds of a decode's ``forward_block`` calls, within its wall time; the model's own
+    method is back afterwards."""
+    ar = Decoder("ar", tiny_model, ExactRule())
+    clock = bench.TargetClock(tiny_model, bench.Timer(tiny_model.device))
+    stats, seconds = clock.generate(ar, "zero", 0)
+    assert 0 < seconds < stats.latency_s - stats.prefill_s
+    assert "forward_block" not in vars(tiny_model)

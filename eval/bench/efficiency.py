@@ -31,8 +31,13 @@ Everything is measured side by side in one process, after warm-up:
    per token and the decoder's time per iteration, both measured) instead.
 4. **Overhead per iteration** = iteration wall time − the network forwards inside it, where the iteration
    time comes from the decoders' own statistics (``DecodeStats``: (latency − prefill) / iterations) and the
-   forwards from the cost model (drafter forwards per iteration × drafter step + target forward over
-   ``T``). It is everything a decoder does outside its networks: sampling, acceptance, masks, bookkeeping.
+   forwards from drafter forwards per iteration × the cost model's drafter step + the target's forwards timed
+   inside the same decodes (``TargetClock``: each ``forward_block`` call of the timed images, at the blocks the
+   loop really verified). It is everything a decoder does outside its networks: sampling, acceptance, masks,
+   bookkeeping. A static row (``<name>@static``) has its own cost model (``StaticCostModel``: every probe run as
+   the static step runs, compiled whole or captured; ``costs.static`` in the record): its forwards are every
+   network of one iteration in one call, its overhead one call of the decoder's own step − those forwards,
+   both timed in the same rounds, and its ideal uses the static verify and ``static_propose``.
    The per-phase times (draft / verify / accept / observe, per iteration) come from ``DecodeStats``. AR's
    own overhead shows in its row; every measured speedup is relative to that AR.
 
@@ -77,13 +82,18 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-import coolsd  # noqa: F401  (registers the ${asset:} resolver)
+import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.decoding import Decoder
 from coolsd.drafters.eagle import EagleDrafter, EagleHead
 from coolsd.drafters.model_drafter import ModelDrafter
 from coolsd.io import atomic_write_bytes
-from coolsd.models.base import ImageARModel
+from coolsd.kv_cache import DeviceKVCache, padding_invariant_attention
+from coolsd.models.base import ImageARModel, per_stream, to_rows
+from coolsd.rng import Streams
+from coolsd.rng import sample as rng_sample
 from coolsd.sampling import sample, stream_probs
+from coolsd.static.capture import Runner
+from coolsd.static.loop import _piecewise_off
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
 from eval.bench.call_counts import call_anatomy, decode_counts
 from eval.records.environment import environment, git_commit
@@ -330,6 +340,375 @@ class CostModel:
         )
 
 
+# -- the static path's cost model --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StaticBlockCost:
+    """The static step's target forward over one verify block (``forward_s``): ``model.static_forward`` over a
+    ``DeviceKVCache`` of ``slots`` key slots (the whole capacity is attended, under the mask the step builds from
+    positions), ``tokens`` = T in a chain (causal) or under ``tree``'s ancestor mask; and ``verify_s``, the same
+    forward, the ``p`` pipeline over its T rows and one draw in one call (c_v(T), as the step runs them)."""
+
+    tokens: int
+    tree: str | None
+    slots: int
+    forward_s: float
+    verify_s: float
+
+
+@dataclass(frozen=True)
+class StaticDrafterCost:
+    """A drafter network on the static path, at the fixed shape its step drafts every iteration (``depth`` = L
+    levels, whatever fits in the image): ``feed_s`` the network over the pending block (L + 1 pairs, each
+    image's own count), ``step_s`` the network over one pair (head included), ``pipeline_s`` one row's ``q``
+    pipeline + draw, and ``propose_s`` the whole drafting of one iteration as the step runs it
+    (``Drafter.static_propose``: the feed, L − 1 steps, their pipelines and draws)."""
+
+    kind: str
+    depth: int
+    feed_s: float
+    step_s: float
+    pipeline_s: float
+    propose_s: float
+
+    @property
+    def separate_s(self) -> float:
+        """The drafter network forwards of one iteration as separate calls: the feed and L − 1 one-pair steps (a
+        tree's level expansions are costed as one-pair steps, as on the eager path)."""
+        return self.feed_s + max(self.depth - 1, 0) * self.step_s
+
+
+@dataclass(frozen=True)
+class StaticCosts:
+    """The static path's cost model (seconds), every probe run as the static step runs (``mode``: eager,
+    ``compiled`` whole with ``torch.compile(fullgraph=True, dynamic=False)``, or replayed from a CUDA ``graph``;
+    ``coolsd.static.capture.Runner``). ``blocks`` and ``drafters`` are keyed by ``static_block_key`` and
+    ``static_drafter_key``; ``networks_s`` by ``"<drafter key>; <block key>"``: every network forward of one
+    iteration of a drafter-based step (the drafter's feed, its L − 1 steps, the target's forward over the block) in
+    one call, the decomposition of a static row's iteration (a step without a drafter network has only the
+    block's forward)."""
+
+    mode: str
+    context: int
+    blocks: dict[str, StaticBlockCost]
+    drafters: dict[str, StaticDrafterCost]
+    networks_s: dict[str, float]
+    ar_block: str  # the block of ar@static: c_1 of the static rows
+    #: per static decoder label: one call of its own compiled step (per AR step), in the same rounds
+    step_s: dict[str, float]
+    #: per static decoder label: a 95 % interval of step − forwards (paired bootstrap over the probes' samples)
+    overhead_ci_s: dict[str, tuple[float, float]]
+
+    def verify(self, key: str) -> float:
+        """``c_v(T)`` on the static path: the static forward over the block, its pipeline and one draw."""
+        return self.blocks[key].verify_s
+
+    def forwards(self, decoder: Decoder) -> float:
+        """The network forwards of one iteration of a static decoder, measured in one call."""
+        key = static_block_key(decoder)
+        return self.networks_s.get(f"{static_drafter_key(decoder)}; {key}", self.blocks[key].forward_s)
+
+
+def static_block_key(decoder: Decoder) -> str:
+    """The static cost entry of a decoder's verify block: its shape and the key slots of its cache (the static
+    loop prefills with ``max_nodes + 1`` extra slots and attends to all of them)."""
+    block = verify_block(decoder)
+    shape = f"tree {block.tree} (T={block.tokens})" if block.tree else f"chain T={block.tokens}"
+    return f"{shape}, +{decoder.max_nodes + 1} slots"
+
+
+def static_drafter_key(decoder: Decoder) -> str:
+    """Decoders whose drafters run the same network at the same depth share one static drafter entry."""
+    return f"{drafter_key(decoder)}, L={decoder.static.depth}" + (
+        f" ({decoder.static.tree.name})" if isinstance(decoder.static.tree, TreeShape) else "")
+
+
+def static_call(fn: Callable[[], tuple[torch.Tensor, ...]], mode: str, model: ImageARModel,
+                invariant: bool) -> Callable[[], None]:
+    """``fn`` run as the static loop runs its step: through a ``Runner`` in ``mode`` (its first call eager, then
+    compiled whole or captured), inside the target's decode context and, for the speculative steps, padding-
+    invariant attention (``StaticLoop.generate_batch``). Like a step, which writes what it needs into its
+    workspace and returns nothing, the call keeps only a sum over the last axis of each tensor ``fn`` returns, in
+    buffers of its own (allocated by the first, eager call): enough that the compiler keeps the work that makes
+    them, without materialising outputs the step never writes out. A compiled forward that returned its
+    ``TargetOutput`` measured slower than the same forward followed by its pipeline and a draw, and one that
+    copied its logits and hidden states out still did at T = 1 (0.15–0.5 ms, in four runs)."""
+    sinks: list[torch.Tensor] = []
+
+    def sunk() -> None:
+        outs = [out.sum(-1) for out in fn()]
+        if not sinks:
+            sinks.extend(torch.empty_like(out) for out in outs)
+        for sink, out in zip(sinks, outs):
+            sink.copy_(out)
+
+    runner = Runner(sunk, mode)
+
+    def call() -> None:
+        with model.decode_context(), padding_invariant_attention(invariant):
+            runner()
+
+    call.runner = runner  # type: ignore[attr-defined]
+    return call
+
+
+class StaticForwardProbe:
+    """A static cache as the static loop has it (``DeviceKVCache`` over a prefill with ``extra_slots``), holding
+    the prompt and ``context`` image tokens; each call rewinds its lengths and forwards one more block with
+    ``model.static_forward`` (the mask over the whole capacity, built on the device from positions)."""
+
+    def __init__(self, model: ImageARModel, prompt: str, context: int, extra_slots: int) -> None:
+        self.model = model
+        with _piecewise_off(model):
+            cache, _ = model.prefill([prompt], extra_slots=extra_slots)
+            if context:
+                tokens = torch.randint(model.codebook_size, (1, context), device=model.device)
+                model.forward_block(cache, tokens, torch.arange(context, device=model.device)[None])
+        self.cache = DeviceKVCache.of(cache)
+        self.base = self.cache.lengths.clone()
+        self.context = context
+
+    def block(self, tokens: int, tree: TreeShape | None) -> Callable[[], Any]:
+        """A function forwarding ``tokens`` random tokens after the context, at the positions the static step gives
+        them (a chain: consecutive; a tree: by depth, under its ancestor mask), clamped to the grid."""
+        model, last = self.model, self.model.num_image_tokens - 1
+        device = model.device
+        x = torch.randint(model.codebook_size, (1, tokens), device=device)
+        if tree is None:
+            positions, mask = torch.arange(self.context, self.context + tokens, device=device), None
+        else:
+            parents = tree.parents()
+            positions = self.context + torch.tensor([0] + depths_of(parents), device=device)
+            mask = ancestor_mask(parents).to(device)
+        positions = positions.clamp(max=last)[None]
+        cache, base = self.cache, self.base
+
+        def run():
+            cache.lengths.copy_(base)
+            return model.static_forward(cache, x, positions, mask)
+
+        return run
+
+
+def static_drafter_probes(decoder: Decoder, prompt: str, context: int, seed: int,
+                          target: Callable[[], Any]) -> dict[str, Callable[[], Any]] | None:
+    """The static path's drafter probes of an EAGLE drafter (``feed``, ``step``, ``pipeline``, ``propose``:
+    ``StaticDrafterCost``) and ``networks`` (the feed, L − 1 steps and ``target``, the static target forward over
+    the verify block, in one function: the networks of one iteration, compiled as one graph like the step) over its
+    own batch-1 static state (``Drafter.static_begin`` with the decoder's depth and
+    room) holding ``context`` pairs; None for drafters without a network (Jacobi windows: cost 0). Each function
+    first points the drafter at that state (the decoders sharing the drafter repoint it at theirs in every
+    ``static_begin``) and rewinds the drafter cache."""
+    drafter, loop, model = decoder.drafter, decoder.static, decoder.model
+    if not isinstance(drafter, EagleDrafter):
+        return None
+    device, depth = model.device, loop.depth
+    streams = Streams.persistent_for(1, device)
+    streams.reseed([seed])
+    with _piecewise_off(model):
+        _, out = model.prefill([prompt], extra_slots=decoder.max_nodes + 1, streams=streams)
+    first = torch.zeros(1, dtype=torch.long, device=device)
+    with model.decode_context():
+        drafter.static_begin(out, first, streams, depth, room=loop.drafter_room)
+    state, s = drafter.static, model.num_streams
+    pairs = max(context, 1)
+    if pairs > 1:  # the committed pairs of the context (pair positions −1 .. pairs − 2), as decoding leaves them
+        features = out.hidden[:, :, -1:].expand(-1, -1, pairs - 1, -1).contiguous()  # (S, 1, pairs − 1, H)
+        tokens = torch.randint(model.codebook_size, (1, pairs - 1), device=device)
+        with model.decode_context():
+            drafter.step_in_context(features, tokens, torch.arange(-1, pairs - 2, device=device)[None])
+        state.cache.keep(pairs - 1)
+    width = state.tokens.shape[1]  # L + 1: the pending block's fixed width
+    state.features.copy_(out.hidden[:, :, -1:].expand(-1, -1, width, -1))
+    state.tokens.random_(model.codebook_size)
+    state.count.fill_(width)  # a fully accepted iteration's pending pairs (the feed's cost does not depend on it)
+    state.start.fill_(pairs - 2)
+    base = state.cache.lengths.clone()
+    head, cache = drafter.head, state.cache
+    t = torch.full((1,), pairs + 1, dtype=torch.long, device=device)  # the loop's t after the pending block
+    limit = torch.full((1,), depth, dtype=torch.long, device=device)
+    last = state.tokens[:, -1]
+    constants: dict = {}
+    rows_1 = to_rows(state.features[:, :, :1])  # (S, 1, H): one pair's feature as cache rows
+    token_1 = state.tokens[:, :1]
+    position_1 = (state.start + state.count)[:, None]
+    feed_positions = state.start[:, None] + state.columns
+    u = torch.rand(1, generator=torch.Generator(device=device).manual_seed(seed), device=device)
+
+    def bind() -> None:
+        drafter.static, drafter.cache, drafter.streams, drafter.device = state, cache, streams, device
+
+    def network(rows: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, rewind: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``EagleDrafter.step_in_context`` without its ``q`` pipeline: the block's mask, the head, the logits of its
+        last row; returns them and the last row's predicted feature as cache rows (what the next step feeds)."""
+        if rewind:
+            cache.lengths.copy_(base)
+        mask = cache.begin_block(tokens.shape[1])
+        out = head(rows, tokens, positions, cache, mask)  # (S, T, H) cache rows of the one image
+        return head.logits(per_stream(out[:, -1:], s)), out[:, -1:]
+
+    def feed():
+        return network(to_rows(state.features), state.tokens, feed_positions)
+
+    def step():
+        return network(rows_1, token_1, position_1)
+
+    def networks():
+        logits, rows = network(to_rows(state.features), state.tokens, feed_positions)
+        for i in range(depth - 1):
+            logits, rows = network(rows, token_1, position_1 + i, rewind=False)
+        out = target()
+        return logits, out.logits, out.hidden
+
+    logits = step()[0]
+
+    def pipeline():
+        return (rng_sample(stream_probs(logits, model.sampling)[:, -1], u),)
+
+    def propose():
+        cache.lengths.copy_(base)
+        draft = drafter.static_propose(last, t, limit, depth, loop.tree, cache=constants)
+        return draft.tokens, draft.q
+
+    def bound(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def call():
+            bind()
+            return fn()
+        return call
+
+    return {"feed": bound(feed), "step": bound(step), "pipeline": pipeline, "propose": bound(propose),
+            "networks": bound(networks)}
+
+
+def paired_interval(step: list[float], forwards: list[float], per_call: int = 1, resamples: int = 2000,
+                    seed: int = 0) -> tuple[float, float]:
+    """A 95 % interval of median(step) / per_call − median(forwards): a bootstrap over the rounds' paired samples
+    (sample i of both probes comes from the same round), so the interval holds what the machine's drift and noise
+    leave of a difference of two probes."""
+    import random
+
+    pairs = list(zip(step, forwards))
+    rng, med = random.Random(seed), statistics.median
+    diffs = sorted(med(a for a, _ in draw) / per_call - med(b for _, b in draw)
+                   for draw in ([rng.choice(pairs) for _ in pairs] for _ in range(resamples)))
+    return diffs[int(0.025 * resamples)], diffs[int(0.975 * resamples) - 1]
+
+
+class StaticCostModel:
+    """The probes of the static path's cost model (``StaticCosts``) for the static decoders of a run, in the
+    rounds of the eager cost model's ``Probes``: per distinct verify block (``static_block_key``) the static
+    forward and the verify (forward, ``p`` pipeline over its rows and one draw), per drafter and depth
+    (``static_drafter_key``) its four probes, and per (drafter, block) pair the networks of one iteration; every
+    probe runs as the static step runs (``static_call``: compiled whole on a CPU with ``model.compile``, captured in
+    a CUDA graph on a GPU)."""
+
+    def __init__(self, decoders: dict[str, Decoder], model: ImageARModel, prompt: str, context: int, seed: int,
+                 probes: Probes) -> None:
+        self.probes, self.context = probes, context
+        self.mode = next(d.static.mode for d in decoders.values())
+        self.ar_block = ""
+        self.block_probes: dict[str, tuple[int, str | None, int]] = {}
+        self.drafter_depths: dict[str, int | None] = {}
+        self.network_keys: list[str] = []
+        self.steps: dict[str, int] = {}  # label -> steps per runner call (add_step)
+        self.forward_keys: dict[str, str] = {}  # label -> the probe of its forwards
+        self.model = model
+        caches: dict[int, StaticForwardProbe] = {}
+        runs: dict[str, Callable[[], Any]] = {}
+        gen = torch.Generator(device=model.device).manual_seed(seed)
+        for dec in decoders.values():
+            key, block, plain = static_block_key(dec), verify_block(dec), dec.plain_ar
+            invariant = model.batch_invariant and not plain  # as StaticLoop.generate_batch
+            if plain:
+                self.ar_block = key
+            if key not in self.block_probes:
+                slots = dec.max_nodes + 1
+                target = caches.get(slots) or caches.setdefault(
+                    slots, StaticForwardProbe(model, prompt, context, slots))
+                run = runs[key] = target.block(block.tokens, TreeShape.load(block.tree) if block.tree else None)
+                u = torch.rand(1, generator=gen, device=model.device)
+
+                def forward(run=run):
+                    out = run()
+                    return out.logits, out.hidden
+
+                def verify(run=run, u=u):  # the p pipeline over every row of the block, one draw
+                    p = model.probs(run())
+                    return p, rng_sample(p[:, -1], u)
+
+                self.block_probes[key] = (block.tokens, block.tree, int(target.cache.max_len))
+                probes.add(f"static/forward/{key}", static_call(forward, self.mode, model, invariant))
+                probes.add(f"static/verify/{key}", static_call(verify, self.mode, model, invariant))
+            dkey = static_drafter_key(dec)
+            fns = None if plain else static_drafter_probes(dec, prompt, context, seed, runs[key])
+            if dkey not in self.drafter_depths:
+                self.drafter_depths[dkey] = None if fns is None else dec.static.depth
+                for name in ("feed", "step", "pipeline", "propose"):
+                    if fns:
+                        probes.add(f"static/drafter_{name}/{dkey}", static_call(fns[name], self.mode, model, invariant))
+            if fns and f"{dkey}; {key}" not in self.network_keys:
+                self.network_keys.append(f"{dkey}; {key}")
+                probes.add(f"static/networks/{dkey}; {key}", static_call(fns["networks"], self.mode, model, invariant))
+
+        self._transition(probes)
+
+    @staticmethod
+    def _transition(probes: Probes) -> None:
+        """Put a throwaway call of the first static probe's function (``static/transition``, never reported) before
+        the static probes of every round: the first compiled probe after the eager ones measured 0.5–0.9 ms slower
+        than it does after another compiled probe, whichever function came first (the T = 1 forward, or the verify
+        when it went first), a switch from eager to compiled work that a single untimed call did not absorb."""
+        keys = list(probes.fns)
+        first = next((i for i, k in enumerate(keys) if k.startswith("static/")), None)
+        if first is None:
+            return
+        fns = list(probes.fns.items())
+        probes.fns = dict(fns[:first] + [("static/transition", fns[first][1])] + fns[first:])
+        probes.samples["static/transition"] = []
+
+    def costs(self) -> StaticCosts:
+        med = self.probes.median
+        blocks = {key: StaticBlockCost(tokens, tree, slots, med(f"static/forward/{key}"), med(f"static/verify/{key}"))
+                  for key, (tokens, tree, slots) in self.block_probes.items()}
+        drafters = {key: StaticDrafterCost(key, depth, *(med(f"static/drafter_{n}/{key}")
+                                                         for n in ("feed", "step", "pipeline", "propose")))
+                    if depth is not None else StaticDrafterCost(key, 0, 0.0, 0.0, 0.0, 0.0)
+                    for key, depth in self.drafter_depths.items()}
+        return StaticCosts(mode=self.mode, context=self.context, blocks=blocks, drafters=drafters,
+                           networks_s={key: med(f"static/networks/{key}") for key in self.network_keys},
+                           ar_block=self.ar_block,
+                           step_s={label: med(f"static/step/{label}") / n for label, n in self.steps.items()},
+                           overhead_ci_s={label: paired_interval(self.probes.samples[f"static/step/{label}"],
+                                                                 self.probes.samples[self.forward_keys[label]],
+                                                                 self.steps[label])
+                                          for label in self.steps})
+
+    def add_step(self, label: str, decoder: Decoder, prompt: str, warmup: int) -> None:
+        """After the decoder's warm-up images: its own step (the ``Runner`` over its batch-1 workspace, compiled or
+        captured as the decode runs it) as the probe ``static/step/<label>``. The workspace's images have finished,
+        so a call does the same fixed-shape work as an iteration and commits nothing. The drafter's attributes as
+        the decoder's last image left them (its streams, its state) are restored before each call: decoders
+        sharing a drafter, and the drafter probes, point it at theirs."""
+        loop, model = decoder.static, self.model
+        if 1 not in loop._workspaces:  # no warm-up image: one untimed image builds the workspace
+            decoder.generate(prompt, WARMUP_SEED)
+        runner = loop._workspaces[1][1]
+        drafter, invariant = decoder.drafter, model.batch_invariant and not decoder.plain_ar
+        state = dict(vars(drafter))
+
+        def step() -> None:
+            vars(drafter).update(state)
+            with model.decode_context(), padding_invariant_attention(invariant):
+                runner()
+
+        self.steps[label] = loop.ar_steps if decoder.plain_ar else 1
+        networks = f"{static_drafter_key(decoder)}; {static_block_key(decoder)}"
+        self.forward_keys[label] = f"static/networks/{networks}" if networks in self.network_keys else \
+            f"static/forward/{static_block_key(decoder)}"
+        self.probes.add(f"static/step/{label}", step)
+        for _ in range(warmup):
+            step()
+
 # -- decoders ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Verify:
@@ -406,27 +785,69 @@ def build_decoders(cfg: DictConfig, model: ImageARModel, path: str = "eager",
 
 
 # -- end to end --------------------------------------------------------------------------------------------
-def run_interleaved(decoders: dict[str, Decoder], prompts: list[str], cfg: DictConfig,
-                    cost: CostModel) -> dict[str, list]:
+class TargetClock:
+    """Seconds the target spends in ``forward_block`` during an eager decode (CUDA-synchronised around each call on
+    a GPU, where the eager loop already synchronises its phases): the eager rows' target forwards as the loop
+    runs them, at the blocks it really verifies (shorter near an image's end) and in the conditions of the decode,
+    so that the overhead, iteration − forwards, is a difference of two times of the same iterations."""
+
+    def __init__(self, model: ImageARModel, timer: Timer) -> None:
+        self.model, self.seconds = model, 0.0
+        inner = model.forward_block
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            timer.sync()
+            start = time.perf_counter()
+            out = inner(*args, **kwargs)
+            timer.sync()
+            self.seconds += time.perf_counter() - start
+            return out
+
+        self._timed = timed
+
+    def generate(self, decoder: Decoder, prompt: str, seed: int) -> tuple[Any, float]:
+        """``decoder.generate`` with the target's forwards timed: (its statistics, seconds in them)."""
+        self.seconds = 0.0
+        self.model.forward_block = self._timed  # an instance attribute over the method, removed after
+        try:
+            stats = decoder.generate(prompt, seed).stats
+        finally:
+            del self.model.forward_block
+        return stats, self.seconds
+
+
+def run_interleaved(decoders: dict[str, Decoder], prompts: list[str], cfg: DictConfig, cost: CostModel,
+                    static_cost: StaticCostModel | None = None) -> tuple[dict[str, list], dict[str, list[float]]]:
     """Per-image ``DecodeStats`` of every decoder (image i with every decoder, then image i + 1), with the
-    cost-model rounds spread in between; warm-up first."""
+    cost-model rounds spread in between, and per eager decoder the seconds of each image in the target's forwards
+    (``TargetClock``); warm-up first (a static decoder's step joins the probes after its warm-up images:
+    ``StaticCostModel.add_step``)."""
     cost.probes.warm_up(cfg.cost.warmup)
-    for dec in decoders.values():
+    for label, dec in decoders.items():
         for w in range(cfg.warmup):
             dec.generate(prompts[0], WARMUP_SEED - w)
+        if static_cost is not None and path_of(label) == "static":
+            static_cost.add_step(label, dec, prompts[0], cfg.cost.warmup)
     if cfg.cost.burst < 1 or cfg.cost.repeats < 1:
         raise ValueError(f"cost.burst and cost.repeats must be >= 1, got {cfg.cost.burst}, "
                          f"{cfg.cost.repeats}")
     rounds = -(-cfg.cost.repeats // (cfg.cost.burst * len(prompts)))  # per image, rounded up
     stats: dict[str, list] = {name: [] for name in decoders}
+    clock = TargetClock(next(iter(decoders.values())).model, cost.probes.timer)
+    target: dict[str, list[float]] = {name: [] for name in decoders if path_of(name) == "eager"}
     for i, prompt in enumerate(prompts):
         for _ in range(rounds):
             cost.probes.round(cfg.cost.burst)
         for name, dec in decoders.items():
-            stats[name].append(dec.generate(prompt, cfg.seed + i).stats)
+            if path_of(name) == "eager":  # the static step's forwards are inside one compiled call: probes only
+                image, seconds = clock.generate(dec, prompt, cfg.seed + i)
+                stats[name].append(image)
+                target[name].append(seconds)
+            else:
+                stats[name].append(dec.generate(prompt, cfg.seed + i).stats)
             progress(f"image {i + 1}/{len(prompts)} {name}: {stats[name][-1].latency_s:.3f} s, "
                      f"{stats[name][-1].iterations} iterations")
-    return stats
+    return stats, target
 
 
 def progress(text: str) -> None:
@@ -510,6 +931,10 @@ class DecoderResult:
     projected_speedup: float
     efficiency: float
     efficiency_basis: str
+    cost_path: str = "eager"  # whose cost model gave forwards, overhead and ideal: eager, or static (its mode)
+    #: a static row: one call of its own step in the cost model's rounds (the overhead's iteration: step − forwards)
+    step_s: float | None = None
+    overhead_ci_s: tuple[float, float] | None = None  # a static row: 95 % interval of its overhead (paired_interval)
 
 
 def ideal_speedup(tau: float, c_1: float, c_d: float, c_v: float) -> float:
@@ -518,8 +943,12 @@ def ideal_speedup(tau: float, c_1: float, c_d: float, c_v: float) -> float:
 
 
 def summarize(name: str, stats: list, decoder: Decoder, costs: Costs, ar: dict[str, float] | None,
-              paper_tau: float | None) -> DecoderResult:
-    """Medians over images, the cost-model ideal and the efficiency of one decoder."""
+              paper_tau: float | None, static: StaticCosts | None = None,
+              target_s: list[float] | None = None) -> DecoderResult:
+    """Medians over images, the cost-model ideal and the efficiency of one decoder: a static row (``@static``)
+    with the static path's costs (``static``), every other with the eager path's (``costs``). ``target_s``: an
+    eager row's seconds per image in the target's forwards (``TargetClock``), which then replace the cost model's
+    target forward in its forwards and overhead (its ideal keeps the cost model)."""
     med = statistics.median
     iterations = [max(s.iterations, 1) for s in stats]
     committed = sum(s.num_tokens - 1 for s in stats)
@@ -532,10 +961,24 @@ def summarize(name: str, stats: list, decoder: Decoder, costs: Costs, ar: dict[s
     iteration = med([(s.latency_s - s.prefill_s) / k for s, k in zip(stats, iterations)])
     phases = {p: med([getattr(s, f"{p}_s") / k for s, k in zip(stats, iterations)])
               for p in ("draft", "verify", "accept", "observe")}
-    forwards = d_fwd * dcost.step_s + costs.target_forward(block.tokens, block.tree)
-    c_1 = costs.verify(1, None)
-    c_d = d_fwd * (dcost.step_s + dcost.pipeline_s)
-    ideal = ideal_speedup(tau, c_1, c_d, costs.verify(block.tokens, block.tree))
+    if static is not None and path_of(name) == "static":
+        # the static step's networks (the drafter's feed + L − 1 steps, every iteration, and the target's static
+        # forward over the whole cache) measured in one call; c_d one static_propose, c_v and c_1 one verify each
+        key, sdc = static_block_key(decoder), static.drafters[static_drafter_key(decoder)]
+        forwards = static.forwards(decoder)
+        c_1, c_d, c_v = static.verify(static.ar_block), sdc.propose_s, static.verify(key)
+        cost_path = f"static ({static.mode})"
+        step, interval = static.step_s.get(name), static.overhead_ci_s.get(name)
+    else:
+        step, interval = None, None
+        target = costs.target_forward(block.tokens, block.tree) if not target_s else \
+            med([x / k for x, k in zip(target_s, iterations)])
+        forwards = d_fwd * dcost.step_s + target
+        c_1, c_v = costs.verify(1, None), costs.verify(block.tokens, block.tree)
+        c_d = d_fwd * (dcost.step_s + dcost.pipeline_s)
+        cost_path = "eager"
+    ideal = ideal_speedup(tau, c_1, c_d, c_v)
+    whole = step if step is not None else iteration  # what the overhead is a part of
     latency = med([s.latency_s for s in stats])
     measured = ar["latency_s"] / latency if ar else 1.0
     projected = tau * ar["iteration_s"] / iteration if ar else 1.0
@@ -545,9 +988,10 @@ def summarize(name: str, stats: list, decoder: Decoder, costs: Costs, ar: dict[s
         latency_s=latency, prefill_s=med([s.prefill_s for s in stats]), accepted_length=tau_measured, tau=tau,
         tau_source="measured" if paper_tau is None else "paper", iterations=med(iterations),
         drafter_forwards_per_iter=d_fwd, phase_s=phases, iteration_s=iteration, forwards_s=forwards,
-        overhead_s=iteration - forwards, overhead_frac=(iteration - forwards) / iteration,
+        overhead_s=whole - forwards, overhead_frac=(whole - forwards) / whole,
         ideal_speedup=ideal, measured_speedup=measured, projected_speedup=projected,
         efficiency=(measured if paper_tau is None else projected) / ideal, efficiency_basis=basis,
+        cost_path=cost_path, step_s=step, overhead_ci_s=interval,
     )
 
 
@@ -630,10 +1074,12 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
         + (f", CUDA {env['cuda_version']}" if env.get("cuda_version") else "") + f", python {env['python']}; "
         f"git {record['git'].get('commit') or 'n/a'}{dirty}; "
         f"{record['started']}. "
-        f"Drafter weights: {setup['drafter_weights']}; compile: {setup['compile']}; "
-        f"{setup['images']} images per decoder after {setup['warmup']} warm-up, interleaved; medians.",
+        f"Drafter weights: {setup['drafter_weights']}; compile: {setup['compile']}"
+        + (f"; model.compile: {setup['model_compile']}" if "model_compile" in setup else "") + "; "
+        f"{setup['images']} images per decoder after {setup['warmup']} warm-up, interleaved; medians."
+        + (f" Command: `{setup['command']}`." if setup.get("command") else ""),
         "",
-        f"## Cost model (ms; context {costs.context} image tokens; median of {setup['repeats']})",
+        f"## Cost model, eager path (ms; context {costs.context} image tokens; median of {setup['repeats']})",
         "",
         "| block | target forward | × 1-token | CUDA-graph replay | pipeline over T rows |",
         "|---|---|---|---|---|",
@@ -661,6 +1107,7 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
         parts = ", ".join(f"{k} {v}" for k, v in a["by_function"].items())
         lines.append(f"* {what}: {a['total']} — {parts}")
     lines += call_count_lines(record.get("call_counts") or {})
+    lines += static_cost_lines(record["costs"].get("static"), setup["repeats"])
     lines += [
         "",
         "## Decoders",
@@ -669,13 +1116,22 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
          "projected speedup τ·t_AR/t_iter ÷ ideal (τ from the paper: random weights). Times per iteration "
          "in ms; overhead = iteration − network forwards (drafter steps + target forward over T). A decoder "
          f"ending in {STATIC} ran on the static path (decoder.path=static, steps: {setup.get('static_steps')}): "
-         f"its speedup is over ar{STATIC}, and its phases are not timed there (–); the forwards and the ideal "
-         "are the eager path's cost model.")
+         f"its speedup is over ar{STATIC}, and its phases are not timed there (–). Column `costs` says whose cost "
+         "model gave a row's forwards, overhead and ideal: an eager row the eager path's (forwards = drafter "
+         "forwards per iteration × drafter step + the target's forwards timed inside the row's own decodes, at the "
+         "blocks it verified; overhead = iteration − forwards; the ideal from the cost model); a static row the "
+         "static path's (the section above: forwards = every network of one iteration in one call, the drafter's "
+         "feed + (L − 1) steps, which the fixed-shape step runs every iteration, and the static target forward; "
+         "c_d = one static_propose, c_1 and c_v(T) one verify each), and its overhead = step − forwards, where "
+         "step is one call of the decoder's own compiled or captured step, timed in the same rounds as the "
+         "forwards (its workspace's images finished: the same fixed-shape work, nothing committed), so both sides "
+         "of the difference are measured alike, with a 95 % interval in brackets (a paired bootstrap over the "
+         "rounds); iteration is the decode's own, for comparison.")
         + "".join(f" Not on the static path: {k} ({v})." for k, v in (setup.get("static_refused") or {}).items()),
         "",
         ("| decoder | T | τ | τ source | latency s/img | speedup | ideal | efficiency | drafter fwd/iter | "
-         "iteration | draft | verify | accept | observe | forwards | overhead |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+         "iteration | step | draft | verify | accept | observe | forwards | overhead | costs |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results.values():
         t = f"{r.verify_tokens}" + (f" ({r.tree})" if r.tree else "")
@@ -684,10 +1140,11 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
         lines.append(
             f"| {r.name} | {t} | {r.tau:.2f} | {r.tau_source} | {r.latency_s:.3f} | {speed} | "
             f"{r.ideal_speedup:.2f}x | {r.efficiency:.2f} | {r.drafter_forwards_per_iter:.2f} | "
-            f"{ms(r.iteration_s)} | " + " | ".join(ms(None if path_of(r.name) == "static" else r.phase_s[p])
-                                                   for p in ("draft", "verify", "accept", "observe")) + " | "
+            f"{ms(r.iteration_s)} | {ms(r.step_s)} | "
+            + " | ".join(ms(None if path_of(r.name) == "static" else r.phase_s[p])
+                         for p in ("draft", "verify", "accept", "observe")) + " | "
             f"{ms(r.forwards_s)} | "
-            f"{ms(r.overhead_s)} ({r.overhead_frac:.0%}) |")
+            f"{ms(r.overhead_s)} ({r.overhead_frac:.0%}){interval_text(r)} | {r.cost_path} |")
     throughput = record.get("throughput") or {}
     if throughput:
         sizes = sorted({int(b) for t in throughput.values() for b in t["img_s"]})
@@ -725,6 +1182,51 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
     if setup["note"]:
         lines += ["", setup["note"]]
     return "\n".join(lines) + "\n"
+
+
+def interval_text(r: DecoderResult) -> str:
+    """`` [lo, hi]`` (ms): a static row's 95 % interval of its overhead, or nothing."""
+    if r.overhead_ci_s is None:
+        return ""
+    return f" [{ms(r.overhead_ci_s[0])}, {ms(r.overhead_ci_s[1])}]"
+
+
+def static_cost_lines(static: dict[str, Any] | None, repeats: int) -> list[str]:
+    """The markdown of the static path's cost model (``StaticCosts`` as its JSON record), or nothing."""
+    if not static:
+        return []
+    blocks = static["blocks"]
+    f1 = blocks[static["ar_block"]]["forward_s"]
+    lines = ["", f"## Cost model, static path (ms; steps: {static['mode']}; context {static['context']} image tokens; "
+             f"median of {repeats})", "",
+             ("Every probe runs as the static step runs (`coolsd.static.capture.Runner`: compiled whole with "
+              "`torch.compile(fullgraph=True, dynamic=False)` on a CPU with model.compile=true, captured in a CUDA "
+              "graph on a GPU, else eager), each probe one call: the target's `static_forward` over a `DeviceKVCache` "
+              "of the decoder's capacity, attending to every key slot under the mask built from positions (a static "
+              "tree: its ancestor mask); the verify (that forward, the p pipeline over its T rows and one draw: c_v(T)); "
+              "the drafter's network over the pending block of L + 1 pairs (feed) and over one pair (step), one row's "
+              "q pipeline + draw, and the whole drafting of one iteration (`static_propose`: c_d); and every network "
+              "of one drafter-based iteration in one call (feed, L − 1 steps, target forward), which a static row's "
+              "overhead subtracts."),
+             "", "| block | key slots | static forward | × ar@static's | verify (forward + pipeline + draw) |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {key} | {b['slots']} | {ms(b['forward_s'])} | {b['forward_s'] / f1:.2f} | {ms(b['verify_s'])} |"
+              for key, b in blocks.items()]
+    lines += ["", f"AR cost per token on this path c_1 = {ms(blocks[static['ar_block']]['verify_s'])} ms.", "",
+              "| drafter | feed (L + 1 pairs) | step (1 pair) | q pipeline + draw | feed + (L − 1) steps, separately "
+              "| drafting / iteration (static_propose) |", "|---|---|---|---|---|---|"]
+    for key, d in static["drafters"].items():
+        separate = d["feed_s"] + max(d["depth"] - 1, 0) * d["step_s"]
+        lines.append(f"| {key} | {ms(d['feed_s'])} | {ms(d['step_s'])} | {ms(d['pipeline_s'])} | {ms(separate)} | "
+                     f"{ms(d['propose_s'])} |")
+    if static["networks_s"]:
+        lines += ["", "| networks of one iteration, one call | ms | the same as separate calls |", "|---|---|---|"]
+        for key, value in static["networks_s"].items():
+            dkey, bkey = key.split("; ", 1)
+            d = static["drafters"][dkey]
+            separate = d["feed_s"] + max(d["depth"] - 1, 0) * d["step_s"] + blocks[bkey]["forward_s"]
+            lines.append(f"| {key} | {ms(value)} | {ms(separate)} |")
+    return lines
 
 
 def call_count_lines(counts: dict[str, dict[str, Any]]) -> list[str]:
@@ -895,29 +1397,35 @@ def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
         "warmup": cfg.warmup, "drafter_weights": cfg.drafter_weights,
         "compile": cfg.compile_mode if cfg.compile else False, "cuda_graphs": cfg.cuda_graphs, "note": cfg.note,
         "paths": paths, "static_steps": next((d.static.mode for d in decoders.values() if d.static), None),
-        "static_refused": refused,
+        "static_refused": refused, "model_compile": bool(getattr(model, "compile", False)),
+        "command": bench_command(),
     }
     with torch.inference_mode():
         cost = CostModel(cfg, model, eager or decoders, prompts[0], timer)
+        static_decoders = {label: dec for label, dec in decoders.items() if path_of(label) == "static"}
+        static_cost = StaticCostModel(static_decoders, model, prompts[0], cost.context, cfg.seed, cost.probes) \
+            if static_decoders else None
         progress(f"cost model probes built ({len(cost.probes.fns)})")
-        stats = run_interleaved(decoders, prompts, cfg, cost)
+        stats, target_s = run_interleaved(decoders, prompts, cfg, cost, static_cost)
         counts = {name: decode_counts(dec, prompts[0], cfg.seed) for name, dec in eager.items()} \
             if cfg.call_counts else {}  # the static path's forwards are not hooked: its steps read nothing
         costs = cost.costs()
+        static_costs = static_cost.costs() if static_cost else None
         results: dict[str, DecoderResult] = {}
         for label in decoders:  # AR of each path first: the denominator of that path's speedups
             if label == ar_label(label):
-                results[label] = summarize(label, stats[label], decoders[label], costs, None, None)
+                results[label] = summarize(label, stats[label], decoders[label], costs, None, None, static_costs,
+                                           target_s.get(label))
         for label in decoders:
             if label != ar_label(label):
                 base = results[ar_label(label)]
                 ar = {"latency_s": base.latency_s, "iteration_s": base.iteration_s}
                 results[label] = summarize(label, stats[label], decoders[label], costs, ar,
-                                           paper.get(label.removesuffix(STATIC)))
+                                           paper.get(label.removesuffix(STATIC)), static_costs, target_s.get(label))
         record = {
             "setup": {**setup, "repeats": len(cost.probes.samples["sample"])},
             "complete": False,
-            "costs": asdict(costs),
+            "costs": {"eager": asdict(costs), "static": asdict(static_costs) if static_costs else None},
             "call_anatomy": cost.anatomy,
             "call_counts": {label: {**asdict(c), **c.summary()} for label, c in counts.items()},
             "graph_errors": cost.graph_errors,
@@ -940,6 +1448,34 @@ def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:
     record["complete"] = True
     write_bench(cfg, record, costs, results)
     return record
+
+
+def negative_overheads(folder: Path) -> list[str]:
+    """``"<file>: <row> <overhead>"`` for every decoder row of a bench record (``decoders.<row>.overhead_s``) in
+    ``folder`` or below whose overhead is negative: an iteration that took less than the network forwards its cost
+    model puts inside it, i.e. a cost model that does not describe the path the row ran on. A static row whose
+    record holds a 95 % interval of its overhead (``overhead_ci_s``) counts when the whole interval is below 0: a
+    difference of two probes that noise put below 0 is not a wrong cost model."""
+    found = []
+    for path in sorted(Path(folder).rglob("*.json")):
+        record = json.loads(path.read_text())
+        rows = record.get("decoders") if isinstance(record, dict) else None
+        for name, row in (rows or {}).items() if isinstance(rows, dict) else ():
+            interval = row.get("overhead_ci_s") if isinstance(row, dict) else None
+            if isinstance(row, dict) and row.get("overhead_s") is not None and row["overhead_s"] < 0 and \
+                    (interval is None or interval[1] < 0):
+                found.append(f"{path.relative_to(folder)}: {name} {row['overhead_s'] * 1e3:.3f} ms "
+                             f"({row.get('overhead_frac', 0):.0%})")
+    return found
+
+
+def bench_command() -> str | None:
+    """The command line that made this record (``scripts/bench.py`` and its overrides), None outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return " ".join(["python scripts/bench.py", *HydraConfig.get().overrides.task])
 
 
 def write_bench(cfg: DictConfig, record: dict[str, Any], costs: Costs, results: dict[str, DecoderResult]) -> None:

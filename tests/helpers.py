@@ -1,7 +1,9 @@
 """Test helpers: tiny model builders and a chi-square goodness-of-fit test with merged sparse cells."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
@@ -14,13 +16,14 @@ from coolsd.types import TargetOutput
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-def tiny_llamagen(dtype: str = "float32", **sampling) -> LlamaGen:
-    """The model of ``configs/model/tiny.yaml`` with optional sampling overrides."""
+def tiny_llamagen(dtype: str = "float32", runtime: Mapping[str, Any] | None = None, **sampling) -> LlamaGen:
+    """The model of ``configs/model/tiny.yaml`` on the CPU in ``dtype``, with optional runtime options
+    (``{"compile": True}``) and sampling overrides."""
     cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / "tiny.yaml"))
     cfg.pop("_target_")
     cfg.pop("defaults", None)
     cfg["sampling"].update(sampling)
-    cfg.update(dtype=dtype, device="cpu")
+    cfg.update(dtype=dtype, device="cpu", **(runtime or {}))
     return LlamaGen(**cfg)
 
 

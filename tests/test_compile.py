@@ -31,9 +31,8 @@ def _forwards(model, prompt="zero"):
 @pytest.mark.slow
 def test_compiled_forwards_and_drafter_equal_eager_in_float64_and_greedy_sd_equals_ar():
     eager = tiny_llamagen("float64", temperature=0.0)
-    compiled = tiny_llamagen("float64", temperature=0.0)
-    compiled._place("cpu", "float64", eager.attention_kernel, eager.tf32, eager.pixel_rounding,
-                    eager.batch_invariant, eager.row_block, compile=True)
+    compiled = tiny_llamagen("float64", runtime={"compile": True}, temperature=0.0)
+    assert compiled.runtime == eager.runtime.replace(compile=True)
     assert compiled.gpt.compiled and not eager.gpt.compiled
     with torch.inference_mode():
         for a, b in zip(_forwards(eager), _forwards(compiled)):
@@ -68,4 +67,4 @@ def test_adapters_without_compiled_layers_refuse_it_before_reading_weights():
             cls(sampling={}, compile=True)
     eager_only(False, "x")
     with pytest.raises(TypeError, match="model.compile"):
-        tiny_llamagen("float64")._place("cpu", "float64", compile="yes")
+        tiny_llamagen("float64", runtime={"compile": "yes"})

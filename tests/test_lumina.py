@@ -1,16 +1,16 @@
 """Lumina-mGPT adapter on a tiny random Chameleon + tiny VQGAN (no download): vocabulary map, prompt and
 structural tokens against transformers' own Chameleon forward, the unconditional CFG stream, cached and
 tree forwards, KV compaction and rollback across row ends, the EAGLE draft layer, Meta's VQGAN checkpoint
-layout, missing-file errors, greedy speculative decoding = AR, and every decoder through ``run.py``.
+layout, missing-file errors, greedy speculative decoding = AR. What every adapter promises (batched = alone,
+shapes, missing weights, the published size on the meta device, every decoder through ``run.py``) is checked in
+``tests/test_adapters.py``.
 
-Everything is exact (float64, tolerance 1e-9) except ``run.py``, which only has to finish and report.
-No network, no checkpoints. About 30 s on one CPU core (plus the imports), ~15 s of it the ``run.py`` run.
+Everything is exact (float64, tolerance 1e-9). No network, no checkpoints. About 15 s on one CPU core (plus the
+imports).
 """
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import types
 
@@ -41,9 +41,8 @@ from coolsd.models.lumina_mgpt import (
 )
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
 from coolsd.rng import HEADER, Streams
-from tests.helpers import CONFIGS, default_run_decoders, forward1, keep1, prefill1
+from tests.helpers import forward1, keep1, prefill1
 
-ROOT = CONFIGS.parent
 TOL = {"rtol": 1e-9, "atol": 1e-9}
 PROMPT = "a red cat"
 SIZES = {"num_hidden_layers": 2, "num_key_value_heads": 2, "num_codes": 64}
@@ -627,23 +626,6 @@ def test_pretrained_path_reads_the_lumina_layout_offline(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="does not belong to this model"):
         LuminaMGPT(sampling={"cfg_scale": 3.0}, width=64, height=96, hub_repo="fake/lumina",
                    tokenizer_dir=str(meta), device="cpu", dtype="float64")
-
-
-# -- run.py --------------------------------------------------------------------------------------------------
-@pytest.mark.slow  # an end-to-end run (CI's -m slow pass)
-def test_every_decoder_runs_through_run_py(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
-    args = ["model=lumina_tiny", "logger=none", "compare=all", "eval.num_prompts=1", "eval.warmup=0",
-            f"hydra.run.dir={tmp_path}"]  # the model's default prompts: data=fixed through eval=quick_text
-    proc = subprocess.run([sys.executable, "run.py", *args], check=False, cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((tmp_path / "run.json").read_text())
-    suite = default_run_decoders()
-    assert set(record["per_decoder"]) == suite
-    assert record["per_decoder"]["ar"]["target_forwards_per_image"] == 16  # prefill + 15 steps, 4 x 4 grid
-    for name in suite:
-        assert len(list((tmp_path / "images" / name).glob("*.png"))) == 1
 
 
 def test_random_weights_take_the_real_vocabulary_size():

@@ -12,7 +12,7 @@ meta tensors: ``torch.save`` keeps their shapes and no storage).
 | ``t2i_XL_stage1_256.pt``, ``t2i_XL_stage2_512.pt`` (peizesun/llamagen_t2i) | FoundationVision/LlamaGen ``autoregressive/models/gpt.py`` (``GPT_XL``, ``cls_token_num=120``, ``model_type="t2i"``) | ``LlamaGenT2I(pretrained=True, weights_dir=...)`` |
 | ``vq_ds16_t2i.pt`` | LlamaGen ``tokenizer/tokenizer_image/vq_model.py`` ``VQ_16`` (``tests/test_vq.py: reference_keys``) | the same ``LlamaGenT2I`` |
 | ``jadohu/llamagen_drafter``, ``jadohu/llamagen2_drafter`` (``config.json`` + ``pytorch_model.bin``) | jadohu/LANTERN ``data/configs/llamagen_t2i{,2}_config.json`` + ``models/drafters/cnets_llamagen.py: Model`` | ``EagleDrafter(checkpoint=..., prefix="all")`` |
-| ``deepseek-community/Janus-Pro-1B`` / ``-7B`` | deepseek-ai/Janus-Pro-{1B,7B} ``config.json`` + deepseek-ai/Janus ``janus/models/{modeling_vlm,siglip_vit,projector,vq_model}.py``, renamed as transformers' ``convert_janus_weights_to_hf.py`` does | ``strict_load`` into ``JanusForConditionalGeneration`` (``load_pretrained`` refuses missing / unexpected / mismatched keys) |
+| ``deepseek-community/Janus-Pro-1B`` / ``-7B`` | deepseek-ai/Janus-Pro-{1B,7B} ``config.json`` + deepseek-ai/Janus ``janus/models/{modeling_vlm,siglip_vit,projector,vq_model}.py``, renamed as transformers' ``convert_janus_weights_to_hf.py`` does | ``strict_load`` into ``JanusForConditionalGeneration`` inside ``JanusPro`` (``load_pretrained`` refuses missing / unexpected / mismatched keys; ``published_janus_pro``, checked by ``tests/test_adapters.py``) |
 | ``Alpha-VLLM/Lumina-mGPT-7B-768`` | Chameleon-7B's ``config.json`` values + Lumina-mGPT ``model/chameleon/modeling_chameleon.py`` (qk-norm per model-parallel shard) and ``convert_chameleon_weights_to_hf.py`` (``model.vqmodel.*`` = the VQGAN's non-decoder keys) | ``build_lumina_lm`` |
 | ``vqgan.ckpt`` (Meta's Chameleon tokenizer) | its ``vqgan.yaml`` + Meta's ``chameleon/vqgan.py`` (taming layout; ``tests/test_lumina.py: meta_decoder_shapes``) | ``load_vqgan`` |
 | ``BAAI/Emu3-Gen-hf`` (language model) | BAAI/Emu3-Gen ``config.json`` values + baaivision/Emu3 ``emu3/mllm/modeling_emu3.py`` (``Emu3ForCausalLM``), renamed as transformers' ``conversion_mapping.py`` loads it | ``strict_load`` into ``Emu3ForConditionalGeneration`` |
@@ -23,12 +23,19 @@ Published values that could not be re-read here (no network) are Janus-Pro's, Lu
 ``config.json`` sizes; they are the DeepSeek-LLM 1.3B / 7B and Chameleon-7B sizes those repositories and
 their papers state, and for Emu3 the defaults of transformers' ``Emu3TextConfig`` and of baaivision/Emu3's
 vision-tokenizer configuration class (noted where used). About 20 s on 2 CPU cores.
+
+``PUBLISHED`` builds every adapter at its published size through its own constructor on the meta device
+(``Published``); the conformance suite (``tests/test_adapters.py``) checks those layouts and loads them strictly.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -199,29 +206,33 @@ def write_pt(path, state: dict[str, torch.Tensor], nest: str | None = "model") -
     torch.save({nest: state, "steps": 1} if nest else state, path)
 
 
+def t2i_on_meta(size: int, folder, **overrides):
+    """``configs/model/llamagen_t2i_{size}.yaml``'s adapter on the meta device, its GPT and VQ loaded through
+    ``LlamaGenT2I(pretrained=True)`` from files in ``folder`` with the published key names and shapes (written
+    here once)."""
+    from coolsd.models.llamagen_t2i import LlamaGenT2I
+
+    if not (folder / "vq_ds16_t2i.pt").is_file():
+        gpt = meta_state(llamagen_gpt_keys(**GPT_XL))
+        for name in ("t2i_XL_stage1_256.pt", "t2i_XL_stage2_512.pt"):  # the two stages share every shape
+            write_pt(folder / name, gpt)
+        write_pt(folder / "vq_ds16_t2i.pt", meta_state(llamagen_vq_keys((1, 1, 2, 2, 4))))
+    cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / f"llamagen_t2i_{size}.yaml"))
+    cfg.pop("_target_"), cfg.pop("defaults", None)
+    cfg.update(device="meta", weights_dir=str(folder), **overrides)
+    with torch.device("meta"):
+        return LlamaGenT2I(**cfg)
+
+
 @pytest.fixture(scope="module")
 def xl_targets(tmp_path_factory, flan_t5_xl):
     """LlamaGen T2I-XL stage I and II, built from configs/model/llamagen_t2i_{256,512}.yaml on the meta device and
     loaded through ``LlamaGenT2I(pretrained=True)`` from files with the published key names and shapes."""
-    from coolsd.models.llamagen_t2i import HashWordTokenizer, LlamaGenT2I
+    from coolsd.models.llamagen_t2i import HashWordTokenizer
 
     folder = tmp_path_factory.mktemp("llamagen_t2i")
-    gpt = llamagen_gpt_keys(**GPT_XL)
-    for name in ("t2i_XL_stage1_256.pt", "t2i_XL_stage2_512.pt"):  # the two stages share every shape
-        write_pt(folder / name, meta_state(gpt))
-    write_pt(folder / "vq_ds16_t2i.pt", meta_state(llamagen_vq_keys((1, 1, 2, 2, 4))))
-    models = {}
-    for size in (256, 512):
-        cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / f"llamagen_t2i_{size}.yaml"))
-        cfg.pop("_target_"), cfg.pop("defaults", None)
-        cfg.update(
-            device="meta",
-            weights_dir=str(folder),
-            text_encoder=flan_t5_xl,
-            tokenizer=HashWordTokenizer(32128),
-        )
-        with torch.device("meta"):
-            models[size] = LlamaGenT2I(**cfg)
+    models = {size: t2i_on_meta(size, folder, text_encoder=flan_t5_xl, tokenizer=HashWordTokenizer(32128))
+              for size in (256, 512)}
     return models, folder
 
 
@@ -556,23 +567,6 @@ def janus_config(cfg: dict):
     return JanusConfig(text_config=text, vision_config=vision, vq_config=vq)
 
 
-@pytest.mark.parametrize("size", ["1B", "7B"])
-def test_janus_pro_checkpoints_fit_transformers_janus_strictly(size):
-    from transformers import JanusForConditionalGeneration
-
-    shapes = janus_hf_keys(JANUS_PRO[size])
-    assert not any("attn_pool" in k or "codebook_used" in k or "qkv" in k for k in shapes)
-    with torch.device("meta"):
-        model = JanusForConditionalGeneration(janus_config(JANUS_PRO[size]))
-    assert_layout(model, shapes)
-    strict_load(model, meta_state(shapes), f"deepseek-community/Janus-Pro-{size}")
-    for corrupt in broken(shapes):
-        with pytest.raises(ValueError, match="does not match"):
-            strict_load(model, meta_state(corrupt), "corrupt")
-    cfg = OmegaConf.load(CONFIGS / "model" / f"janus_pro_{size.lower()}.yaml")
-    assert cfg.repo_id == f"deepseek-community/Janus-Pro-{size}"
-
-
 # -- Lumina-mGPT-7B-768 (Alpha-VLLM/Lumina-mGPT, a Chameleon-7B fine-tune) -------------------------------------------
 CHAMELEON_7B = {
     "vocab_size": 65536,
@@ -700,15 +694,10 @@ def lumina_keys() -> Shapes:
     return keys
 
 
-def test_lumina_mgpt_7b_768_loads_strictly_through_build_lumina_lm():
-    from transformers import ChameleonConfig
-
-    from coolsd.models.lumina_mgpt import build_lumina_lm
-
-    config = ChameleonConfig(**CHAMELEON_7B, vocabulary_map={"<image>": 8711})
-    shapes = lumina_keys()
-    lm = build_lumina_lm(config, meta_state(shapes), "Alpha-VLLM/Lumina-mGPT-7B-768")
-    expected = {k: s for k, s in shapes.items() if not k.startswith("model.vqmodel.")}
+def lumina_lm_layout() -> Shapes:
+    """``ChameleonLM``'s state dict at Lumina-mGPT-7B-768's sizes: ``lumina_keys`` without the VQGAN, the qk-norm
+    rows expanded per head as ``build_lumina_lm`` loads them."""
+    expected = {k: s for k, s in lumina_keys().items() if not k.startswith("model.vqmodel.")}
     heads = {"q": CHAMELEON_7B["num_attention_heads"], "k": CHAMELEON_7B["num_key_value_heads"]}
     expected.update(
         {
@@ -717,7 +706,18 @@ def test_lumina_mgpt_7b_768_loads_strictly_through_build_lumina_lm():
             if k.endswith(("q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias"))
         }
     )  # per head
-    assert_layout(lm, expected)
+    return expected
+
+
+def test_lumina_mgpt_7b_768_loads_strictly_through_build_lumina_lm():
+    from transformers import ChameleonConfig
+
+    from coolsd.models.lumina_mgpt import build_lumina_lm
+
+    config = ChameleonConfig(**CHAMELEON_7B, vocabulary_map={"<image>": 8711})
+    shapes = lumina_keys()
+    lm = build_lumina_lm(config, meta_state(shapes), "Alpha-VLLM/Lumina-mGPT-7B-768")
+    assert_layout(lm, lumina_lm_layout())
     assert sum(p.numel() for p in lm.parameters()) == 7_013_666_816
     for corrupt in broken({k: s for k, s in shapes.items() if not k.startswith("model.vqmodel.")}):
         with pytest.raises(ValueError, match="does not match"):
@@ -1006,3 +1006,122 @@ def test_emu3_vision_tokenizer_loads_strictly_at_full_size():
     for corrupt in broken(shapes):
         with pytest.raises(ValueError, match="does not match"):
             strict_load(model, {**lm_state, **meta_state(corrupt)}, "corrupt")
+
+
+# -- every adapter at its published size, for the conformance suite (tests/test_adapters.py) -----------------------
+@dataclass(frozen=True)
+class Published:
+    """An adapter at the size of its published weights, built through its own constructor on the meta device
+    (``model.device=meta``: nothing allocated), with the grid and codebook its weights have and the layout each
+    submodule must have (``layouts``: ``get_submodule`` path -> keys and shapes derived above from the code that
+    wrote each checkpoint). ``tests/test_adapters.py`` checks the layouts and loads them strictly."""
+
+    model: Any
+    layouts: dict[str, Shapes]
+    grid: tuple[int, int]
+    codebook_size: int
+
+
+def yaml_model(name: str, **overrides) -> dict[str, Any]:
+    """``configs/model/<name>.yaml``'s keyword arguments (no ``_target_``, no defaults list), with ``overrides``."""
+    cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / f"{name}.yaml"), resolve=True)
+    cfg.pop("_target_"), cfg.pop("defaults", None)
+    return {**cfg, **overrides}
+
+
+def file_layout(path) -> Shapes:
+    """Keys and shapes of a safetensors file, read from its header."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
+def published_embedded() -> Published:
+    """The embedded model (``model=embedded``) with its shipped checkpoints, whose files define its layout."""
+    from coolsd.models.llamagen import LlamaGen
+
+    cfg = yaml_model("embedded", device="meta")
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the shipped tensors copied into meta weights: a no-op
+        model = LlamaGen(**cfg)
+    return Published(model, {"gpt": file_layout(cfg["gpt_checkpoint"]), "vq": file_layout(cfg["vq_checkpoint"])},
+                     (7, 7), 1024)
+
+
+def published_llamagen_t2i(size: int) -> Callable[[], Published]:
+    def build() -> Published:
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as folder:
+            model = t2i_on_meta(size, Path(folder), text_encoder="tiny_random")
+        return Published(model, {"gpt": llamagen_gpt_keys(**GPT_XL), "vq": llamagen_vq_keys((1, 1, 2, 2, 4))},
+                         (size // 16, size // 16), 16384)
+
+    return build
+
+
+def published_janus_pro(size: str) -> Callable[[], Published]:
+    """``configs/model/janus_pro_{1b,7b}.yaml``'s adapter over ``JanusForConditionalGeneration`` of the published
+    config (a prebuilt model: the adapter's own loader reads the hub snapshot's safetensors)."""
+
+    def build() -> Published:
+        from transformers import JanusForConditionalGeneration
+
+        from coolsd.models.janus_pro import JanusPro, tiny_tokenizer
+
+        shapes = janus_hf_keys(JANUS_PRO[size])
+        assert not any("attn_pool" in k or "codebook_used" in k or "qkv" in k for k in shapes)
+        cfg = yaml_model(f"janus_pro_{size.lower()}", device="meta")
+        assert cfg["repo_id"] == f"deepseek-community/Janus-Pro-{size}"
+        with torch.device("meta"):
+            hf = JanusForConditionalGeneration(janus_config(JANUS_PRO[size]))
+        model = JanusPro(**cfg, model=hf, tokenizer=tiny_tokenizer())
+        return Published(model, {"janus": shapes}, (24, 24), 16384)
+
+    return build
+
+
+def published_lumina_mgpt() -> Published:
+    """``configs/model/lumina_mgpt_768.yaml``'s adapter with random weights at Lumina-mGPT-7B's sizes (the
+    language model) and the decoder of Meta's VQGAN (``vqgan.yaml``)."""
+    from coolsd.models.lumina_mgpt import LuminaMGPT
+
+    c, dd = CHAMELEON_7B, CHAMELEON_VQGAN_YAML["ddconfig"]
+    vqgan = {"embed_dim": CHAMELEON_VQGAN_YAML["embed_dim"],
+             **{k: dd[k] for k in ("z_channels", "ch", "ch_mult", "num_res_blocks", "attn_resolutions", "resolution")}}
+    init = {"hidden_size": c["hidden_size"], "intermediate_size": c["intermediate_size"],
+            "num_hidden_layers": c["num_hidden_layers"], "num_attention_heads": c["num_attention_heads"],
+            "num_key_value_heads": c["num_key_value_heads"], "vocab_size": c["vocab_size"],
+            "num_codes": CHAMELEON_VQGAN_YAML["n_embed"], "shuffle_codes": False, "vqgan": vqgan}
+    model = LuminaMGPT(**yaml_model("lumina_mgpt_768", pretrained=False, random_init=init, header="forced",
+                                    device="meta"))
+    decoder = meta_decoder_shapes(n_embed=CHAMELEON_VQGAN_YAML["n_embed"], **vqgan)
+    return Published(model, {"lm": lumina_lm_layout(), "vqgan": decoder}, (48, 48), 8192)
+
+
+def published_emu3_gen() -> Published:
+    """``configs/model/emu3_gen.yaml``'s adapter over ``Emu3ForConditionalGeneration`` of the published config (a
+    prebuilt model) with a tokenizer of Emu3's special and 32,768 visual tokens."""
+    from transformers import Emu3ForConditionalGeneration
+
+    from coolsd.models.emu3 import TINY_TEXT, Emu3Gen, tiny_tokenizer, tiny_vocabulary, tiny_words
+
+    with torch.device("meta"):
+        hf = Emu3ForConditionalGeneration(emu3_config())
+    tokenizer = tiny_tokenizer(tiny_vocabulary(EMU3_VISION_TOKENIZER["codebook_size"], tiny_words(*TINY_TEXT)))
+    model = Emu3Gen(**yaml_model("emu3_gen", device="meta"), model=hf, tokenizer=tokenizer)
+    return Published(model, {"emu3": emu3_gen_hf_shapes()}, (90, 90), 32768)
+
+
+#: every adapter's published instances (``Adapter.published`` in tests/test_adapters.py names them)
+PUBLISHED: dict[str, Callable[[], Published]] = {
+    "embedded": published_embedded,
+    "llamagen_t2i_256": published_llamagen_t2i(256),
+    "llamagen_t2i_512": published_llamagen_t2i(512),
+    "janus_pro_1b": published_janus_pro("1B"),
+    "janus_pro_7b": published_janus_pro("7B"),
+    "lumina_mgpt_768": published_lumina_mgpt,
+    "emu3_gen": published_emu3_gen,
+}

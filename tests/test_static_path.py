@@ -188,30 +188,14 @@ def test_sync_guard_static_steps_read_nothing_and_iterations_read_once(embedded,
             assert guard.total <= calls and set(guard.reads) <= {"__bool__"}, guard.where[:3]
 
 
-def test_sync_guard_static_steps_on_the_tiny_models(monkeypatch, tiny_model):
-    """The same on the tiny LlamaGen (float64, SDPA attention): AR reads nothing, a chain once per iteration."""
-    for decoder in (Decoder("ar", tiny_model, ExactRule(), path="static"),
-                    Decoder("sd", tiny_model, ExactRule(), draft_len=3, path="static",
-                            drafter=EagleDrafter(tiny_model, head=EagleHead(tiny_model, init_seed=1))),
-                    Decoder("sjd", tiny_model, ExactRule(), draft_len=5, path="static",
-                            drafter=JacobiDrafter(tiny_model, init="random", carry="maximal"))):
-        decoder.generate_batch(["one", "two"], [0, 1])
-        guard, calls = guarded_decode(monkeypatch, decoder, ["one", "two"], [2, 3])
-        monkeypatch.undo()
-        assert guard.total == (0 if decoder.plain_ar else calls) or guard.total <= calls, guard.where[:3]
-        assert set(guard.reads) <= {"__bool__"}
-
-
 # -- compiled whole on a CPU ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", [pytest.param("ar", marks=pytest.mark.slow), "chain",
-                                  pytest.param("jacobi_window", marks=pytest.mark.slow),
-                                  pytest.param("tree", marks=pytest.mark.slow),
-                                  pytest.param("dynamic_tree", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["ar", "jacobi_window", "tree", "dynamic_tree"])
 def test_static_path_steps_compile_whole_without_recompiling(kind):
     """Each step compiles with ``fullgraph=True, dynamic=False`` (a graph break raises) and is not recompiled
     across the positions of an image (first, middle, last), the accept outcomes of its iterations, or for a
-    second batch of the same size (dynamo's ``error_on_recompile``); every image is complete. The chain's in the
-    default suite, the others (a minute or more each) in ``-m slow``."""
+    second batch of the same size (dynamo's ``error_on_recompile``); every image is complete. A minute or more each
+    (``-m slow``); the chain's step, on every adapter with a static path: ``tests/test_adapters.py``."""
     import torch._dynamo
 
     torch._dynamo.reset()

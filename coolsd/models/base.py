@@ -9,6 +9,11 @@ position ``i`` and its output is the distribution of token ``i + 1``. The prefil
 distribution of token 0. Every call serves a batch of ``B`` images (prompts); tensors carry the image
 axis after the stream axis: logits and hidden states are (S, B, T, ·), tokens and positions (B, T).
 
+The options every adapter shares (device, dtype, attention kernel, TF32, pixel rounding, batch invariance, row
+block, requires_cuda, compile) are one ``Runtime``, folded from the model YAML's keys by ``AdapterMeta`` and
+applied by ``ImageARModel.place``; the contract an adapter satisfies is ``docs/extending.md`` ("A model adapter"),
+checked for every adapter by ``tests/test_adapters.py``.
+
 Example: ``coolsd.models.llamagen.LlamaGen`` implements it; ``python run.py model=tiny`` uses it.
 """
 from __future__ import annotations
@@ -16,12 +21,17 @@ from __future__ import annotations
 import abc
 import contextlib
 import contextvars
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from coolsd import validate
+from coolsd.device import resolve_device
 from coolsd.kv_cache import padding_invariant
 from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig, stream_probs
@@ -167,8 +177,6 @@ def _(q, k, v, mask, matmul, single, head_dim):  # noqa: ANN001, ANN202
 def eager_only(compile: Any, model: str) -> None:
     """``model.compile`` of an adapter without compiled layers: a boolean, refused when true (before any weight
     is read)."""
-    from coolsd import validate
-
     if validate.boolean("model.compile", compile):
         raise ValueError(f"model.compile=true is implemented for the LlamaGen adapters (model=embedded, tiny, "
                          f"llamagen_t2i_*); {model} decodes eagerly: set model.compile=false")
@@ -242,8 +250,6 @@ class RowBlockLinear(nn.Linear):
 
 
 def check_row_block(row_block: int) -> int:
-    from coolsd import validate
-
     validate.integer("model.row_block", row_block, minimum=1)
     return validate.choice("model.row_block", row_block, ROW_BLOCKS)
 
@@ -283,6 +289,127 @@ def batch_invariant_linears(module: nn.Module, row_block: int = 1) -> int:
     return changed
 
 
+#: ``model.dtype``: the torch dtypes by name (``auto``: see ``Runtime.resolve``)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how an adapter runs: the options every adapter shares, each the model YAML's top-level key of the
+    same name (``model.device=cpu``, ``model.compile=true``). Checked when made, an error naming the key and what
+    it allows. An adapter's own defaults are its ``ImageARModel.runtime_defaults``; these field defaults are the
+    transformers-based adapters' (PyTorch's kernels and TF32 settings, pixels truncated).
+
+    * ``device``: ``auto`` (CUDA if usable, else the CPU), ``cpu``, ``cuda[:k]`` or ``meta`` (nothing allocated:
+      a real size built in seconds); resolved by ``coolsd.device.resolve_device``;
+    * ``dtype``: ``auto`` (bfloat16 on CUDA, the references' precision; float32 elsewhere) or a name of ``DTYPES``;
+    * ``attention_kernel`` (``ATTENTION_KERNELS``), ``tf32`` (``set_tf32``), ``pixel_rounding``
+      (``PIXEL_ROUNDINGS``): how the model's reference decodes and saves its images;
+    * ``batch_invariant``: on a CPU, float32 arithmetic whose bits do not depend on the batch (an image alone and
+      inside any batch are bitwise equal): linear weights stored column-major (``batch_invariant_linears``) and,
+      in the decoding loop, ``padding_invariant_attention``. ``false`` keeps PyTorch's layout, measured 5–7 %
+      faster per batch-1 one-token forward of the embedded model (about equal from 5 tokens or 32 images up);
+      an image may then differ in the last bits between batch sizes (measured: 3 of 480 default-run images
+      changed tokens between batch 1 and batch 32);
+    * ``row_block`` (``ROW_BLOCKS``): CPU linears multiply whole blocks of this many rows (``RowBlockLinear``);
+    * ``requires_cuda``: with published weights, ``device=auto`` without CUDA stops before any file is read;
+    * ``compile``: ``torch.compile`` of the decode layers, implemented by adapters with ``compiled_layers``
+      (the others refuse it, naming the model).
+
+    Example: ``LlamaGen(gpt=..., vq=..., sampling=..., device="cpu")`` or ``runtime={"device": "cpu"}`` (changes
+    to the adapter's own defaults); ``runtime=Runtime(device="cpu")`` is taken as given (these field defaults).
+    """
+
+    device: str = "auto"
+    dtype: str = "auto"
+    attention_kernel: str = "auto"
+    tf32: bool = False
+    pixel_rounding: str = "truncate"
+    batch_invariant: bool = True
+    row_block: int = 1
+    requires_cuda: bool = False
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        device = str(self.device) if isinstance(self.device, torch.device) else self.device
+        if not isinstance(device, str) or not _device_name(device):
+            raise ValueError(f"model.device must be auto, cpu, cuda, cuda:<index> or meta, got {device!r}")
+        object.__setattr__(self, "device", device)
+        validate.choice("model.dtype", self.dtype, ("auto", *DTYPES))
+        check_reference_options(self.attention_kernel, self.pixel_rounding)
+        for key in ("tf32", "batch_invariant", "requires_cuda", "compile"):
+            validate.boolean(f"model.{key}", getattr(self, key))
+        check_row_block(self.row_block)
+
+    def replace(self, **changes: Any) -> Runtime:
+        """A copy with ``changes`` (checked as any ``Runtime``); an unknown key names the options there are."""
+        unknown = sorted(set(changes) - set(RUNTIME_KEYS))
+        if unknown:
+            raise TypeError(f"model.{unknown[0]} is not a runtime option; they are {list(RUNTIME_KEYS)}")
+        return dataclasses.replace(self, **changes)
+
+    def resolve(self, published: bool = True) -> tuple[torch.device, torch.dtype]:
+        """The device and dtype a model is placed on. ``requires_cuda`` holds only when the adapter reads its
+        ``published`` weights (``coolsd.device``: a ``DeviceError`` then, before any file is read); ``dtype=auto``
+        is bfloat16 on CUDA, float32 elsewhere."""
+        device = resolve_device(self.device, requires_cuda=self.requires_cuda and published)
+        if self.dtype == "auto":
+            return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+        return device, DTYPES[self.dtype]
+
+
+#: the keys of ``Runtime``: an adapter takes them as keyword arguments (``AdapterMeta``) or as one ``runtime``
+RUNTIME_KEYS = tuple(f.name for f in dataclasses.fields(Runtime))
+
+
+def _device_name(device: str) -> bool:
+    if device == "auto":
+        return True
+    try:
+        torch.device(device)
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
+def runtime_of(defaults: Runtime, runtime: Runtime | Mapping[str, Any] | None, options: Mapping[str, Any]) -> Runtime:
+    """The ``Runtime`` an adapter is built with: ``runtime`` as given (a mapping: changes to ``defaults``, the
+    adapter's own), else ``defaults``, then the keyword ``options`` of the same names on top."""
+    if runtime is None:
+        runtime = defaults
+    elif not isinstance(runtime, Runtime):
+        runtime = defaults.replace(**dict(runtime))
+    return runtime.replace(**options) if options else runtime
+
+
+class AdapterMeta(abc.ABCMeta):
+    """Builds an adapter with one ``Runtime``: the keys of ``RUNTIME_KEYS`` among its keyword arguments (a model
+    YAML's top-level keys, as Hydra passes them) are folded, with a ``runtime`` argument if given, over the class's
+    ``runtime_defaults`` before its ``__init__`` runs, which then takes them as ``runtime`` only. Any other key
+    reaches ``__init__`` as it is, so a misspelt one still fails there, naming it. Classes whose
+    ``runtime_defaults`` is None take no runtime options (the lookup model)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        defaults = getattr(cls, "runtime_defaults", None)
+        if defaults is not None:
+            options = {key: kwargs.pop(key) for key in RUNTIME_KEYS if key in kwargs}
+            kwargs["runtime"] = runtime_of(defaults, kwargs.pop("runtime", None), options)
+        return super().__call__(*args, **kwargs)
+
+
+def _runtime_option(name: str) -> property:
+    """``model.<name>``: the adapter's ``runtime.<name>``; setting it replaces the runtime (a shallow copy of
+    the adapter, e.g. a layer-skip drafter, then has its own)."""
+
+    def get(self: ImageARModel) -> Any:
+        return getattr(self.runtime, name)
+
+    def set(self: ImageARModel, value: Any) -> None:
+        self.runtime = self.runtime.replace(**{name: value})
+
+    return property(get, set, doc=f"``runtime.{name}`` (``Runtime``)")
+
+
 class BlockCache(Protocol):
     """The decoding state of a batch of prompts, block-addressed per image (``coolsd.kv_cache.StaticKVCache``)."""
 
@@ -299,22 +426,37 @@ class BlockCache(Protocol):
         """Keep only the listed images (finished images leave the batch)."""
 
 
-class ImageARModel(nn.Module, abc.ABC):
-    """Base class of every target model adapter (one image per prompt; CFG streams are internal)."""
+class ImageARModel(nn.Module, metaclass=AdapterMeta):
+    """Base class of every target model adapter (one image per prompt; CFG streams are internal).
+
+    The contract (``docs/extending.md``, "A model adapter"; ``tests/test_adapters.py`` checks it for every
+    adapter): ``__init__`` takes the adapter's own options (weights, prompt template, structural tokens, sizes),
+    ``sampling`` and one ``runtime`` (``Runtime``: its keys arrive as keyword arguments, folded by
+    ``AdapterMeta``), calls ``super().__init__(sampling, runtime)`` first, resolves its device and dtype with
+    ``self.runtime.resolve(published)`` before any file is read, builds or loads, and ends with ``place``.
+    """
 
     codebook_size: int
     grid: tuple[int, int]
     hidden_size: int
     sampling: SamplingConfig
-    #: ``model.batch_invariant``: on a CPU, float32 arithmetic whose bits do not depend on the batch (an image
-    #: alone and inside any batch are bitwise equal): linear weights stored column-major
-    #: (``batch_invariant_linears``) and, in the decoding loop, ``padding_invariant_attention``. ``false``
-    #: keeps PyTorch's default layout, measured 5–7 % faster per batch-1 one-token forward of the embedded
-    #: model (about equal from 5 tokens or 32 images up); an image may then differ in the last bits between
-    #: batch sizes (measured: 3 of 480 default-run images changed tokens between batch 1 and batch 32).
-    batch_invariant: bool = True
-    #: ``model.row_block`` (``batch_invariant_linears``): CPU linears multiply whole blocks of this many rows
-    row_block: int = 1
+    #: the adapter's runtime options when none is given (``Runtime``): the model family's reference settings.
+    #: ``None``: the class takes no runtime options (the lookup model keeps ``runtime``'s defaults)
+    runtime_defaults: Runtime | None = None
+    #: where and how the model runs (``Runtime``), set by ``__init__``
+    runtime: Runtime = Runtime()
+    #: whether ``model.compile=true`` is implemented (the LlamaGen adapters' compiled decode layers); the other
+    #: adapters refuse it in ``__init__``, naming ``model_name``
+    compiled_layers: bool = False
+    #: the model family's name in messages (default: the class name)
+    model_name: str = ""
+    # ``model.<key>`` of the runtime options the decoding code reads (``Runtime``)
+    attention_kernel = _runtime_option("attention_kernel")
+    tf32 = _runtime_option("tf32")
+    pixel_rounding = _runtime_option("pixel_rounding")
+    batch_invariant = _runtime_option("batch_invariant")
+    row_block = _runtime_option("row_block")
+    compile = _runtime_option("compile")
     #: How speculative Jacobi decoding initialises fresh window tokens on this model when
     #: ``decoder.drafter.init=auto`` (``baselines.jacobi.JacobiDrafter``): ``"random"`` (uniform over image
     #: codes) or ``"repeat_horizon"`` (copy the token one column to the left). Adapters declare the
@@ -327,6 +469,32 @@ class ImageARModel(nn.Module, abc.ABC):
     #: after the row's last cell (Lumina-mGPT): a spatial order's stand-in at that cell is then hidden from it,
     #: so the end-of-row token sees the row above as far as it is generated, as in the reference ports
     stand_in_is_end_of_row: bool = False
+
+    def __init__(self, sampling: SamplingConfig | Mapping[str, Any] | None = None,
+                 runtime: Runtime | None = None) -> None:
+        """``sampling``: a ``SamplingConfig`` or its fields; ``runtime``: the adapter's ``Runtime`` (an adapter
+        without ``compiled_layers`` refuses ``compile`` here, before any weight is read)."""
+        super().__init__()
+        if sampling is not None:
+            self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
+        if runtime is not None:
+            if not self.compiled_layers:
+                eager_only(runtime.compile, self.model_name or type(self).__name__)
+            self.runtime = runtime
+
+    def place(self, device: torch.device, dtype: torch.dtype | None = None,
+              float32: Iterable[nn.Module] = ()) -> None:
+        """The end of an adapter's construction: eval mode, every weight on ``device`` (cast to ``dtype`` if
+        given), the ``float32`` modules (VQ decoders) back in float32, CPU linears batch-invariant
+        (``runtime.batch_invariant``, ``runtime.row_block``: ``batch_invariant_linears``) and the process's TF32
+        setting (``runtime.tf32``: ``set_tf32``)."""
+        self.eval()
+        self.to(device=device, dtype=dtype)
+        for module in float32:
+            module.float()
+        if self.runtime.batch_invariant:
+            batch_invariant_linears(self, self.runtime.row_block)
+        set_tf32(device, self.runtime.tf32)
 
     @property
     def num_image_tokens(self) -> int:

@@ -34,10 +34,10 @@ def load_state_dict(
     If the file holds a dict whose tensors sit under one of ``nested_keys`` (e.g. ``"model"`` in LlamaGen
     training checkpoints), that entry is returned.
     """
+    problem = local_file_missing(path, fetch_hint)
+    if problem:
+        raise MissingWeightsError(problem)
     path = Path(path).expanduser()
-    if not path.is_file():
-        hint = f" Fetch it with: {fetch_hint}" if fetch_hint else ""
-        raise MissingWeightsError(f"weights file not found: {path} (looked in {path.parent.resolve()}).{hint}")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -51,6 +51,16 @@ def load_state_dict(
         if key in obj and isinstance(obj[key], dict):
             return obj[key]
     return obj
+
+
+def local_file_missing(path: str | os.PathLike, fetch_hint: str | None = None) -> str | None:
+    """Why the local weights file ``path`` cannot be read (where it was looked for, and ``fetch_hint``: how to
+    get it), or None when it is there."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return None
+    hint = f" Fetch it with: {fetch_hint}" if fetch_hint else ""
+    return f"weights file not found: {path} (looked in {path.parent.resolve()}).{hint}"
 
 
 def hub_file(repo_id: str, filename: str, local_dir: str | None = None, revision: str | None = None) -> str:

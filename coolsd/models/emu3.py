@@ -66,25 +66,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from coolsd import validate
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
+    Runtime,
     attention_context,
-    batch_invariant_linears,
-    check_reference_options,
-    check_row_block,
-    eager_only,
     hf_weights,
     per_stream,
     pixels_to_uint8,
-    set_tf32,
     stream_rows,
     to_rows,
 )
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.janus_pro import JanusDraftLayer, attention
-from coolsd.models.llamagen import resolve_device, resolve_dtype
 from coolsd.models.lumina_mgpt import CodesInVocabulary, LuminaCache, rotary_cos_sin
 from coolsd.required_files import RequiredFile
 from coolsd.rng import Streams
@@ -287,6 +281,9 @@ class Emu3Gen(CodesInVocabulary, ImageARModel):
     sjd_init = "random"
     spatial_orders = True  # image cells as positions (end-of-line slots added by LuminaCache), per-query masks
     stand_in_is_end_of_row = True  # a new row's first code is predicted by the row above's end-of-line token
+    #: baaivision/Emu3 ``image_generation.py``: PyTorch's SDPA dispatch and TF32 defaults, pixels truncated
+    runtime_defaults = Runtime()
+    model_name = "Emu3"
 
     @classmethod
     def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
@@ -311,31 +308,15 @@ class Emu3Gen(CodesInVocabulary, ImageARModel):
         ratio: str = "1:1",
         image_area: int = IMAGE_AREA,
         init_seed: int = 0,
-        device: str = "auto",
-        dtype: str = "auto",
-        attention_kernel: str = "auto",
-        tf32: bool = False,
-        pixel_rounding: str = "truncate",
-        batch_invariant: bool = True,
-        row_block: int = 1,
-        requires_cuda: bool = False,
-        compile: bool = False,
+        runtime: Runtime | None = None,
     ) -> None:
-        super().__init__()
-        eager_only(compile, "Emu3")
-        target_device = resolve_device(device, requires_cuda=requires_cuda and pretrained and model is None)
-        check_reference_options(attention_kernel, pixel_rounding)
-        self.batch_invariant = validate.boolean("model.batch_invariant", batch_invariant)
-        self.row_block = check_row_block(row_block)
-        self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
-        self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
+        super().__init__(sampling, runtime)
+        device, dtype = self.runtime.resolve(published=pretrained and model is None)
         self.positive_prompt, self.negative_prompt = positive_prompt, negative_prompt
-        torch_dtype = resolve_dtype(dtype, target_device)
         model, tokenizer = hf_weights(
             "Emu3", model, tokenizer, pretrained, arch, repo_id, "BAAI/Emu3-Gen-hf", "Emu3Arch",
-            lambda: load_pretrained(repo_id, revision, torch_dtype),
-            lambda: random_emu3(arch if isinstance(arch, Emu3Arch) else Emu3Arch(**dict(arch)), init_seed,
-                                torch_dtype))
+            lambda: load_pretrained(repo_id, revision, dtype),
+            lambda: random_emu3(arch if isinstance(arch, Emu3Arch) else Emu3Arch(**dict(arch)), init_seed, dtype))
         self.emu3 = model
         self.tokenizer = tokenizer
         self.lm = model.model.text_model  # Emu3TextModel
@@ -367,13 +348,8 @@ class Emu3Gen(CodesInVocabulary, ImageARModel):
             raise ValueError("only Emu3's default RoPE is supported")
         self.register_buffer("code_to_bpe", self.code_to_bpe_cpu.clone(), persistent=False)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)  # float32: moved, never cast
-        self.eval()
         self.requires_grad_(False)
-        self.to(device=target_device)
-        self.vq.float()  # the vision tokenizer decodes in float32
-        if self.batch_invariant:
-            batch_invariant_linears(self, self.row_block)
-        set_tf32(target_device, tf32)
+        self.place(device, float32=(self.vq,))  # the vision tokenizer decodes in float32
 
     @staticmethod
     def _token_id(vocab: Mapping[str, int], name: str) -> int:

@@ -50,23 +50,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coolsd import validate
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
+    Runtime,
     attention_context,
-    batch_invariant_linears,
-    check_row_block,
-    eager_only,
     hf_weights,
-    check_reference_options,
     per_stream,
     pixels_to_uint8,
-    set_tf32,
     stream_rows,
 )
 from coolsd.models.checkpoints import MissingWeightsError
-from coolsd.models.llamagen import resolve_device, resolve_dtype
 from coolsd.required_files import RequiredFile
 from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
@@ -373,6 +367,9 @@ class JanusPro(ImageARModel):
 
     sjd_init = "random"  # no SJD reference setting for Janus; uniform initialisation (the Lumina default)
     spatial_orders = True  # 1-D positions by raster cell, a static KV cache with per-query masks
+    #: deepseek-ai/Janus ``generation_inference.py``: PyTorch's SDPA dispatch and TF32 defaults, pixels truncated
+    runtime_defaults = Runtime()
+    model_name = "Janus-Pro"
 
     @classmethod
     def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
@@ -397,32 +394,17 @@ class JanusPro(ImageARModel):
         boi_token: str = BOI_TOKEN,
         pad_token: str = PAD_TOKEN,
         init_seed: int = 0,
-        device: str = "auto",
-        dtype: str = "auto",
-        attention_kernel: str = "auto",
-        tf32: bool = False,
-        pixel_rounding: str = "truncate",
-        batch_invariant: bool = True,
-        row_block: int = 1,
-        requires_cuda: bool = False,
-        compile: bool = False,
+        runtime: Runtime | None = None,
     ) -> None:
-        super().__init__()
-        eager_only(compile, "Janus-Pro")
-        target_device = resolve_device(device, requires_cuda=requires_cuda and pretrained and model is None)
-        check_reference_options(attention_kernel, pixel_rounding)
-        self.batch_invariant = validate.boolean("model.batch_invariant", batch_invariant)
-        self.row_block = check_row_block(row_block)
-        self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
-        self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
+        super().__init__(sampling, runtime)
+        device, dtype = self.runtime.resolve(published=pretrained and model is None)
         if "{prompt}" not in prompt_template:
             raise ValueError(f"model.prompt_template must contain '{{prompt}}', got {prompt_template!r}")
         self.prompt_template = prompt_template
-        torch_dtype = resolve_dtype(dtype, target_device)
         model, tokenizer = hf_weights(
             "Janus", model, tokenizer, pretrained, arch, repo_id, "deepseek-community/Janus-Pro-1B", "JanusArch",
-            lambda: load_pretrained(repo_id, revision, torch_dtype),
-            lambda: self._random_model(arch, tokenizer, init_seed, torch_dtype))
+            lambda: load_pretrained(repo_id, revision, dtype),
+            lambda: self._random_model(arch, tokenizer, init_seed, dtype))
         self.janus = model
         self.tokenizer = tokenizer
         self.lm = model.model.language_model  # LlamaModel
@@ -436,13 +418,8 @@ class JanusPro(ImageARModel):
         self.boi_token = boi_token
         self.boi_id = self._token_id(boi_token, "model.boi_token")
         self.pad_id = self._token_id(pad_token, "model.pad_token")
-        self.eval()
         self.requires_grad_(False)
-        self.to(device=target_device)
-        self.janus.model.vqmodel.float()  # the VQ decoder runs in float32 (as LlamaGen's adapter does)
-        if self.batch_invariant:
-            batch_invariant_linears(self, self.row_block)
-        set_tf32(target_device, tf32)
+        self.place(device, float32=(self.janus.model.vqmodel,))  # the VQ decoder in float32 (as LlamaGen's)
 
     @staticmethod
     def _random_model(arch, tokenizer, init_seed: int, dtype: torch.dtype) -> tuple[nn.Module, Any]:

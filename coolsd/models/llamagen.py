@@ -25,21 +25,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coolsd import validate
-from coolsd.device import resolve_device  # also imported from here by the other adapters
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
+    Runtime,
     attend,
     attention_context,
-    batch_invariant_linears,
-    check_row_block,
     check_prefix,
-    check_reference_options,
     per_stream,
-    set_tf32,
     stream_rows,
 )
+from coolsd.models.checkpoints import local_file_missing, missing_together
 from coolsd.models.vq import VQConfig, VQModel
 from coolsd.required_files import RequiredFile
 from coolsd.rng import Streams
@@ -560,12 +556,16 @@ class LlamaGenAdapter(ImageARModel):
     sjd_init = "repeat_horizon"  # the SJD reference's LlamaGen demo setting (test_llamagen.py)
     spatial_orders = True  # 2-D RoPE by grid cell, a static KV cache with per-query masks
     model_type = "c2i"  # the GPTConfig.model_type a subclass serves
+    #: FoundationVision/LlamaGen's sampling scripts: decode forwards on the math SDPA kernel (``generate.py``), TF32
+    #: on CUDA and images saved as torchvision's ``save_image`` (``sample_t2i.py``)
+    runtime_defaults = Runtime(attention_kernel="math", tf32=True, pixel_rounding="half_up")
+    compiled_layers = True  # model.compile: the piecewise compiled decode layers (compiled_region)
+    model_name = "LlamaGen"
 
     def _build(
         self,
         gpt: dict | GPTConfig,
         vq: dict | VQConfig,
-        sampling: dict | SamplingConfig,
         gpt_size: str | None,
         init_seed: int,
         init_std: float,
@@ -586,7 +586,6 @@ class LlamaGenAdapter(ImageARModel):
                 "coolsd.models.llamagen_t2i.LlamaGenT2I (model=llamagen_t2i_256)"
             )
         vq_cfg = vq if isinstance(vq, VQConfig) else VQConfig(**dict(vq))
-        self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
         if vq_cfg.codebook_size != self.cfg.vocab_size:
             raise ValueError(f"model.vq.codebook_size ({vq_cfg.codebook_size}) must equal "
                              f"model.gpt.vocab_size ({self.cfg.vocab_size})")
@@ -601,24 +600,11 @@ class LlamaGenAdapter(ImageARModel):
         self.hidden_size = self.cfg.dim
         self.active_layers = self.cfg.n_layer
 
-    def _place(self, device: str, dtype: str, attention_kernel: str = "math", tf32: bool = True,
-               pixel_rounding: str = "half_up", batch_invariant: bool = True, row_block: int = 1,
-               compile: bool = False) -> None:
-        """Eval mode on ``device`` in ``dtype`` (``auto``: bf16 on CUDA, float32 otherwise); the VQ in fp32;
-        the reference options (``attention_kernel``, ``tf32``, ``pixel_rounding``: ``coolsd.models.base``);
-        ``compile``: the piecewise compiled decode layers of target and EAGLE drafter (``compiled_region``)."""
-        check_reference_options(attention_kernel, pixel_rounding)
-        self.compile = self.gpt.compiled = validate.boolean("model.compile", compile)
-        target = resolve_device(device)
-        self.eval()
-        self.to(device=target, dtype=resolve_dtype(dtype, target))
-        self.vq.float()
-        self.batch_invariant = validate.boolean("model.batch_invariant", batch_invariant)
-        self.row_block = check_row_block(row_block)
-        if self.batch_invariant:
-            batch_invariant_linears(self, self.row_block)
-        self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
-        set_tf32(target, tf32)
+    def _place(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Eval mode on ``device`` in ``dtype``, the VQ in float32 (``ImageARModel.place``); ``runtime.compile``:
+        the piecewise compiled decode layers of target and EAGLE drafter (``compiled_region``)."""
+        self.gpt.compiled = self.runtime.compile
+        self.place(device, dtype, float32=(self.vq,))
 
     def _new_cache(self, batch: int, extra_slots: int) -> LlamaGenCache:
         c = self.cfg.cls_token_num
@@ -705,7 +691,7 @@ class LlamaGenAdapter(ImageARModel):
         no_dropout = {"token_dropout_p": 0.0, "resid_dropout_p": 0.0, "ffn_dropout_p": 0.0}
         cfg = GPTConfig(**{**asdict(self.cfg), **no_dropout})
         layer = DraftBlock(cfg, self.cfg.norm_eps if norm_eps is None else norm_eps)
-        layer.compiled = getattr(self, "compile", False)  # model.compile covers the drafter step too
+        layer.compiled = self.runtime.compile  # model.compile covers the drafter step too
         return layer.to(device=self.device, dtype=self.gpt.tok_embeddings.weight.dtype)
 
 
@@ -716,15 +702,14 @@ class LlamaGen(LlamaGenAdapter):
     """
 
     model_type = "c2i"
+    runtime_defaults = LlamaGenAdapter.runtime_defaults.replace(dtype="float32")
 
     @classmethod
     def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
         """The GPT and VQ checkpoints it is given (``model.gpt_checkpoint``, ``model.vq_checkpoint``; none for
         random weights); local files, e.g. the embedded model's in ``coolsd/assets/embedded/``."""
-        hint = ("python scripts/train_embedded.py (the embedded model), or set model.gpt_checkpoint / "
-                "model.vq_checkpoint to LlamaGen checkpoints")
         files = (("gpt_checkpoint", "LlamaGen GPT checkpoint"), ("vq_checkpoint", "LlamaGen VQ checkpoint"))
-        return [RequiredFile(what, local=str(cfg[key]), manual=hint) for key, what in files if cfg.get(key)]
+        return [RequiredFile(what, local=str(cfg[key]), manual=CHECKPOINT_HINT) for key, what in files if cfg.get(key)]
 
     def __init__(
         self,
@@ -738,21 +723,18 @@ class LlamaGen(LlamaGenAdapter):
         init_seed: int = 0,
         init_std: float = 0.02,
         zero_init_output: bool = True,
-        device: str = "auto",
-        dtype: str = "float32",
-        attention_kernel: str = "math",
-        tf32: bool = True,
-        pixel_rounding: str = "half_up",
-        batch_invariant: bool = True,
-        row_block: int = 1,
-        compile: bool = False,
+        runtime: Runtime | None = None,
     ) -> None:
-        """Reference options (defaults = FoundationVision/LlamaGen's sampling scripts; ``coolsd.models.base``):
-        ``attention_kernel`` ``math`` for decode forwards, ``tf32`` on CUDA, ``pixel_rounding`` ``half_up``.
-        ``batch_invariant`` and ``row_block``: batch-independent float32 arithmetic on a CPU (``ImageARModel``).
-        ``compile``: ``torch.compile`` the decode layers (``compiled_region``)."""
-        super().__init__()
-        self._build(gpt, vq, sampling, gpt_size, init_seed, init_std, zero_init_output)
+        """``gpt_checkpoint``, ``vq_checkpoint``: local checkpoints, both looked up before anything is built (one
+        ``MissingWeightsError`` names each missing file and how to make it); none: the seeded random
+        initialisation (``init_seed``, ``init_std``, ``zero_init_output``). ``runtime``: ``runtime_defaults``
+        with dtype float32."""
+        super().__init__(sampling, runtime)
+        device, dtype = self.runtime.resolve(published=bool(gpt_checkpoint or vq_checkpoint))
+        missing_together("LlamaGen checkpoints are missing (looked up before building the model)",
+                         [m for m in (local_file_missing(p, CHECKPOINT_HINT) for p in (gpt_checkpoint, vq_checkpoint)
+                                      if p) if m])
+        self._build(gpt, vq, gpt_size, init_seed, init_std, zero_init_output)
         self.class_names = list(class_names)
         if self.class_names and len(self.class_names) != self.cfg.num_classes:
             raise ValueError(f"model.class_names has {len(self.class_names)} names but "
@@ -763,7 +745,7 @@ class LlamaGen(LlamaGenAdapter):
             from coolsd.models.vq import load_vq_checkpoint
 
             load_vq_checkpoint(self.vq, vq_checkpoint)
-        self._place(device, dtype, attention_kernel, tf32, pixel_rounding, batch_invariant, row_block, compile)
+        self._place(device, dtype)
 
     def class_index(self, prompt: str) -> int:
         if prompt in self.class_names:
@@ -799,6 +781,11 @@ class LlamaGen(LlamaGenAdapter):
         return hidden.view(self.num_streams, b, *hidden.shape[1:]).transpose(0, 1)
 
 
+#: how the class-conditional adapter's checkpoints are made or named (``required_files``, the missing-file error)
+CHECKPOINT_HINT = ("python scripts/train_embedded.py (the embedded model), or set model.gpt_checkpoint / "
+                   "model.vq_checkpoint to LlamaGen checkpoints")
+
+
 def load_gpt_checkpoint(gpt: Transformer, path: str, strict: bool = False) -> None:
     """Load a LlamaGen GPT checkpoint (``torch.save`` dict with key ``model``, or safetensors).
 
@@ -822,17 +809,6 @@ def load_gpt_checkpoint(gpt: Transformer, path: str, strict: bool = False) -> No
     if missing:
         raise RuntimeError(f"{path} lacks {len(missing)} GPT parameters, e.g. {missing[:5]}; "
                            "is it a LlamaGen GPT checkpoint of the configured size?")
-
-
-def resolve_dtype(dtype: str, device: torch.device | None = None) -> torch.dtype:
-    """``model.dtype`` -> torch dtype; ``auto`` is bfloat16 on CUDA (the reference's precision) else float32."""
-    if dtype == "auto":
-        return torch.bfloat16 if device is not None and device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-             "float64": torch.float64}
-    if dtype not in table:
-        raise ValueError(f"model.dtype must be one of {sorted(table) + ['auto']}, got {dtype!r}")
-    return table[dtype]
 
 
 def layer_skip_copy(target: LlamaGenAdapter, num_layers: int) -> LlamaGenAdapter:

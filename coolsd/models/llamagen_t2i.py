@@ -45,7 +45,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from coolsd.device import resolve_device
+from coolsd.models.base import Runtime
 from coolsd.models.checkpoints import MissingWeightsError, hub_cached, hub_file, missing_together
 from coolsd.models.llamagen import GPTConfig, LlamaGenAdapter, LlamaGenCache, load_gpt_checkpoint
 from coolsd.models.vq import VQConfig
@@ -369,15 +369,7 @@ class LlamaGenT2I(LlamaGenAdapter):
         init_seed: int = 0,
         init_std: float = 0.02,
         zero_init_output: bool = True,
-        device: str = "auto",
-        dtype: str = "auto",
-        attention_kernel: str = "math",
-        tf32: bool = True,
-        pixel_rounding: str = "half_up",
-        batch_invariant: bool = True,
-        row_block: int = 1,
-        requires_cuda: bool = False,
-        compile: bool = False,
+        runtime: Runtime | None = None,
     ) -> None:
         """``text_encoder``: a hub id or local folder of a T5 encoder (with ``tokenizer=None`` its tokenizer
         comes from the same place), ``tiny_random`` (tests), or a built ``T5EncoderModel``-like module or a
@@ -386,20 +378,18 @@ class LlamaGenT2I(LlamaGenAdapter):
         ``hub_repo``); false keeps the seeded random initialisation (tests, plumbing). Every file (GPT, VQ,
         text encoder) is looked up before anything is built, and one ``MissingWeightsError`` lists what is
         missing, so a run without weights fails in a second instead of after building a 775M-parameter GPT.
-        Reference options (defaults = ``sample_t2i.py``; ``coolsd.models.base``): ``attention_kernel=math``
-        for the decode forwards, ``tf32=true`` on CUDA, ``pixel_rounding=half_up``; CFG only above 1 is
-        ``sampling.cfg_rule=above_one`` (the model configs set it). ``requires_cuda``: with ``pretrained``,
-        ``device=auto`` without CUDA stops before any file is read (``coolsd.device``). ``compile``: the piecewise
-        compiled decode layers (``coolsd.models.llamagen.compiled_region``)."""
-        super().__init__()
-        resolve_device(device, requires_cuda=requires_cuda and pretrained)  # before any file is looked up
+        ``runtime``: ``runtime_defaults`` (``sample_t2i.py``'s settings, dtype ``auto``); with ``pretrained``,
+        ``requires_cuda`` stops ``device=auto`` without CUDA before any file is read (``coolsd.device``). CFG only
+        above 1 is ``sampling.cfg_rule=above_one`` (the model configs set it)."""
+        super().__init__(sampling, runtime)
+        device, dtype = self.runtime.resolve(published=pretrained)  # before any file is looked up
         self.hub_repo, self.weights_dir = hub_repo, weights_dir
         files = self._look_up(pretrained, gpt_file, vq_file, text_encoder, text_encoder_revision)
-        self._build(gpt, vq, sampling, gpt_size, init_seed, init_std, zero_init_output)
+        self._build(gpt, vq, gpt_size, init_seed, init_std, zero_init_output)
         if pretrained:
             load_gpt_checkpoint(self.gpt, files[gpt_file], strict=True)
             self._load_vq(files[vq_file])
-        self._place(device, dtype, attention_kernel, tf32, pixel_rounding, batch_invariant, row_block, compile)
+        self._place(device, dtype)
         self.text = self._caption_encoder(text_encoder, tokenizer, text_encoder_revision, caption_cleaning)
         if self.text.hidden_size != self.cfg.caption_dim:
             raise ValueError(f"the text encoder's width ({self.text.hidden_size}) differs from "

@@ -79,13 +79,11 @@ class LookupModel(ImageARModel):
         table: torch.Tensor | None = None,
         prompts: Sequence[str] = (),
     ) -> None:
-        super().__init__()
+        super().__init__(sampling if sampling is not None else {})
         self.prompts = list(prompts)
         self.check_prompt_set = self.prompts  # the start-up self-check (coolsd.numerics) uses these
         self.codebook_size = vocab
         self.grid = (int(grid[0]), int(grid[1]))
-        self.sampling = (sampling if isinstance(sampling, SamplingConfig)
-                         else SamplingConfig(**dict(sampling or {})))
         self.hidden_size = vocab
         n = self.num_image_tokens
         self.num_prefixes = sum(vocab**k for k in range(n))  # prefixes of length 0..N-1

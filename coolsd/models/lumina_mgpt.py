@@ -79,23 +79,17 @@ from transformers.models.chameleon.modeling_chameleon import (
     apply_rotary_pos_emb,
 )
 
-from coolsd import validate
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
+    Runtime,
     attention_context,
-    batch_invariant_linears,
-    check_row_block,
-    eager_only,
-    check_reference_options,
     per_stream,
-    set_tf32,
     stream_rows,
     to_rows,
 )
 from coolsd.models.chameleon_vqgan import ChameleonVQGAN, ChameleonVQGANConfig, load_vqgan
 from coolsd.models.checkpoints import MissingWeightsError, hub_file, missing_together, strict_load
-from coolsd.models.llamagen import resolve_device
 from coolsd.required_files import RequiredFile
 from coolsd.rng import HEADER, Streams, sample
 from coolsd.sampling import SamplingConfig, logits_to_probs
@@ -118,6 +112,9 @@ CHAMELEON_DOWNLOAD = ("Meta's Chameleon download (licence form at "
                       "https://ai.meta.com/resources/models-and-libraries/chameleon-downloads/; the emailed "
                       "link's download script fetches a `tokenizer` folder holding text_tokenizer.json, "
                       "vqgan.yaml and vqgan.ckpt)")
+#: how to get Meta's tokenizer folder (``required_files``, the missing-file error)
+TOKENIZER_HINT = (f"get the tokenizer folder from {CHAMELEON_DOWNLOAD}, then set model.tokenizer_dir=<folder> or "
+                  "export CHAMELEON_TOKENIZER_DIR=<folder>")
 
 
 class HeaderMismatchError(ValueError):
@@ -530,17 +527,6 @@ class RandomInit:
         "attn_resolutions": [], "resolution": 8})
 
 
-def resolve_model_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto``: bf16 on CUDA, float32 elsewhere; otherwise a torch dtype name."""
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-             "float64": torch.float64}
-    if dtype not in table:
-        raise ValueError(f"model.dtype must be auto or one of {sorted(table)}, got {dtype!r}")
-    return table[dtype]
-
-
 def chameleon_tokenizer_files(tokenizer_dir: str | None) -> dict[str, Path]:
     """Paths of Meta's ``text_tokenizer.json``, ``vqgan.yaml``, ``vqgan.ckpt`` (or ``vqgan.safetensors``)."""
     if not tokenizer_dir:
@@ -555,8 +541,7 @@ def chameleon_tokenizer_files(tokenizer_dir: str | None) -> dict[str, Path]:
     if missing:
         raise MissingWeightsError(
             f"Chameleon tokenizer files missing: {', '.join(missing)} (looked in {base.resolve()}). They are "
-            f"not on the Hugging Face hub; get them from {CHAMELEON_DOWNLOAD}, then set "
-            "model.tokenizer_dir=<that tokenizer folder> or export CHAMELEON_TOKENIZER_DIR=<folder>")
+            f"not on the Hugging Face hub: {TOKENIZER_HINT}")
     return files
 
 
@@ -586,6 +571,10 @@ class LuminaMGPT(CodesInVocabulary, ImageARModel):
     sjd_init = "random"  # the SJD reference's Lumina-mGPT demo setting
     spatial_orders = True  # image cells as positions (end-of-row slots added by LuminaCache), per-query masks
     stand_in_is_end_of_row = True  # a new row's first code is predicted by the row above's end-of-row token
+    #: Lumina-mGPT's ``inference_solver.py``: PyTorch's SDPA dispatch and TF32 defaults; Meta's tokenizer
+    #: truncates pixels
+    runtime_defaults = Runtime()
+    model_name = "Lumina-mGPT"
 
     @classmethod
     def required_files(cls, cfg: Mapping[str, Any]) -> list[RequiredFile]:
@@ -599,8 +588,7 @@ class LuminaMGPT(CodesInVocabulary, ImageARModel):
                              revision=cfg.get("revision"), must_have=("config.json", "model.safetensors.index.json")),
                 RequiredFile("Chameleon tokenizer + VQGAN", local=str(folder),
                              must_have=("text_tokenizer.json", "vqgan.yaml", "vqgan.ckpt|vqgan.safetensors"),
-                             manual=f"get the tokenizer folder from {CHAMELEON_DOWNLOAD}, then set "
-                                    "model.tokenizer_dir=<folder> or export CHAMELEON_TOKENIZER_DIR=<folder>")]
+                             manual=TOKENIZER_HINT)]
 
     def __init__(
         self,
@@ -612,49 +600,34 @@ class LuminaMGPT(CodesInVocabulary, ImageARModel):
         revision: str | None = None,
         tokenizer_dir: str | None = None,
         random_init: dict | RandomInit | None = None,
-        device: str = "auto",
-        dtype: str = "auto",
         header: str = "sampled",
         header_mismatch: str = "force",
         text_top_k: int = 10,
-        attention_kernel: str = "auto",
-        tf32: bool = False,
-        pixel_rounding: str = "truncate",
-        batch_invariant: bool = True,
-        row_block: int = 1,
-        requires_cuda: bool = False,
-        compile: bool = False,
+        runtime: Runtime | None = None,
     ) -> None:
         """Reference options (defaults = Lumina-mGPT's ``inference_solver.py``): ``header`` ``sampled`` (the
         image header is sampled as the reference does, ``forced``: written by the adapter), ``header_mismatch``
         (``force``: a sampled header other than the configured grid's is replaced by it, with a warning;
-        ``error``: raise), ``text_top_k`` (the reference's top-k outside images, used for ``<racm3:break>``);
-        ``attention_kernel``, ``tf32``, ``pixel_rounding`` as in ``coolsd.models.base``; ``requires_cuda``: with
-        ``pretrained``, ``device=auto`` without CUDA stops before any file is read (``coolsd.device``)."""
-        super().__init__()
-        eager_only(compile, "Lumina-mGPT")
-        target_device = resolve_device(device, requires_cuda=requires_cuda and pretrained)
+        ``error``: raise), ``text_top_k`` (the reference's top-k outside images, used for ``<racm3:break>``).
+        ``runtime``: with ``pretrained``, ``requires_cuda`` stops ``device=auto`` without CUDA before any file is
+        read (``coolsd.device``)."""
+        super().__init__(sampling, runtime)
+        device, dtype = self.runtime.resolve(published=pretrained)
         if header not in HEADER_MODES:
             raise ValueError(f"model.header must be one of {HEADER_MODES}, got {header!r}")
         if header_mismatch not in HEADER_MISMATCH:
             raise ValueError(f"model.header_mismatch must be one of {HEADER_MISMATCH}, got {header_mismatch!r}")
         if text_top_k < 1:
             raise ValueError(f"model.text_top_k must be >= 1, got {text_top_k}")
-        check_reference_options(attention_kernel, pixel_rounding)
         self.header, self.header_mismatch, self.text_top_k = header, header_mismatch, text_top_k
-        self.attention_kernel, self.tf32, self.pixel_rounding = attention_kernel, tf32, pixel_rounding
-        self.batch_invariant = validate.boolean("model.batch_invariant", batch_invariant)
-        self.row_block = check_row_block(row_block)
         self.header_mismatches: list[dict[str, Any]] = []  # prompts whose sampled header was replaced
         for name, value in (("width", width), ("height", height)):
             if not isinstance(value, int) or value <= 0 or value % PIXELS_PER_SIZE_UNIT:
                 raise ValueError(f"model.{name} must be a positive multiple of {PIXELS_PER_SIZE_UNIT} "
                                  f"pixels, got {value!r}")
-        self.sampling = sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**dict(sampling))
         self.width, self.height = width, height
         self.size_units = (height // PIXELS_PER_SIZE_UNIT, width // PIXELS_PER_SIZE_UNIT)  # (h, w) tokens
         self.grid = (self.size_units[0] * CODES_PER_SIZE_UNIT, self.size_units[1] * CODES_PER_SIZE_UNIT)
-        target_dtype = resolve_model_dtype(dtype, target_device)
         if pretrained:  # every file is looked up before anything is built; one error lists what is missing
             errors = []
             try:
@@ -667,14 +640,14 @@ class LuminaMGPT(CodesInVocabulary, ImageARModel):
                 errors.append(str(err))
             missing_together("Lumina-mGPT files are missing (looked up before building the model)", errors)
             tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(files["text_tokenizer.json"]))
-            self.lm = build_lumina_lm(lm_config, read_lumina_state(shards, target_dtype, target_device), hub_repo)
+            self.lm = build_lumina_lm(lm_config, read_lumina_state(shards, dtype, device), hub_repo)
             vqgan = load_vqgan(files["vqgan.yaml"], files["vqgan.ckpt"])
         else:
             init = random_init if isinstance(random_init, RandomInit) else RandomInit(**(random_init or {}))
             vocab = tiny_vocabulary(init.num_codes, self.size_units, seed=init.seed,
                                     shuffle=init.shuffle_codes)
             tokenizer = word_level_tokenizer(vocab)
-            self.lm, vqgan = random_lumina(init, vocab, target_device, target_dtype)
+            self.lm, vqgan = random_lumina(init, vocab, device, dtype)
         self.tokenizer = tokenizer
         self.vocabulary = ChameleonVocabulary(tokenizer.get_vocab())
         check_vocabulary(self.vocabulary, self.lm.config)
@@ -693,13 +666,8 @@ class LuminaMGPT(CodesInVocabulary, ImageARModel):
         self.first_code_bpe = int(self.vocabulary.code_to_bpe[0])
         contiguous = torch.arange(self.first_code_bpe, self.first_code_bpe + self.codebook_size)
         self.contiguous_codes = bool(torch.equal(self.vocabulary.code_to_bpe, contiguous))
-        self.eval()
-        self.to(device=target_device)
-        self.lm.to(dtype=target_dtype)
-        self.vqgan.float()
-        if self.batch_invariant:
-            batch_invariant_linears(self, self.row_block)
-        set_tf32(target_device, tf32)
+        self.lm.to(dtype=dtype)  # the language model only: the RoPE frequencies stay float32
+        self.place(device, float32=(self.vqgan,))
 
     # -- prompts ---------------------------------------------------------------------------------------------
     def text_ids(self, prompt: str) -> list[int]:
@@ -932,7 +900,8 @@ def random_lumina(init: RandomInit, vocab: Mapping[str, int], device: torch.devi
     """A random-weight Chameleon LM and VQGAN decoder of the sizes in ``init`` (seeded, float32 on the CPU).
 
     On CUDA the LM is drawn there, in ``dtype`` (a 7B model in float32 on the CPU would take 28 GB and minutes to
-    draw): the same distribution, other values than the CPU's for the same seed."""
+    draw): the same distribution, other values than the CPU's for the same seed. On the meta device nothing is
+    allocated."""
     if init.vocab_size is not None and init.vocab_size < len(vocab):
         raise ValueError(f"model.random_init.vocab_size={init.vocab_size} is smaller than the vocabulary "
                          f"({len(vocab)} tokens)")
@@ -947,11 +916,12 @@ def random_lumina(init: RandomInit, vocab: Mapping[str, int], device: torch.devi
     )
     vq_cfg = ChameleonVQGANConfig(n_embed=init.num_codes, **dict(init.vqgan))
     on_gpu = device is not None and device.type == "cuda"
+    there = on_gpu or (device is not None and device.type == "meta")  # meta: nothing allocated
     with torch.random.fork_rng(devices=[device] if on_gpu else []), \
-            torch.device(device if on_gpu else "cpu"):
+            torch.device(device if there else "cpu"):
         torch.manual_seed(init.seed)
         lm = ChameleonLM(config)
-        if on_gpu and dtype is not None:
+        if there and dtype is not None:
             lm.to(dtype=dtype)
         for name, param in lm.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):  # per-head qk-norm scales around 1

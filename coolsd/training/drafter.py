@@ -105,7 +105,7 @@ from coolsd.io import atomic_write_bytes
 from coolsd.launch import export_for_torch, join_error, launch_environment
 from coolsd.models.base import ImageARModel
 from coolsd.models.checkpoints import load_state_dict
-from coolsd.models.llamagen import resolve_device
+from coolsd.device import resolve_device
 from coolsd.sampling import stream_probs
 from coolsd.training.data import (Batch, DistillConfig, ShardStream, check_eval_overlap, cycle, data_complete,
                                   generate_data, manifest_prefix, pair_positions, read_manifest, split_shards,

@@ -90,3 +90,34 @@ def test_the_ledger_tells_intermediates_from_outside_tensors():
     read, written = ledger.calls[0]
     assert read == {outside.untyped_storage().data_ptr()}
     assert written == {outside.untyped_storage().data_ptr()}
+
+
+@pytest.mark.parametrize("kernel", ["math", "matmul"])
+def test_compiled_attention_is_one_library_call_with_the_eager_bits(kernel):
+    """Inside ``torch.compile`` the attention of a static step runs as one opaque op (``library_attention``) with
+    the eager kernel of ``model.attention_kernel``, so a compiled step's tokens stay the eager ones bit for bit."""
+    import torch._dynamo
+
+    from coolsd.kv_cache import padding_invariant_attention
+    from coolsd.models.base import attend, attention_context
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 1, 16, generator=gen), torch.randn(2, 4, 40, 16, generator=gen),
+               torch.randn(2, 4, 40, 16, generator=gen))
+    mask = torch.where(torch.arange(40) < 23, 0.0, float("-inf")).expand(2, 1, 1, 40).contiguous()
+    calls = []
+
+    def step(q, k, v, mask):
+        return attend(q, k, v, mask, False, (1, 16))
+
+    def backend(gm, example_inputs):
+        calls.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    with attention_context(kernel), padding_invariant_attention(True):
+        eager = step(q, k, v, mask)
+        compiled = torch.compile(step, fullgraph=True, dynamic=False, backend=backend)(q, k, v, mask)
+        inductor = torch.compile(step, fullgraph=True, dynamic=False)(q, k, v, mask)
+    assert any("coolsd.attention" in c for c in calls) and not any("matmul" in c or "scaled_dot" in c for c in calls)
+    assert torch.equal(compiled, eager) and torch.equal(inductor, eager)

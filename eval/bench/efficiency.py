@@ -1290,71 +1290,163 @@ def layout_model(cfg: DictConfig, layout: str) -> ImageARModel:
 
 def run_layouts(cfg: DictConfig, model_name: str) -> dict[str, Any]:
     """The cost of a model variant (``LAYOUTS``: batch-invariant arithmetic, the compiled path) at batch 1 and
-    batched: every decoder of ``cfg.decoders`` on the model built with each of ``cfg.layouts``, interleaved per
-    image (image i with every layout and decoder, then i + 1; seeds ``seed + i``) after ``warmup`` untimed images;
-    median latency per (layout, decoder), its ratio to the first layout and the images whose tokens equal the
-    first layout's; then, with ``throughput.batch_sizes``, img/s at the largest batch size (``measure_throughput``,
-    every (layout, decoder) interleaved batch by batch after one untimed batch each). Writes
-    ``<out_dir>/<name>_layouts.{md,json}``."""
+    batched: every decoder of ``cfg.decoders`` on the model built with each of ``cfg.layouts``, on each decode
+    path of ``cfg.paths`` (a static decoder labelled ``<name>@static``; on the ``compiled`` layout the eager path
+    runs its layers compiled piecewise and the static path its steps compiled whole), interleaved per image
+    (image i with every cell, then i + 1; seeds ``seed + i``) after ``warmup`` untimed images. Per cell: the median
+    latency, its ratio to the same decoder on the first layout's eager path (the geometric mean of the paired
+    per-image ratios with its 95 % t-interval) and the images whose tokens equal that baseline's; with
+    ``anatomy``, where one more image's time goes (``profile_anatomy``); then, with ``throughput.batch_sizes``, img/s
+    at the largest batch size (``measure_throughput``, every cell interleaved batch by batch after one untimed batch
+    each). Writes ``<out_dir>/<name>_layouts.{md,json}``."""
+    from coolsd.numerics import cpu_name
+    from eval.metrics.intervals import geometric_ratio
+
     started = dt.datetime.now(dt.timezone.utc)
     layouts = list(cfg.layouts)
-    models = {layout: build_decoders(cfg, layout_model(cfg, layout)) for layout in layouts}  # heads follow
+    paths = list(cfg.paths)
+    refused: dict[str, str] = {}
+    models = {}
+    for layout in layouts:
+        model = layout_model(cfg, layout)
+        models[layout] = {key: dec for path in paths for key, dec in build_decoders(cfg, model, path, refused).items()}
     first = next(iter(models.values()))
+    keys = [k for k in first if all(k in decs for decs in models.values())]
     prompts = instantiate(cfg.data).load(next(iter(first.values())).model, cfg.images, key="images")
+    base = layouts[0]
+
+    def baseline(key: str) -> tuple[str, str]:
+        name = key.removesuffix(STATIC)
+        return base, name if name in first else key
+
     with torch.inference_mode():
         for decs in models.values():
-            for dec in decs.values():
+            for key in keys:
                 for w in range(cfg.warmup):
-                    dec.generate(prompts[0], WARMUP_SEED - w)
-        lat: dict[str, dict[str, list[float]]] = {lay: {n: [] for n in cfg.decoders} for lay in layouts}
-        same: dict[str, dict[str, int]] = {lay: {n: 0 for n in cfg.decoders} for lay in layouts}
+                    decs[key].generate(prompts[0], WARMUP_SEED - w)
+        lat: dict[str, dict[str, list[float]]] = {lay: {k: [] for k in keys} for lay in layouts}
+        toks: dict[str, dict[str, list[torch.Tensor]]] = {lay: {k: [] for k in keys} for lay in layouts}
         for i, prompt in enumerate(prompts):
-            for name in cfg.decoders:
-                tokens = None
+            for key in keys:
                 for layout in layouts:
-                    gen = models[layout][name].generate(prompt, cfg.seed + i)
-                    lat[layout][name].append(gen.stats.latency_s)
-                    tokens = gen.tokens if tokens is None else tokens
-                    same[layout][name] += int(torch.equal(gen.tokens, tokens))
+                    gen = models[layout][key].generate(prompt, cfg.seed + i)
+                    lat[layout][key].append(gen.stats.latency_s)
+                    toks[layout][key].append(gen.tokens.cpu())
+            progress(f"layouts: image {i + 1}/{len(prompts)}")
+        anatomy = {lay: {k: profile_anatomy(models[lay][k], prompts[0], cfg.seed) for k in keys} for lay in layouts} \
+            if cfg.get("anatomy") else {}
         thr: dict[str, dict[str, Any]] = {}
         batch = max(cfg.throughput.batch_sizes or [0])
         if batch:
-            pairs = {f"{lay}/{n}": models[lay][n] for lay in layouts for n in cfg.decoders}
+            pairs = {f"{lay}/{k}": models[lay][k] for lay in layouts for k in keys}
             for dec in pairs.values():  # untimed: a compiled region's first batched shapes compile here
-                dec.generate_batch([prompts[k % len(prompts)] for k in range(batch)], list(range(batch)))
+                dec.generate_batch([prompts[j % len(prompts)] for j in range(batch)], list(range(batch)))
             thr = measure_throughput(pairs, prompts, OmegaConf.merge(cfg, {"throughput": {"batch_sizes": [batch]}}),
                                      Timer(first[next(iter(first))].model.device))
-    base = layouts[0]
-    rows = {lay: {n: {"median_latency_s": statistics.median(v), "same_tokens_as_first": same[lay][n]}
-                  for n, v in per.items()} for lay, per in lat.items()}
+    rows: dict[str, dict[str, Any]] = {lay: {} for lay in layouts}
     for lay in layouts:
-        for n in cfg.decoders:
-            rows[lay][n]["ratio_to_first"] = rows[lay][n]["median_latency_s"] / rows[base][n]["median_latency_s"]
+        for k in keys:
+            ref_lay, ref_key = baseline(k)
+            ratio = geometric_ratio(lat[lay][k], lat[ref_lay][ref_key])
+            rows[lay][k] = {"median_latency_s": statistics.median(lat[lay][k]),
+                            "ratio_to_first": statistics.median(lat[lay][k]) / statistics.median(lat[ref_lay][ref_key]),
+                            "ratio": ratio["ratio"], "ratio_ci": ratio["interval"], "baseline": f"{ref_lay}/{ref_key}",
+                            "same_tokens_as_first": sum(int(torch.equal(a, b)) for a, b in
+                                                        zip(toks[lay][k], toks[ref_lay][ref_key]))}
             if thr:
-                rows[lay][n]["img_s"] = thr[f"{lay}/{n}"]["img_s"][batch]
+                rows[lay][k]["img_s"] = thr[f"{lay}/{k}"]["img_s"][batch]
+            if anatomy:
+                rows[lay][k]["anatomy"] = anatomy[lay][k]
     name = (cfg.name or f"{model_name}_cpu") + "_layouts"
-    record = {"setup": {"name": name, "model": model_name, "layouts": layouts, "images": cfg.images,
+    command = "python scripts/bench.py " + " ".join(sys.argv[1:])
+    record = {"setup": {"name": name, "model": model_name, "layouts": layouts, "paths": paths, "images": cfg.images,
                         "threads": torch.get_num_threads(), "warmup": cfg.warmup, "throughput_batch": batch or None,
-                        "throughput_images": int(cfg.throughput.images) if batch else None},
+                        "throughput_images": int(cfg.throughput.images) if batch else None, "refused": refused,
+                        "command": command, "cpu": cpu_name()},
               "layouts": rows, "git": git_commit(), "environment": environment(),
               "started": started.isoformat(timespec="seconds")}
-    lines = [f"# Batch-1 latency per linear layout: {model_name}, {cfg.images} images per cell, interleaved",
-             "", f"Median latency (ms per image) and its ratio to `{base}`; `same` = images whose tokens equal "
-             f"`{base}`'s. {torch.get_num_threads()} threads; {environment().get('processor')}.", "",
-             "| decoder | " + " | ".join(f"{lay} ms | ratio | same" + (" | img/s" if thr else "") for lay in layouts)
-             + " |", "|---|" + ("---|---|---|" + ("---|" if thr else "")) * len(layouts)]
-    for n in cfg.decoders:
-        cells = [f"{1000 * rows[lay][n]['median_latency_s']:.1f} | {rows[lay][n]['ratio_to_first']:.3f} | "
-                 f"{rows[lay][n]['same_tokens_as_first']}/{cfg.images}"
-                 + (f" | {rows[lay][n]['img_s']:.1f}" if thr else "") for lay in layouts]
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    if thr:
-        lines += ["", f"img/s: {cfg.throughput.images} images or more per cell in batches of {batch}, every (layout, "
-                      "decoder) interleaved batch by batch after one untimed batch."]
-    out_dir = Path(cfg.out_dir)
-    atomic_write_bytes(out_dir / f"{name}.json", (json.dumps(record, indent=2, default=str) + "\n").encode())
-    atomic_write_bytes(out_dir / f"{name}.md", ("\n".join(lines) + "\n").encode())
+    atomic_write_bytes(Path(cfg.out_dir) / f"{name}.json", (json.dumps(record, indent=2, default=str) + "\n").encode())
+    atomic_write_bytes(Path(cfg.out_dir) / f"{name}.md", layouts_markdown(record, cfg).encode())
     return record
+
+
+#: ``profile_anatomy``'s categories: (name, what it holds, the profiler's op names it sums (self time))
+ANATOMY = (("linear", "the linear layers' matrix products", ("aten::mm", "aten::addmm")),
+           ("attention", "attention: its batched products, softmax and kernels",
+            ("aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::_safe_softmax",
+             "aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_flash_attention_for_cpu",
+             "coolsd::attention")),
+           ("compiled", "inductor's generated code (a compiled region's own time)", ("## Call CompiledFxGraph",)),
+           ("guards", "dynamo's guard checks before each compiled call", ("TorchDynamo Cache Lookup",)))
+
+
+def profile_anatomy(decoder: Decoder, prompt: str, seed: int) -> dict[str, float]:
+    """Where one image's time goes, from ``torch.profiler``'s self CPU time per op (``ANATOMY``'s categories and
+    ``other``, the rest), in seconds, with ``total``: works on a compiled step, which has no phase clocks."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        decoder.generate(prompt, seed)
+    out = {name: 0.0 for name, _, _ in ANATOMY}
+    total = 0.0
+    for event in prof.key_averages():
+        seconds = event.self_cpu_time_total / 1e6
+        total += seconds
+        for name, _, ops in ANATOMY:
+            if any(event.key == op or event.key.startswith(op + " ") for op in ops):
+                out[name] += seconds
+                break
+    out["other"] = total - sum(out.values())
+    out["total"] = total
+    return out
+
+
+def layouts_markdown(record: dict[str, Any], cfg: DictConfig) -> str:
+    """The layout comparison's page: per decoder and cell, latency, the paired ratio to its baseline, equal tokens,
+    img/s; the anatomy of each cell where measured."""
+    setup, rows = record["setup"], record["layouts"]
+    layouts = setup["layouts"]
+    keys = list(rows[layouts[0]])
+    thr = any("img_s" in r for r in rows[layouts[0]].values())
+    env = record["environment"]
+    lines = [f"# Batch-1 latency per model variant and decode path: {setup['name'].removesuffix('_layouts')} "
+             f"(model {setup['model']}), {setup['images']} images per cell, interleaved", "",
+             f"`{setup['command']}`; {setup['threads']} torch thread(s); {setup['cpu']}; torch "
+             f"{env.get('torch', torch.__version__)}; git {record['git'].get('commit')}"
+             f"{' (uncommitted changes)' if record['git'].get('dirty') else ''}; {record['started']}.", "",
+             "Median latency (ms per image); ratio = the geometric mean of the paired per-image latency ratios to the "
+             f"same decoder on `{layouts[0]}`'s eager path, with its 95 % t-interval (below 1: faster); `same` = "
+             "images whose tokens equal that baseline's.", "",
+             "| decoder | " + " | ".join(f"{lay} ms | ratio [95 % CI] | same" + (" | img/s" if thr else "")
+                                         for lay in layouts) + " |",
+             "|---|" + ("---|---|---|" + ("---|" if thr else "")) * len(layouts)]
+    for k in keys:
+        cells = []
+        for lay in layouts:
+            r = rows[lay][k]
+            ci = r["ratio_ci"]
+            interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+            cells.append(f"{1000 * r['median_latency_s']:.1f} | {r['ratio']:.3f}{interval} | "
+                         f"{r['same_tokens_as_first']}/{setup['images']}" + (f" | {r['img_s']:.1f}" if thr else ""))
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    if setup.get("refused"):
+        lines += ["", "Not on the static path: " + "; ".join(f"{k} ({v})" for k, v in setup["refused"].items()) + "."]
+    if thr:
+        lines += ["", f"img/s: {setup['throughput_images']} images or more per cell in batches of "
+                      f"{setup['throughput_batch']}, every cell interleaved batch by batch after one untimed batch."]
+    if any("anatomy" in r for r in rows[layouts[0]].values()):
+        names = [name for name, _, _ in ANATOMY] + ["other"]
+        lines += ["", "Where one image's time goes (self CPU time from torch.profiler, s; " + "; ".join(
+            f"{name}: {what}" for name, what, _ in ANATOMY) + "; other: the rest):", "",
+            "| cell | total | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+        for lay in layouts:
+            for k in keys:
+                a = rows[lay][k]["anatomy"]
+                lines.append(f"| {lay} / {k} | {a['total']:.2f} | " + " | ".join(
+                    f"{a[n]:.2f} ({a[n] / a['total']:.0%})" for n in names) + " |")
+    if cfg.note:
+        lines += ["", str(cfg.note)]
+    return "\n".join(lines) + "\n"
 
 
 def run_bench(cfg: DictConfig, model_name: str) -> dict[str, Any]:

@@ -101,6 +101,17 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> list[float] | No
     return _pair(mean - half, mean + half)
 
 
+def geometric_ratio(numerator: Sequence[float], denominator: Sequence[float], level: float = 0.95) -> dict:
+    """Geometric mean of the paired ratios ``numerator[i] / denominator[i]`` (e.g. two timings of the same image)
+    and the t-interval of the mean log ratio, mapped back (``interval`` None for fewer than 2 pairs): a paired
+    interval, so a drift both sides share cancels."""
+    logs = np.log(np.asarray(numerator, dtype=np.float64) / np.asarray(denominator, dtype=np.float64))
+    mean = float(logs.mean())
+    interval = t_interval(logs, level)
+    return {"ratio": math.exp(mean), "interval": None if interval is None else [math.exp(x) for x in interval],
+            "n": len(logs)}
+
+
 def wilson_interval(successes: float, n: int, level: float = 0.95) -> list[float] | None:
     """Wilson's score interval of a proportion ``successes / n`` (None for n = 0)."""
     if n < 1:

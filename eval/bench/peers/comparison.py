@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import importlib
-import math
 import os
 import pickle
 import subprocess
@@ -44,6 +43,7 @@ from scipy import stats as sps
 
 import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from eval.bench.peers.contract import Pair, PeerImage, PeerSpec
+from eval.metrics.intervals import geometric_ratio
 from eval.run.suite import WARMUP_SEED
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -254,13 +254,7 @@ def measure_pair(glue: Any, checkout: Path, pair: Pair, prompts: Sequence[str], 
 # -- statistics ----------------------------------------------------------------------------------------------------
 def ratio_interval(ours: Sequence[float], theirs: Sequence[float], level: float = LEVEL) -> dict[str, Any]:
     """Geometric mean of the paired ratios ours/theirs with the t-interval of the mean log ratio."""
-    logs = np.log(np.asarray(ours, dtype=float) / np.asarray(theirs, dtype=float))
-    n = len(logs)
-    mean = float(logs.mean())
-    if n < 2:
-        return {"ratio": math.exp(mean), "interval": None, "n": n}
-    half = float(sps.t.ppf(0.5 + level / 2, n - 1) * logs.std(ddof=1) / math.sqrt(n))
-    return {"ratio": math.exp(mean), "interval": [math.exp(mean - half), math.exp(mean + half)], "n": n}
+    return geometric_ratio(ours, theirs, level)
 
 
 def two_sample(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:

@@ -123,7 +123,15 @@ def markdown(report: dict[str, Any]) -> str:
                   "|---|---|---|---|"]
         lines += [f"| {k} | {v['images_per_s']:.3f} | {v['s_per_batch']:.2f} | {_f(v['peak_memory_gb'], 1)} |"
                   for k, v in res["throughput"].items()]
-    for name in sorted(set(res) - {"preflight", "blocks", "ar", "eager_ar", "iterations", "throughput"}):
+    if "sweep" in res:
+        lines += ["", "Batch sweep (captured; one batch per cell; speedup over AR at the same B, measured on random "
+                  "weights and projected at the papers' accepted lengths):", "",
+                  "| B | decoder | images / s | ms / iteration | measured speedup | projected speedup |",
+                  "|---|---|---|---|---|---|"]
+        for b, cells in res["sweep"]["batches"].items():
+            lines += [f"| {b} | {n} | {c['images_per_s']:.3f} | {c['ms_per_iteration']:.2f} | {_f(c.get('speedup'))} | "
+                      f"{_f(c.get('projected_speedup'))} |" for n, c in cells.items()]
+    for name in sorted(set(res) - {"preflight", "blocks", "ar", "eager_ar", "iterations", "throughput", "sweep"}):
         lines += ["", f"{name}: see gpu.json (`results.{name}`)."]
     lines += ["", "Goals:", *goal_lines(report)[1:]]
     return "\n".join(lines) + "\n"

@@ -21,7 +21,8 @@ Default plan, in order (``default_steps``):
 6. ``throughput``: AR images per second and peak memory at B = 1, 8 and 32 captured; on the eager loop at B = 8 and
    32 only as the budget allows.
 
-Named only (not in the default plan): ``xl_numerics`` (XL forwards, bf16 against float32 logits), the checks of
+Named only (not in the default plan): ``sweep`` (the batch-size study at XL: AR, SD and COOL-SD on the EAGLE-1
+tree and SJD at B = 1, 8, 32, captured; ``eval.bench.batch_sweep`` without Hydra), ``xl_numerics`` (XL forwards, bf16 against float32 logits), the checks of
 the GPU smoke test (``smoke``, ``ranks``, ``bf16_acceptance``, ``compiled``: the embedded model's bf16 acceptance,
 torchrun over NCCL, compiled against eager) and the bench presets (``bench_xl``, ``bench_xl_jacobi``,
 ``bench_xl_compiled``, ``bench_janus``, ``bench_lumina``), which compose Hydra configs and need the carried wheels
@@ -40,7 +41,6 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -365,6 +365,42 @@ def throughput(session: Session) -> None:
                                 if torch.cuda.is_available() else None}
 
 
+# -- named only: the batch sweep ----------------------------------------------------------------------------------
+SWEEP_DECODERS = ("ar", "sd_tree", "coolsd_tree", "sjd")
+
+
+def sweep(session: Session) -> None:
+    """AR, SD and COOL-SD on the EAGLE-1 tree and SJD at B = 1, 8, 32 on the captured path (``eval.bench.batch_sweep``
+    without Hydra): one timed batch per (decoder, B) after its capture; the measured speedup over AR at the same B
+    (random weights: an untrained head accepts about nothing, so it measures the cost of speculating) and the
+    projected one at the papers' accepted lengths (τ · AR's ms per step ÷ the decoder's ms per iteration)."""
+    model = xl_model(session)
+    sizes = (1, 2) if session.dry_run else (1, 8, 32)
+    out = session.results["sweep"] = {"batches": {}}
+    plan = [(b, name) for b in sizes for name in SWEEP_DECODERS]
+    decoders = {name: decoder(model, name, "static", captured_mode(session)) for name in SWEEP_DECODERS}
+    for i in session.images(len(plan), unit="batch"):
+        b, name = plan[i]
+        dec = decoders[name]
+        warm(dec, b)
+        start = time.perf_counter()
+        gens = dec.generate_batch((PROMPTS * 16)[:b], list(range(b)))
+        sync()
+        wall = time.perf_counter() - start
+        iterations = max(g.stats.iterations for g in gens)
+        cell = out["batches"].setdefault(str(b), {})[name] = {
+            "wall_s": wall, "images_per_s": b / wall, "iterations": iterations,
+            "ms_per_iteration": 1e3 * (wall - max(g.stats.prefill_s for g in gens)) / iterations,
+            "accepted_length": statistics.fmean(g.stats.mean_accepted_length for g in gens)}
+        ar_cell = out["batches"][str(b)].get("ar")
+        if ar_cell and name != "ar":
+            cell["speedup"] = ar_cell["wall_s"] / wall
+            tau = PAPER_TAU.get(name)
+            if tau:
+                cell["projected_speedup"] = tau[0] * ar_cell["ms_per_iteration"] / cell["ms_per_iteration"]
+        session.write()
+
+
 # -- named only: the older checks ------------------------------------------------------------------------------------
 def xl_numerics(session: Session) -> None:
     """XL forwards at the CFG batch of 2 and bf16 against float32 logits on the same random weights
@@ -440,6 +476,8 @@ STEPS = {s.name: s for s in [
     Step("eager_ar", "one eager AR image at XL 512 (the papers' baseline)", eager_ar),
     Step("throughput", "AR images/s and peak memory at B = 1, 8, 32 captured; eager as the budget allows",
          throughput),
+    Step("sweep", "AR, SD / COOL-SD (tree) and SJD at B = 1, 8, 32 captured: speedup against batch size", sweep,
+         default=False),
     Step("xl_numerics", "XL bf16 against float32 logits and forward times", xl_numerics, default=False),
     Step("smoke", "the GPU smoke test, every check", smoke_check(), default=False, wheels=True),
     Step("ranks", "torchrun over NCCL against one process", smoke_check("ranks"), default=False, wheels=True),

@@ -8,6 +8,7 @@ Examples::
 
     python scripts/report.py outputs/2026-12-04/21-20-00
     python scripts/report.py results/runs/sweep_coolsd_delta
+    python scripts/report.py results/bench/embedded_batch_sweep.md      # a benchmark page as HTML, its figures shown
     python scripts/report.py --figure outputs/2026-12-04/21-20-00 --prompts 0 5 12 --decoders ar sd coolsd --out fig
 """
 from __future__ import annotations
@@ -25,7 +26,8 @@ from eval.report.html_page import PAGE_SIZE, ReportError, write_figure, write_re
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folder", help="a run folder (hydra.run.dir) or a sweep folder (hydra.sweep.dir)")
+    parser.add_argument("folder", help="a run folder (hydra.run.dir) or a sweep folder (hydra.sweep.dir); or a "
+                        "benchmark page (results/bench/<name>.md), written again as <name>.html")
     parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="prompts per gallery page (default 20)")
     figure = parser.add_argument_group("the paper figure (--figure)")
     figure.add_argument("--figure", action="store_true", help="write a PDF and PNG grid of prompts × decoders instead")
@@ -39,7 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     figure.add_argument("--stats", action="store_true", help="each image's accepted length (and TV) under it")
     args = parser.parse_args(argv)
     try:
-        if args.figure:
+        if args.folder.endswith(".md") and Path(args.folder).is_file():
+            from eval.report.bench_page import write_bench_page
+
+            print(f"report -> {write_bench_page(args.folder)}")
+        elif args.figure:
             if not args.prompts:
                 parser.error("--figure needs --prompts (image indices, e.g. --prompts 0 5 12)")
             out = args.out or str(Path(args.folder) / "figure")

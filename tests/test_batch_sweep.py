@@ -75,3 +75,18 @@ def test_a_small_sweep_end_to_end(tmp_path):
     assert "## Where speculation stops paying" in page and "| sd |" in page
     assert json.loads((tmp_path / "s.json").read_text())["crossover"].keys() == {"sd", "sd@static"}
     assert (tmp_path / "s_speedup.png").stat().st_size > 10_000 and (tmp_path / "s_throughput.png").is_file()
+    html = (tmp_path / "s.html").read_text()  # the page: tables as tables, both figures shown
+    assert '<img src="s_speedup.png"' in html and '<img src="s_throughput.png"' in html
+    assert html.count("<table") == 3 and "<h2>Where speculation stops paying</h2>" in html
+
+
+def test_the_bench_page_reads_headings_tables_figures_and_paragraphs(tmp_path):
+    from eval.report.bench_page import blocks, write_bench_page
+
+    text = "# T\n\nintro `x`\nmore\n\n## A\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n![cap](f.png)\n"
+    title, body = blocks(text)
+    assert title == "T" and [b["kind"] for b in body] == ["text", "heading", "table", "figure"]
+    assert body[0]["text"] == "intro `x` more" and body[2]["rows"] == [["1", "2"]]
+    (tmp_path / "p.md").write_text(text)
+    html = write_bench_page(tmp_path / "p.md").read_text()
+    assert "missing figure: f.png" in html and "<td>2</td>" in html  # f.png is not there

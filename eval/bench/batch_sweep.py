@@ -26,7 +26,8 @@
 
 Writes ``<out_dir>/<name>.{md,json}`` and two figures (``<out_dir>/<name>_speedup.png``: speedup against B on a
 log₂ axis, eager dashed, static solid, a line at 1; ``<name>_throughput.png``: images per second against the
-seconds an image waits, the batch's wall time, one curve per decoder and path, points labelled by B).
+seconds an image waits, the batch's wall time, one curve per decoder and path, points labelled by B), and the page
+with its tables and figures, ``<name>.html`` (``eval.report.bench_page``).
 
 Example: ``python scripts/bench.py bench=embedded_batch_sweep`` (about an hour on 2 CPU cores).
 """
@@ -248,6 +249,10 @@ def _write(cfg: DictConfig, name: str, model_name: str, models: dict[str, Any], 
         speedup_figure(record, out / f"{name}_speedup.png")
         throughput_figure(record, out / f"{name}_throughput.png")
     atomic_write_bytes(out / f"{name}.md", markdown(record).encode())
+    if figures:
+        from eval.report.bench_page import write_bench_page
+
+        write_bench_page(out / f"{name}.md")
     return record
 
 
@@ -286,9 +291,22 @@ def markdown(record: dict[str, Any]) -> str:
             row.append(f"none up to {largest}" if b is None else
                        f"B = {b} ({_ci(cells[key][str(b)], 'speedup')})")
         lines.append(f"| {label} | " + " | ".join(row) + " |")
+    lines += ["", "## Ragged batches", "",
+              "Every batch advances in lock-step: it ends when its slowest image has finished. The eager loop drops "
+              "an image's row as it finishes (the batch runs narrower); the static path keeps the row in its "
+              "fixed-shape step, where it costs what a decoding row costs. Refilling a finished row's slot with the "
+              "next prompt could save at most that waste: on the static path at most 1 / (1 − waste) more images "
+              "per second, less the refills' own prefills (a ceiling from the measured iteration counts, not a "
+              "timing of refilling, which is not built). Static path, lock-step waste (ceiling):", "",
+              "| decoder | " + " | ".join(f"B = {b}" for b in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
+    for label in labels:
+        by_b = cells.get(label + STATIC, {})
+        row = [f"{by_b[str(b)]['lockstep_waste']:.0%} ({1 / (1 - by_b[str(b)]['lockstep_waste']):.2f}×)"
+               if str(b) in by_b else "—" for b in sizes]
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
     lines += ["", "## Every cell", "",
               "| decoder | path | B | img/s | latency (s) | speedup over its path's AR | over the fastest AR | τ | "
-              "verify share | lock-step waste | peak memory (MB) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "verify share | lock-step waste | peak memory (MiB) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, by_b in cells.items():
         path = "static" if key.endswith(STATIC) else "eager"
         for b in sizes:

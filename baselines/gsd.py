@@ -146,7 +146,8 @@ class GSD(Decoder):
     def __init__(self, name: str, model: ImageARModel, draft_len: int, drafter: Callable[..., Drafter],
                  group_size: int = 25, window: str = "paper", delta_p: float = 0.15, max_distance: float = 0.5,
                  embedding: str = "input", sv: Mapping[str, Any] | None = None, track_tv: bool = True,
-                 sync_phases: bool = False, path: str = "eager") -> None:
+                 sync_phases: bool = False, path: str = "eager",
+                 refill: bool = False) -> None:
         rule = GroupedRule(code_embeddings(model, embedding), group_size, window, delta_p, max_distance)
         super().__init__(name, model, rule, draft_len=draft_len, drafter=drafter, track_tv=track_tv,
-                         sync_phases=sync_phases, verifier=sv_verifier(sv, rule), path=path)
+                         sync_phases=sync_phases, verifier=sv_verifier(sv, rule), path=path, refill=refill)

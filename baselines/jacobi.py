@@ -367,6 +367,15 @@ class JacobiDrafter(Drafter):
         self.q, self.x, self.carried = self._static[key]
         self.carried.zero_()
 
+    def static_refill(self, rows, prefill, first_tokens, streams, depth, room=None) -> None:
+        """``static_begin`` for the images of ``rows`` only (``Drafter.static_refill``): nothing carried there, so
+        their next window is all fresh (their stale stored q and tokens are never read)."""
+        if self.carried is None or getattr(self, "_static", {}).get((self.carried.shape[0], depth)) is None:
+            raise RuntimeError("JacobiDrafter.static_refill: no static batch of this depth is running (call "
+                               "static_begin first)")
+        self.streams = streams
+        self.carried.index_fill_(0, rows, 0)
+
     def static_propose(self, last_tokens, t, limit, depth, tree=None, cache=None) -> Draft:
         return self.propose(last_tokens, t, limit, depth, tree)
 

@@ -253,13 +253,14 @@ class Lantern(Decoder):
                  k: int = 1000, delta: float = 0.1, resample: str = "reference",
                  neighbour_metric: str = "l2_raw", neighbour_cache: str | None = None,
                  tree: str | None = None, dynamic_tree: dict | None = None, sv: Mapping[str, Any] | None = None,
-                 track_tv: bool = True, sync_phases: bool = False, path: str = "eager") -> None:
+                 track_tv: bool = True, sync_phases: bool = False, path: str = "eager",
+                 refill: bool = False) -> None:
         check_options(name, draft_len, k, resample, neighbour_metric, tree, dynamic_tree, track_tv, sync_phases)
         validate.number("decoder.delta", delta, minimum=0.0, maximum=1.0)
         rule = lantern_rule(model, k, "additive", delta, resample, neighbour_metric, neighbour_cache)
         super().__init__(name=name, model=model, rule=rule, draft_len=draft_len, drafter=drafter, tree=tree,
                          dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases,
-                         verifier=sv_verifier(sv, rule), path=path)
+                         verifier=sv_verifier(sv, rule), path=path, refill=refill)
 
 
 class LanternPP(Decoder):
@@ -269,9 +270,11 @@ class LanternPP(Decoder):
                  k: int = 10, lam: float = 5.0, resample: str = "reference",
                  neighbour_metric: str = "l2_raw", neighbour_cache: str | None = None,
                  tree: str | None = None, dynamic_tree: dict | None = None,
-                 track_tv: bool = True, sync_phases: bool = False, path: str = "eager") -> None:
+                 track_tv: bool = True, sync_phases: bool = False, path: str = "eager",
+                 refill: bool = False) -> None:
         check_options(name, draft_len, k, resample, neighbour_metric, tree, dynamic_tree, track_tv, sync_phases)
         validate.number("decoder.lam", lam, minimum=1.0)
         rule = lantern_rule(model, k, "multiplicative", lam, resample, neighbour_metric, neighbour_cache)
         super().__init__(name=name, model=model, rule=rule, draft_len=draft_len, drafter=drafter, tree=tree,
-                         dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases, path=path)
+                         dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases, path=path,
+                         refill=refill)

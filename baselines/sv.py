@@ -224,6 +224,7 @@ class SVDecoder(Decoder):
 
     def __init__(self, name: str, model: ImageARModel, rule: AcceptanceRule, draft_len: int,
                  drafter: Callable[..., Drafter] | Drafter, sv: Mapping[str, Any] | None = None,
-                 track_tv: bool = True, sync_phases: bool = False, path: str = "eager") -> None:
+                 track_tv: bool = True, sync_phases: bool = False, path: str = "eager",
+                 refill: bool = False) -> None:
         super().__init__(name, model, rule, draft_len=draft_len, drafter=drafter, track_tv=track_tv,
-                         sync_phases=sync_phases, verifier=sv_verifier(sv, rule), path=path)
+                         sync_phases=sync_phases, verifier=sv_verifier(sv, rule), path=path, refill=refill)

@@ -279,7 +279,8 @@ class VVS(Decoder):
                  similarity_decay: float = 0.9, similarity_paths: str = "every_other", select_token: str = "random",
                  reuse_feature: str = "reuse_prev", first_row: str = "reference_code",
                  skip_bonus: str = "reference_code", track_tv: bool = True, sync_phases: bool = False,
-                 path: str = "eager") -> None:
+                 path: str = "eager",
+                 refill: bool = False) -> None:
         check_options(name, draft_len, k, resample, neighbour_metric, tree, dynamic_tree, track_tv, sync_phases)
         validate.number("decoder.delta", delta, minimum=0.0, maximum=1.0)
         validate.choice("decoder.skip_policy", skip_policy, SKIP_POLICIES)
@@ -296,7 +297,8 @@ class VVS(Decoder):
                              "(the EAGLE-2 tree VVS is published with) or a static tree shape")
         rule = lantern_rule(model, k, "additive", delta, resample, neighbour_metric, neighbour_cache)
         super().__init__(name=name, model=model, rule=rule, draft_len=draft_len, drafter=drafter, tree=tree,
-                         dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases, path=path)
+                         dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases, path=path,
+                         refill=refill)
         if not isinstance(self.drafter, EagleDrafter):
             raise ValueError(f"decoder {name!r} (VVS) feeds stale target features to an EAGLE drafter; "
                              f"{type(self.drafter).__name__} reads none: use drafter=<an EAGLE drafter config>")

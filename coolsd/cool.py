@@ -64,7 +64,8 @@ class CoolSD(Decoder):
     def __init__(self, name: str, model: ImageARModel, draft_len: int, delta: float, drafter: Callable[..., Drafter],
                  schedule: str = "exponential", nu: float = 0.7, mu: str | float = "mean",
                  tree: str | None = None, dynamic_tree: dict | None = None,
-                 track_tv: bool = True, sync_phases: bool = False, path: str = "eager") -> None:
+                 track_tv: bool = True, sync_phases: bool = False, path: str = "eager",
+                 refill: bool = False) -> None:
         validate.decoder_options(name=name, draft_len=draft_len, tree=tree, dynamic_tree=dynamic_tree,
                                  track_tv=track_tv, sync_phases=sync_phases)
         # ω_i runs over draft positions, i.e. tree depths: its length is the chain length or the tree's depth
@@ -72,4 +73,5 @@ class CoolSD(Decoder):
         length = draft_len if levels is None else (levels.depth if isinstance(levels, TreeShape) else levels.depth + 1)
         rule = CoolSDRule(delta=delta, draft_len=max(length, 1), schedule=schedule, nu=nu, mu=mu)
         super().__init__(name=name, model=model, rule=rule, draft_len=draft_len, drafter=drafter, tree=tree,
-                         dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases, path=path)
+                         dynamic_tree=dynamic_tree, track_tv=track_tv, sync_phases=sync_phases, path=path,
+                         refill=refill)

@@ -27,7 +27,8 @@ A decoder that changes what a round does overrides the round hooks (``plan_skips
 the target before its next block, untested; the objects its hooks return are its own.
 
 ``decoder.path=static`` hands every batch to ``coolsd.static`` (fixed shapes on the device, compiled or captured;
-the same tokens in float32 on the embedded model).
+the same tokens in float32 on the embedded model); with ``decoder.refill=true`` a list of prompts is decoded there
+as a queue (``generate_stream``): a row whose image finishes takes the next prompt instead of idling.
 
 Example: ``python run.py decoder=sd decoder.draft_len=4``.
 """
@@ -115,6 +116,7 @@ class Decoder:
         order: Callable[..., Any] | Any | None = None,
         verifier: Callable[..., Verdict] | None = None,
         path: str = "eager",
+        refill: bool = False,
     ) -> None:
         validate.decoder_options(name=name, draft_len=draft_len, tree=tree, dynamic_tree=dynamic_tree,
                                  track_tv=track_tv, sync_phases=sync_phases)
@@ -182,7 +184,20 @@ class Decoder:
         #: whether a subclass changes what a round does (the round hooks below: verification skipping)
         self.changes_rounds = any(getattr(type(self), hook) is not getattr(Decoder, hook)
                                   for hook in ("plan_skips", "block_prefix", "end_round"))
+        #: ``decoder.refill``: on the static path, a finished image's row takes the next prompt of the list
+        #: (``generate_stream``) instead of idling in the fixed-shape step until its batch's slowest image ends
+        self.refill = validate.boolean("decoder.refill", refill)
+        if refill and path == "eager":
+            raise ValueError(f"decoder {name!r}: decoder.refill=true needs decoder.path=static (the eager loop "
+                             "already drops finished images from its batch); set decoder.path=static or "
+                             "decoder.refill=false")
+        if refill and not self.plain_ar and self.drafter.static_path and not self.drafter.static_refills:
+            raise ValueError(f"decoder {name!r}: decoder.refill=true, but its drafter "
+                             f"({type(self.drafter).__name__}) cannot restart chosen rows of a static batch (no "
+                             "static_refill); set decoder.refill=false")
         self.static = None
+        #: the wall time of the latest ``generate_stream`` (diagnostics excluded): its images per second's denominator
+        self.stream_s: float | None = None
         if path == "static":
             from coolsd.static import StaticLoop
 
@@ -269,6 +284,32 @@ class Decoder:
                     self.select_rounds(keep)
                 batch.select(keep)
             return [done[r] for r in range(b)]
+
+    @torch.inference_mode()
+    def generate_stream(self, prompts: Sequence[str], seeds: Sequence[int], labels: Sequence[object] | None = None,
+                        width: int = 1) -> list[Generation]:
+        """Generate one image per prompt, at most ``width`` at a time; the images and their statistics are
+        ``generate_batch``'s, in prompt order. With ``decoder.refill`` (static path) a row whose image finishes takes
+        the next prompt at once (``coolsd.static.StaticLoop.generate_stream``: each image's ``latency_s`` runs from
+        its own prefill to its last token); otherwise consecutive lock-step batches of ``width``
+        (``generate_batch``). ``stream_s`` then holds the wall time of the whole list (diagnostics excluded).
+
+        Example: ``decoder.generate_stream(prompts, list(range(len(prompts))), width=16)``."""
+        k = len(prompts)
+        if len(seeds) != k:
+            raise ValueError(f"{k} prompts but {len(seeds)} seeds")
+        validate.integer("width", width, minimum=1)
+        labels = list(labels) if labels is not None else list(range(k))
+        if self.refill and self.static is not None:
+            gens = self.static.generate_stream(list(prompts), list(seeds), labels, width)
+            self.stream_s = self.static.stream_s
+            return gens
+        gens, self.stream_s = [], 0.0
+        for s0 in range(0, k, width):
+            batch = self.generate_batch(prompts[s0:s0 + width], seeds[s0:s0 + width], labels[s0:s0 + width])
+            self.stream_s += max(g.stats.latency_s for g in batch)
+            gens += batch
+        return gens
 
     def _check(self, finite: list[bool], source: str, labels, prompts, seeds, positions: list[int]) -> None:
         """Raise ``NonFiniteError`` for the first image whose ``source`` logits were not finite."""

@@ -407,6 +407,38 @@ class DeviceKVCache:
         self.lengths.copy_(torch.tensor(cache.lengths))
         self.has_padding = cache.has_padding
 
+    def load_rows(self, rows: torch.Tensor, cache: "StaticKVCache | DeviceKVCache") -> None:
+        """Copy the ``R`` images of another cache of this capacity into the images ``rows`` (R,) (long, on this
+        cache's device) of these buffers, in place: their committed slots (every CFG stream's: image ``rows[i]``
+        owns cache rows ``rows[i]·S .. rows[i]·S + S − 1``), padding and lengths. The other images are untouched,
+        and no buffer is replaced, so a compiled or captured step over this cache stays valid: the static path's
+        refilling of finished rows (``StaticLoop.generate_stream``). A ``StaticKVCache`` (a prefill's) is copied up
+        to its longest image, a ``DeviceKVCache`` (lengths on the device, not read) over its whole capacity.
+
+        Example: ``ws.cache.load_rows(torch.tensor([2, 0]), model.prefill(["cat", "dog"], extra_slots=8)[0])``."""
+        r = rows.shape[0]
+        device = isinstance(cache, DeviceKVCache)
+        source_len = cache.max_len
+        if cache.streams != self.streams or source_len != self.max_len or cache.batch != r:
+            raise ValueError(f"load_rows: a cache of {cache.batch} image(s) x {cache.streams} stream(s) and "
+                             f"{source_len} slots into {r} row(s) of one of {self.streams} stream(s) and "
+                             f"{self.max_len} slots")
+        if getattr(cache, "prefix_len", 0) != self.prefix_len:
+            raise ValueError(f"load_rows: the cache's prefix holds {getattr(cache, 'prefix_len', 0)} slots, these "
+                             f"buffers' {self.prefix_len}: image positions would shift")
+        s = self.streams
+        cache_rows = (rows[:, None] * s + torch.arange(s, device=rows.device)).flatten()  # (R·S,) image-major
+        end = self.max_len if device else max(cache.lengths)
+        for layer, (keys, values) in enumerate(zip(self.keys, self.values)):
+            source_k = cache.keys[layer] if device else cache.k[layer]  # (R·S, H, S_max, D)
+            source_v = cache.values[layer] if device else cache.v[layer]
+            keys[cache_rows, :, :end] = source_k[:, :, :end].to(keys.dtype)
+            values[cache_rows, :, :end] = source_v[:, :, :end].to(values.dtype)
+        self.key_valid[cache_rows] = cache.key_valid.to(self.device, torch.bool)
+        lengths = cache.lengths if device else torch.tensor(cache.lengths, device=self.device)
+        self.lengths.index_copy_(0, rows, lengths)
+        self.has_padding = self.has_padding or cache.has_padding
+
     def _rows(self, per_image: torch.Tensor) -> torch.Tensor:
         return per_image.repeat_interleave(self.streams, dim=0) if self.streams > 1 else per_image
 

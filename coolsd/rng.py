@@ -101,6 +101,19 @@ class Streams:
         self.keys.copy_(mix(torch.as_tensor(list(seeds), dtype=torch.long)).to(self.keys.device))
         self._memo = None
 
+    def reseed_rows(self, rows: torch.Tensor, seeds: Sequence[int]) -> None:
+        """Give the images of ``rows`` (R,) (long, on the streams' device) the ``seeds`` (R of them), in place; the
+        other rows keep theirs. A row's draws then equal those of a fresh ``Streams`` of its seed, since each draw is
+        a pure function of (seed, position, kind, index): the static path's refilling (``StaticLoop.generate_stream``).
+
+        Example: ``s = Streams.persistent_for(3, "cpu"); s.reseed([0, 1, 2]); s.reseed_rows(torch.tensor([1]), [7])``
+        gives row 1 the keys of seed 7."""
+        if len(seeds) != rows.shape[0]:
+            raise ValueError(f"{rows.shape[0]} rows but {len(seeds)} seeds")
+        self.keys.index_copy_(0, rows, mix(torch.as_tensor(list(seeds), dtype=torch.long)).to(self.keys.device))
+        self._memo = None
+        self._keys_gamma = None
+
     @property
     def batch(self) -> int:
         return int(self.keys.shape[0])

@@ -14,12 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from omegaconf import OmegaConf
 
 from coolsd.fingerprint import TOKEN_CODE_VERSION
-from eval.records.legacy import (ADDED_EVAL_KEYS, MOVED_MODULES, MOVED_NAMES, MOVED_PACKAGES, current_config,
-                                 current_target, current_targets)
+from eval.records.legacy import (ADDED_DECODER_KEYS, ADDED_EVAL_KEYS, MOVED_MODULES, MOVED_NAMES, MOVED_PACKAGES,
+                                 current_config, current_target, current_targets)
 from eval.records.run_json import read_run
 from eval.report.html_page import write_report
 from eval.run.experiment import finished_record
@@ -45,7 +46,7 @@ def run_config(path, today: bool = False) -> dict:
     return {
         "model": {"_target_": "coolsd.models.lookup.LookupModel", "image_size": 8},
         "decoder": {"_target_": "coolsd.decoding.Decoder", "name": "sd", "draft_len": 2,
-                    "rule": {"_target_": "baselines.exact.ExactRule"}, **({"path": "eager"} if today else {})},
+                    "rule": {"_target_": "baselines.exact.ExactRule"}, **(ADDED_DECODER_KEYS if today else {})},
         "data": {"_target_": path("eval.prompts.ClassPrompts")},
         "eval": {"_target_": path("eval.runner.EvalSuite"), "num_prompts": 2, "seed": 0,
                  **(ADDED_EVAL_KEYS if today else {}),
@@ -138,6 +139,7 @@ def old_layout(record_path: Path) -> None:
     record_path.write_text(json.dumps(record, indent=2))
 
 
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_an_old_run_folder_is_finished_and_loads_in_the_tables_and_the_report(tmp_path):
     folder = tmp_path / "row"
     args = [*LOOKUP, "decoder=sd", "eval.num_prompts=2", f"hydra.run.dir={folder}"]

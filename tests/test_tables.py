@@ -472,7 +472,7 @@ def test_wandb_runs_are_read_from_run_json_or_rebuilt_from_the_summary():
     assert found[0][0] == current_record(record)  # as read_run reads it: today's class paths and keys
     rebuilt = {m.decoder: m for m in mt.measurements([found[1]])}
     assert rebuilt["coolsd"].model == "tiny"
-    assert rebuilt["coolsd"].options == {"delta": 2.0, "tree": None, "path": "eager"}
+    assert rebuilt["coolsd"].options == {"delta": 2.0, "tree": None, "path": "eager", "refill": False}
     assert rebuilt["coolsd"].metrics["speedup"] == 2.5 and rebuilt["ar"].metrics["latency_s"] == 10.0
     assert rebuilt["coolsd"].metrics["speedup_ci"] == [2.4, 2.6] and "speedup_ci_lo" not in rebuilt["coolsd"].metrics
 

@@ -101,6 +101,25 @@ class Drafter(abc.ABC):
         eager path's room."""
         raise NotImplementedError(f"{type(self).__name__} does not run on the static path")
 
+    def static_refill(self, rows: torch.Tensor, prefill: TargetOutput, first_tokens: torch.Tensor, streams: Streams,
+                      depth: int, room: int | None = None) -> None:
+        """Restart the images of ``rows`` (R,) (long, on the device) of the current static batch, in place, as
+        ``static_begin`` starts a batch: ``prefill`` is the target's prefill output of the R new images (S, R, T, ·),
+        ``first_tokens`` (R,) their first tokens, ``streams`` the batch's streams (those rows already reseeded),
+        ``depth`` and ``room`` as the batch's ``static_begin`` had them. The other rows' state is untouched and no
+        buffer is replaced, so a compiled or captured step stays valid. Afterwards the refilled rows must draft
+        exactly what a fresh batch's would (``StaticLoop.generate_stream``, ``decoder.refill``).
+
+        Example: ``drafter.static_refill(torch.tensor([1]), out, first, ws.streams, 4)`` after row 1 finished."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart chosen rows of a static batch (no "
+                                  "static_refill): set decoder.refill=false")
+
+    @property
+    def static_refills(self) -> bool:
+        """Whether this drafter restarts chosen rows of a static batch (``static_refill``); checked when a decoder
+        with ``decoder.refill=true`` is built."""
+        return type(self).static_refill is not Drafter.static_refill
+
     def static_propose(self, last_tokens: torch.Tensor, t: torch.Tensor, limit: torch.Tensor, depth: int,
                        tree: TreeShape | DynamicTree | None = None, cache: dict | None = None) -> Draft:
         """``propose`` of exactly ``depth`` levels per image (a chain, or every level of ``tree``) with no host

@@ -664,6 +664,40 @@ class EagleDrafter(Drafter):
         state.count.fill_(1)
         state.start.fill_(-1)
 
+    def static_refill(self, rows: torch.Tensor, prefill: TargetOutput, first_tokens: torch.Tensor, streams,
+                      depth: int, room: int | None = None) -> None:
+        """``static_begin`` for the images of ``rows`` only (``Drafter.static_refill``): their drafter cache rows
+        emptied (with ``prefix: all``, the new images' prefix pairs but the last fed through a cache of their own
+        and copied in), the last prefix pair pending with ``x_0``, in the current batch's buffers."""
+        state = self.static
+        r = first_tokens.shape[0]
+        features = self.target.prefix_states(prefill, self.prefix)  # (S, R, C, H)
+        s, _, c, h = features.shape
+        if state is None or self._static.get((state.tokens.shape[0], c, depth, room)) is not state:
+            raise RuntimeError("EagleDrafter.static_refill: no static batch of this shape is running (call "
+                               "static_begin first, with the same prefix, depth and room)")
+        self.streams = streams
+        state.cache.lengths.index_fill_(0, rows, 0)
+        if c > 1:  # the prefix pairs as static_begin feeds them, through a cache of the R images, then copied in
+            own = DeviceKVCache.like(self.new_cache(r, prefix_pairs=c, room=room))
+            positions = torch.arange(-c, -1, device=self.device).expand(r, -1)
+            try:
+                self.cache = own
+                with attention_context(getattr(self.target, "attention_kernel", "auto")):
+                    self.step_in_context(features[:, :, : c - 1], first_tokens.new_zeros(r, c - 1), positions)
+                own.keep(c - 1)
+            finally:
+                self.cache = state.cache
+            state.cache.load_rows(rows, own)
+        pending = torch.zeros(s, r, state.features.shape[2], h, dtype=state.features.dtype, device=self.device)
+        pending[:, :, 0] = features[:, :, c - 1]  # (S, R, K, H)
+        state.features.index_copy_(1, rows, pending)
+        tokens = torch.zeros(r, state.tokens.shape[1], dtype=torch.long, device=self.device)
+        tokens[:, 0] = first_tokens
+        state.tokens.index_copy_(0, rows, tokens)
+        state.count.index_fill_(0, rows, 1)
+        state.start.index_fill_(0, rows, -1)
+
     def _static_feed(self) -> DraftStep:
         """The pending block of the static path (its fixed width, each image's own count): the root's feature
         (S, B, 1, H) and draft distribution (B, 1, V); the cache keeps each image's pending pairs."""

@@ -15,16 +15,26 @@ compiled or captured (``coolsd.static.capture``):
   the first rejection and draw the next token on the device (``verify_chain``, the rules' own ``accept_prob`` and
   ``residual``), commit by a masked scatter and keep the accepted prefix by moving each image's length (no KV copy).
 
-Images that finish stay in the batch and commit nothing; the loop reads one value per iteration (whether every
-image has finished), none per AR step (AR takes exactly ``N − 1`` steps), and the statistics once at the end. The
-tokens equal the eager loop's in float32 on the embedded model (``tests/test_static_path.py``): the same draws at the
-same positions, and a forward's bits do not depend on how many keys or rows it spans there (padding-invariant
-attention, batch-invariant linears). Latency is wall time from the prefill to the last token, by CUDA events on a
-GPU (synchronised once at the end) and ``perf_counter`` elsewhere; the TV diagnostic of a relaxed rule runs
+In a lock-step batch (``generate_batch``) images that finish stay in the batch and commit nothing until its slowest
+image ends; the loop reads one value per iteration (whether every image has finished), none per AR step (AR takes
+exactly ``N − 1`` steps), and the statistics once at the end. With refilling (``generate_stream``,
+``decoder.refill``) a list of prompts is a queue through the batch's rows: the one read per iteration says which
+rows have finished, and between two steps, outside them, each finished row's image is set aside and the row takes
+the queue's next prompt (its prefill, its KV rows, tokens, counts, random stream and drafter state replaced row by
+row in place), so every shape stays fixed and the same step runs; once the queue is empty the finished rows idle
+as in lock-step. Plain AR needs none (all its images finish together).
+
+The tokens equal the eager loop's in float32 on the embedded model (``tests/test_static_path.py``), and a refilled
+image's its lock-step ones (``tests/test_refill.py``): the same draws at the same positions, and a forward's bits
+do not depend on how many keys or rows it spans there (padding-invariant attention, batch-invariant linears).
+Latency is wall time from the prefill to the last token (refilled: from the image's own prefill to the end of the
+iteration in which it finished), by CUDA events on a GPU (synchronised once at the end) and ``perf_counter``
+elsewhere; the TV diagnostic of a relaxed rule runs
 between steps, timed apart and not counted; no other phase is timed (the anatomy pass of ``scripts/bench.py`` does
 that on the eager path).
 
-Example: ``Decoder(..., path="static")`` builds a ``StaticLoop``; ``python run.py decoder=sjd decoder.path=static``.
+Example: ``Decoder(..., path="static")`` builds a ``StaticLoop``; ``python run.py decoder=sjd decoder.path=static``;
+``python run.py decoder=sd decoder.path=static decoder.refill=true eval.batch_size=16``.
 """
 from __future__ import annotations
 
@@ -98,6 +108,21 @@ class Workspace:
         for counter in (self.iterations, self.hist, self.drafter_forwards, self.tv_sum, self.tv_steps):
             counter.zero_()
 
+    def reset_rows(self, rows: torch.Tensor, first_tokens: torch.Tensor, prefill_finite: torch.Tensor) -> None:
+        """``reset`` for the images of ``rows`` (R,) only (a refilled row, ``StaticLoop.generate_stream``): their
+        first tokens (R,), their counts zeroed, in place; the other rows are untouched.
+
+        Example: ``ws.reset_rows(torch.tensor([0, 2]), first, finite_images(out.logits))``."""
+        tokens = torch.zeros(rows.shape[0], self.tokens.shape[1], dtype=self.tokens.dtype, device=self.tokens.device)
+        tokens[:, 0] = first_tokens
+        self.tokens.index_copy_(0, rows, tokens)
+        self.t.index_fill_(0, rows, 1)
+        self.done.fill_(False)
+        self.bad_target.index_copy_(0, rows, torch.where(prefill_finite, -1, 0).to(self.bad_target))
+        self.bad_drafter.index_fill_(0, rows, -1)
+        for counter in (self.iterations, self.hist, self.drafter_forwards, self.tv_sum, self.tv_steps):
+            counter.index_fill_(0, rows, 0)
+
 
 def _first_failure(bad: torch.Tensor, ok: torch.Tensor, active: torch.Tensor, t: torch.Tensor) -> None:
     """Record position ``t`` for the images whose logits were not finite (``ok`` false) for the first time."""
@@ -161,6 +186,8 @@ class StaticLoop:
         #: the draw index of an iteration's uniforms: ACCEPT 0 .. max_nodes − 1, then SAMPLE 0 (held here, read by
         #: every step)
         self._draws = Streams.draws((ACCEPT, decoder.max_nodes), (SAMPLE, 1), device=self.model.device)
+        #: the wall time of the latest ``generate_stream``, diagnostics excluded (None before the first)
+        self.stream_s: float | None = None
 
     # -- the steps --------------------------------------------------------------------------------------
     def ar_step(self, ws: Workspace) -> None:
@@ -329,13 +356,17 @@ class StaticLoop:
             found[0].cache.load(cache)
         return found
 
-    @contextlib.contextmanager
-    def batch(self, prompts: Sequence[str], seeds: Sequence[int]):
-        """A batch made ready to step: the prefill, the workspace of its size refilled, the first token drawn, the
-        drafter begun; yields ``(workspace, runner, clock)`` inside the decode contexts. ``generate_batch`` steps it
-        to the end; a benchmark may call the runner a fixed number of times instead (every step has fixed shapes,
-        so an image that has finished costs what a decoding one does)."""
-        decoder, model = self.decoder, self.model
+    def _prefill(self, prompts: Sequence[str], streams: Streams) -> tuple[Any, Any]:
+        """The model's own prefill of ``prompts`` with the cache room every step needs, outside the decode contexts
+        (as every batch's)."""
+        with _piecewise_off(self.model):  # model.compile's piecewise layers serve the eager loop only
+            return self.model.prefill(list(prompts), extra_slots=self.decoder.max_nodes + 1, streams=streams)
+
+    def _start(self, prompts: Sequence[str], seeds: Sequence[int]) -> tuple[Workspace, Runner, "_Clock", Any,
+                                                                               torch.Tensor]:
+        """A new batch up to the drafter: the clock started, the prefill, the workspace of its size refilled, the
+        first tokens drawn; returns ``(workspace, runner, clock, prefill output, first tokens)``."""
+        model = self.model
         b = len(prompts)
         device = model.device
         clock = _Clock(device.type == "cuda")
@@ -343,15 +374,30 @@ class StaticLoop:
         if b not in self._streams:
             self._streams[b] = Streams.persistent_for(b, device)
         self._streams[b].reseed(seeds)
-        with _piecewise_off(model):  # model.compile's piecewise layers serve the eager loop only
-            cache, out = model.prefill(list(prompts), extra_slots=decoder.max_nodes + 1, streams=self._streams[b])
+        cache, out = self._prefill(prompts, self._streams[b])
         ws, runner = self._workspace(cache, b)
         del cache
         first = sample(model.probs(out)[:, -1], ws.streams.uniform(torch.zeros_like(ws.t), SAMPLE, 1)[:, 0])
         ws.reset(first, finite_images(out.logits))
-        invariant = model.batch_invariant and not decoder.plain_ar
-        with model.decode_context(), padding_invariant_attention(invariant):
-            if not decoder.plain_ar:
+        return ws, runner, clock, out, first
+
+    @contextlib.contextmanager
+    def _decoding(self):
+        """The contexts every step runs in: the model's decode context and, for speculative steps on a
+        batch-invariant model, padding-invariant attention."""
+        invariant = self.model.batch_invariant and not self.decoder.plain_ar
+        with self.model.decode_context(), padding_invariant_attention(invariant):
+            yield
+
+    @contextlib.contextmanager
+    def batch(self, prompts: Sequence[str], seeds: Sequence[int]):
+        """A batch made ready to step: the prefill, the workspace of its size refilled, the first token drawn, the
+        drafter begun; yields ``(workspace, runner, clock)`` inside the decode contexts. ``generate_batch`` steps it
+        to the end; a benchmark may call the runner a fixed number of times instead (every step has fixed shapes,
+        so an image that has finished costs what a decoding one does)."""
+        ws, runner, clock, out, first = self._start(prompts, seeds)
+        with self._decoding():
+            if not self.decoder.plain_ar:
                 self.drafter.static_begin(out, first, ws.streams, self.depth, room=self.drafter_room)
             clock.mark("prefill")
             yield ws, runner, clock
@@ -382,6 +428,151 @@ class StaticLoop:
             target_forwards=iterations[i] + 1, drafter_forwards=forwards[i], latency_s=latency, prefill_s=prefill_s,
             draft_s=0.0, verify_s=0.0, accept_s=0.0, observe_s=0.0, diagnostics_s=diagnostics_s, tv_sum=tv[i],
             tv_steps=tests[i], batch_size=b, tv_measured=decoder.tv_measured)) for i in rows]
+
+
+    @torch.inference_mode()
+    def generate_stream(self, prompts: Sequence[str], seeds: Sequence[int], labels: list,
+                        width: int) -> list[Generation]:
+        """Decode a queue of prompts with ``width`` rows, a row taking the queue's next prompt as soon as its image
+        has finished (refilling, ``decoder.refill``); one ``Generation`` per prompt, in prompt order.
+
+        The first ``width`` prompts start as ``batch`` starts a batch, with the workspace and runner of that size
+        (the step lock-step compiles or captures). After every iteration one host read says which rows have
+        finished (it replaces lock-step's read of ``done``). A finished image's tokens and statistics are copied
+        aside on the device (all read once at the end), and the rows finished at that iteration take the next
+        prompts, between two steps and outside them: one prefill of those prompts (the model's ``prefill``), their
+        KV rows copied into the workspace's cache (``DeviceKVCache.load_rows``), their tokens and counts reset
+        (``Workspace.reset_rows``), their streams reseeded (``Streams.reseed_rows``) and the drafter's state of
+        those rows restarted (``Drafter.static_refill``). Every shape stays fixed, so the step is reused unchanged.
+        Once the queue is empty, finished rows stay in the step, as in lock-step, until every row has finished.
+        Each draw is a pure function of an image's seed and position and a forward's bits do not depend on its
+        batch neighbours (module doc), so an image's tokens and statistics equal its lock-step ones.
+
+        Statistics are per image, as lock-step's: its own iterations, accepted histogram, forwards, TV and bad
+        positions; ``latency_s`` is the wall time from the start of its own prefill (the stream's start for the
+        first ``width`` images) to the end of the iteration in which it finished, less the TV diagnostics run in
+        between; ``prefill_s`` its prefill with the drafter's restart; ``batch_size`` the width. ``stream_s`` then
+        holds the stream's wall time (its start to its last image's end, less every diagnostic): the images per
+        second's denominator.
+
+        Plain AR needs no refilling (every image takes exactly ``N − 1`` steps, so all finish together): it runs
+        lock-step batches of ``width`` (``generate_batch``), as does a queue of at most ``width`` prompts.
+
+        Example: ``loop.generate_stream(["cat"] * 7, list(range(7)), list(range(7)), width=3)``: 7 images, at most
+        3 at a time.
+        """
+        k = len(prompts)
+        if len(seeds) != k or len(labels) != k:
+            raise ValueError(f"{k} prompts but {len(seeds)} seeds and {len(labels)} labels")
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ValueError(f"generate_stream: width must be an integer >= 1, got {width!r}")
+        if self.decoder.plain_ar or k <= width:
+            gens: list[Generation] = []
+            self.stream_s = 0.0
+            for s0 in range(0, k, width):
+                batch = self.generate_batch(prompts[s0:s0 + width], seeds[s0:s0 + width], labels[s0:s0 + width])
+                self.stream_s += max(g.stats.latency_s for g in batch)
+                gens += batch
+            return gens
+        if not self.drafter.static_refills:
+            raise ValueError(f"decoder {self.decoder.name!r}: its drafter ({type(self.drafter).__name__}) cannot "
+                             "restart chosen rows of a static batch; set decoder.refill=false")
+        return self._stream(list(prompts), list(seeds), list(labels), width)
+
+    def _stream(self, prompts: list[str], seeds: list[int], labels: list, width: int) -> list[Generation]:
+        """``generate_stream`` of a speculative decoder and a queue longer than ``width``."""
+        decoder, model = self.decoder, self.model
+        k = len(prompts)
+        n_tokens = model.num_image_tokens
+        device = model.device
+        ws, runner, clock, out, first = self._start(prompts[:width], seeds[:width])
+        image_of: list[int | None] = list(range(width))  # the image each row decodes (None: finished, not refilled)
+        starts: dict[int, tuple[Any, Any, int]] = {}  # image -> (its prefill's start and end, spans apart before)
+        ends: dict[int, tuple[Any, int]] = {}  # image -> (the end of its last iteration, spans apart until then)
+        taken: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]] = []  # images, stats, TV, tokens
+        queued = width
+        stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(self._decoding())
+            self.drafter.static_begin(out, first, ws.streams, self.depth, room=self.drafter_room)
+            ready = clock.now()
+            starts.update((i, (clock.marks["start"], ready, 0)) for i in range(width))
+            del out, first
+            for _ in range(k * n_tokens):  # a bound: every iteration commits a token of every decoding image
+                runner()
+                if self.diagnose_tv:
+                    with clock.apart():
+                        self.diagnose(ws)
+                finished = (ws.t >= n_tokens).tolist()  # the iteration's one host read
+                rows = [r for r, image in enumerate(image_of) if image is not None and finished[r]]
+                if not rows:
+                    continue
+                end, apart = clock.now(), len(clock.spans)
+                index = torch.tensor(rows, device=device)
+                counts = torch.cat([torch.stack([ws.t, ws.iterations, ws.drafter_forwards, ws.tv_steps,
+                                                 ws.bad_target, ws.bad_drafter], 1), ws.hist], 1)  # (B, 6 + C)
+                taken.append(([image_of[r] for r in rows], counts.index_select(0, index),
+                               ws.tv_sum.index_select(0, index), ws.tokens.index_select(0, index)[:, :n_tokens]))
+                for r in rows:
+                    ends[image_of[r]] = (end, apart)
+                    image_of[r] = None
+                refill = rows[:k - queued]
+                if refill:
+                    images = list(range(queued, queued + len(refill)))
+                    queued += len(refill)
+                    start = clock.now()
+                    self._refill(ws, refill, [prompts[i] for i in images], [seeds[i] for i in images], stack)
+                    ready = clock.now()
+                    for r, i in zip(refill, images):
+                        image_of[r] = i
+                        starts[i] = (start, ready, len(clock.spans))
+                if all(image is None for image in image_of):
+                    break
+        finally:
+            stack.close()
+        if len(ends) != k:
+            raise RuntimeError(f"the static loop stopped with {k - len(ends)} of {k} images unfinished")
+        clock.sync()
+        order = [i for images, *_ in taken for i in images]
+        host = torch.cat([c for _, c, _, _ in taken]).tolist()  # the stream's one read of its statistics
+        tv = torch.cat([x for _, _, x, _ in taken]).tolist()
+        tokens = [row for *_, x in taken for row in x.unbind(0)]
+        by_image = {i: (h, v, x) for i, h, v, x in zip(order, host, tv, tokens)}
+        bad = {source: [by_image[i][0][column] for i in range(k)] for source, column in (("target", 4),
+                                                                                          ("drafter", 5))}
+        for source, positions in bad.items():
+            decoder._check([x < 0 for x in positions], source, labels, prompts, seeds, positions)
+        last, spans = ends[taken[-1][0][0]]  # the stream ends with its last harvest
+        self.stream_s = clock.between(clock.marks["start"], last) - clock.apart_seconds(0, spans)
+        gens = []
+        for i in range(k):
+            (start, ready, before), (end, after) = starts[i], ends[i]
+            (_, iterations, forwards, tests, *_), commits = by_image[i][0][:6], by_image[i][0][6:]
+            diagnostics = clock.apart_seconds(before, after)
+            gens.append(Generation(tokens=by_image[i][2], stats=DecodeStats(
+                num_tokens=n_tokens, iterations=iterations, accepted_hist=tuple(commits),
+                target_forwards=iterations + 1, drafter_forwards=forwards,
+                latency_s=clock.between(start, end) - diagnostics, prefill_s=clock.between(start, ready),
+                draft_s=0.0, verify_s=0.0, accept_s=0.0, observe_s=0.0, diagnostics_s=diagnostics,
+                tv_sum=by_image[i][1], tv_steps=tests, batch_size=width, tv_measured=decoder.tv_measured)))
+        return gens
+
+    def _refill(self, ws: Workspace, rows: list[int], prompts: list[str], seeds: list[int],
+                stack: contextlib.ExitStack) -> None:
+        """Rows ``rows`` of the workspace take the new images ``prompts``/``seeds`` (``generate_stream``): the
+        prefill outside the decode contexts (``stack`` is left and entered again), then the row-wise resets."""
+        device = self.model.device
+        index = torch.tensor(rows, device=device)
+        stack.close()  # the prefill runs outside the decode contexts, as every batch's
+        ws.streams.reseed_rows(index, seeds)
+        cache, out = self._prefill(prompts, Streams(seeds, device))
+        u = ws.streams.uniform(torch.zeros_like(ws.t), SAMPLE, 1)[:, 0].index_select(0, index)  # (R,) draw 0 at 0
+        first = sample(self.model.probs(out)[:, -1], u)
+        ws.cache.load_rows(index, cache)
+        del cache
+        ws.reset_rows(index, first, finite_images(out.logits))
+        stack.enter_context(self._decoding())
+        self.drafter.static_refill(index, out, first, ws.streams, self.depth, room=self.drafter_room)
 
 
 def static_refusal(decoder: Any) -> str | None:
@@ -425,7 +616,8 @@ class _Clock:
         self.marks: dict[str, Any] = {}
         self.spans: list[tuple[Any, Any]] = []
 
-    def _now(self) -> Any:
+    def now(self) -> Any:
+        """A time mark: a recorded CUDA event on a GPU (read after ``sync``), ``perf_counter`` elsewhere."""
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -433,21 +625,30 @@ class _Clock:
         return time.perf_counter()
 
     def mark(self, name: str) -> None:
-        self.marks[name] = self._now()
+        self.marks[name] = self.now()
 
     @contextlib.contextmanager
     def apart(self):
-        begin = self._now()
+        begin = self.now()
         yield
-        self.spans.append((begin, self._now()))
+        self.spans.append((begin, self.now()))
 
-    def _between(self, a: Any, b: Any) -> float:
+    def between(self, a: Any, b: Any) -> float:
+        """Seconds from mark ``a`` to mark ``b`` (on a GPU: after ``sync``)."""
         return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+    def apart_seconds(self, first: int, last: int) -> float:
+        """Seconds of the spans apart ``first .. last − 1`` (on a GPU: after ``sync``)."""
+        return sum(self.between(a, b) for a, b in self.spans[first:last])
+
+    def sync(self) -> None:
+        """The final synchronisation, before any mark is read."""
+        if self.cuda:
+            torch.cuda.synchronize()
 
     def seconds(self) -> tuple[float, float, float]:
         """(latency without the spans apart, prefill, the spans apart), after the batch's final synchronisation."""
-        if self.cuda:
-            torch.cuda.synchronize()
-        apart = sum(self._between(a, b) for a, b in self.spans)
-        total = self._between(self.marks["start"], self.marks["end"])
-        return total - apart, self._between(self.marks["start"], self.marks["prefill"]), apart
+        self.sync()
+        apart = self.apart_seconds(0, len(self.spans))
+        total = self.between(self.marks["start"], self.marks["end"])
+        return total - apart, self.between(self.marks["start"], self.marks["prefill"]), apart

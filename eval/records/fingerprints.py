@@ -17,9 +17,10 @@ from omegaconf import DictConfig, OmegaConf
 import coolsd.resolvers  # noqa: F401  (the ${asset:} resolver)
 from coolsd.fingerprint import TOKEN_CODE_VERSION
 
-#: decoder keys that no image depends on: diagnostics, and where a cache lives (the LANTERN neighbour table is
-#: computed from the VQ codebook, which the weights digest covers)
-UNFINGERPRINTED = ("track_tv", "sync_phases", "neighbour_cache")
+#: decoder keys that no image depends on: diagnostics, where a cache lives (the LANTERN neighbour table is
+#: computed from the VQ codebook, which the weights digest covers), and how a list is batched (``refill``: like
+#: ``eval.batch_size``, it changes which images share a step, not an image)
+UNFINGERPRINTED = ("track_tv", "sync_phases", "neighbour_cache", "refill")
 #: model keys that say where the weights are read from. The fingerprint's ``weights_sha1`` covers what they
 #: point to, so they are left out of it: moving a checkout, another mount point on a cluster node or another
 #: ``$COOLSD_CACHE`` keeps a folder's records and the AR cache. The drafter's ``checkpoint`` is left out in the

@@ -179,7 +179,7 @@ def current_targets(obj: Any) -> Any:
 
 #: decoder keys later versions added, with the value every earlier run behaved as: a stored config without them is
 #: read with them (``current_config``), so a finished row from before still matches today's composed config
-ADDED_DECODER_KEYS = {"path": "eager"}
+ADDED_DECODER_KEYS = {"path": "eager", "refill": False}
 #: ``eval`` keys added later (issue 59), with the value an earlier run behaved as (``preflight``, ``code_mismatch``
 #: change no number: ``eval.run.experiment.finished_record`` leaves them out of its comparison anyway)
 ADDED_EVAL_KEYS = {"code_mismatch": "refuse", "ar_timing": "run", "preflight": True}

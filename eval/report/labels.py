@@ -55,6 +55,7 @@ def decoder_options(decoder_cfg: dict[str, Any]) -> dict[str, Any]:
     """What identifies a decoder configuration: its options minus bookkeeping keys."""
     options = {k: v for k, v in decoder_cfg.items() if k not in BOOKKEEPING}
     options["path"] = options.get("path", "eager")  # a record from before decoder.path: the eager loop
+    options["refill"] = options.get("refill", False)  # a record from before decoder.refill: lock-step batches
     order = options.pop("order", None)  # a generation order's options are the method's (ZipAR's window)
     if isinstance(order, dict):
         options.update({k: v for k, v in order.items() if k not in ("_target_", "_partial_")})
@@ -102,6 +103,8 @@ def option_text(key: str, value: Any, options: dict[str, Any], skip: Sequence[st
         return "subsequence verification" if value else "token verification"
     if key == "path":
         return f"{value} path"
+    if key == "refill":
+        return "refilled rows" if value else "lock-step batches"
     return f"{SYMBOLS.get(key, key)}={value_text(value)}"
 
 

@@ -145,7 +145,7 @@ def summarize(records: list[dict], ar_records: list[dict] | None = None,
         out["throughput_img_s_ci"] = intervals.ratio_interval(sizes, walls, boot, "batches")  # over batches
         out["throughput_images"] = sum(sizes)
         out["throughput_batches"] = len(batches)
-        out["throughput_batch_size"] = max(sizes)
+        out["throughput_batch_size"] = max(r["stats"]["batch_size"] for r in records if r.get("batch_id") in batches)
         base = _batches(ar_records or [])
         if base:  # the speedup at batch > 1: images per second over AR's, each over its own batches
             out["batch_speedup"], out["batch_speedup_ci"] = intervals.throughput_ratio(
@@ -174,11 +174,12 @@ def summarize(records: list[dict], ar_records: list[dict] | None = None,
 
 def _batches(records: list[dict]) -> dict[str, tuple[int, float]]:
     """{batch id: (images, wall seconds)} of the batches that have a timing on this hardware (images reused from
-    another GPU kind carry none, ``eval.run.generator.Generator._reuse_ar``)."""
+    another GPU kind carry none, ``eval.run.generator.Generator._reuse_ar``); a refilled queue's images are its
+    ``batch_images`` (``decoder.refill``: more than its width, the records' ``batch_size``)."""
     out: dict[str, tuple[int, float]] = {}
     for r in records:
         if r.get("batch_id") and r.get("batch_s"):
-            out[r["batch_id"]] = (r["stats"]["batch_size"], r["batch_s"])
+            out[r["batch_id"]] = (r.get("batch_images") or r["stats"]["batch_size"], r["batch_s"])
     return out
 
 

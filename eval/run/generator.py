@@ -7,6 +7,11 @@ the run then stops naming the largest batch size that fits (halving down, with u
 metric of ``eval.metrics`` scores those images once (its model built, its weights read, its pipeline run), then
 is moved off the GPU until scoring.
 
+A decoder with ``decoder.refill=true`` on the static path makes its batched set (after the pre-flight batch) as one
+queue through ``eval.batch_size`` rows (``Decoder.generate_stream``: a row whose image finishes takes the next
+prompt), recorded when the queue is done; its records share one ``batch_id`` whose ``batch_s`` is the queue's wall
+time and ``batch_images`` its number of images (throughput: images ÷ seconds, as for a batch).
+
 AR's timed images (``eval.ar_timing=table``): only the row that claimed AR's timing for this AR configuration and
 GPU kind (``ARCache.claim_timing``) times AR, interleaved per prompt with its own decoder; the other rows time
 their decoder alone and make AR's timed-subset images with the batched set (or take them from the cache).
@@ -105,8 +110,7 @@ class Generator:
                        f"{len(self.decoders)} decoders" + (f", rank {self.shards.rank}/{self.shards.world})"
                                                            if self.shards.world > 1 else ")"),
                        unit="img", dynamic_ncols=True, disable=self.shards.rank != 0 and self.shards.world > 1)
-            batches = {name: [idx[k: k + suite.batch_size] for k in range(0, len(idx), suite.batch_size)]
-                       for name, idx in todo_rest.items()}
+            batches = {name: self._chunks(name, idx) for name, idx in todo_rest.items()}
             if suite.preflight:
                 self._preflight(batches, done, bar)
             for name in {n for _, n in todo_timed}:
@@ -130,6 +134,23 @@ class Generator:
                 producer.release()
         if self.progress is not None:
             self.progress.finish()
+
+    def _refills(self, name: str) -> bool:
+        """Whether the decoder decodes a list as one queue (``decoder.refill`` on the static path; plain AR never
+        needs it: its images all finish together)."""
+        decoder = self.decoders[name]
+        return bool(getattr(decoder, "refill", False)) and decoder.static is not None and not decoder.plain_ar
+
+    def _chunks(self, name: str, indices: list[int]) -> list[list[int]]:
+        """The batches of ``indices``: ``eval.batch_size`` each, or for a refilling decoder (``_refills``) the
+        pre-flight batch (one plain batch, ``eval.preflight``) and then every other index as one stream of that
+        width (``Decoder.generate_stream``: a row whose image finishes takes the next prompt)."""
+        size = self.suite.batch_size
+        if not self._refills(name) or len(indices) <= size:
+            return [indices[k: k + size] for k in range(0, len(indices), size)]
+        head = [indices[:size]] if self.suite.preflight else []
+        rest = indices[size:] if head else indices
+        return head + [rest]
 
     def _generate_batch(self, name: str, indices: list[int], cold: bool = False) -> int:
         """One untimed batch; AR's indices that another job has put in the cache meanwhile are taken from it
@@ -310,8 +331,14 @@ class Generator:
             torch.cuda.reset_peak_memory_stats()
         prompts = [self.prompts[i] for i in indices]
         seeds = [suite.seed + i for i in indices]
-        gens = self.decoders[name].generate_batch(prompts, seeds, labels=indices)
-        batch_s = max(g.stats.latency_s for g in gens)
+        decoder = self.decoders[name]
+        stream = not timed and self._refills(name) and len(indices) > suite.batch_size
+        if stream:  # one queue through eval.batch_size rows; its wall time is the throughput's batch time
+            gens = decoder.generate_stream(prompts, seeds, labels=indices, width=suite.batch_size)
+            batch_s = decoder.stream_s
+        else:
+            gens = decoder.generate_batch(prompts, seeds, labels=indices)
+            batch_s = max(g.stats.latency_s for g in gens)
         batch_id = None if timed or cold else uuid.uuid4().hex[:12]
         peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
         images = [None] * len(gens)
@@ -340,6 +367,7 @@ class Generator:
                 "timed": timed,
                 "batch_id": batch_id,
                 "batch_s": batch_s,
+                **({"batch_images": len(gens)} if stream else {}),  # a stream holds more images than its width
                 "numerics": self.signature,
                 "hardware": self.hardware,
                 "code": self.records.code_digest(name),

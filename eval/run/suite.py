@@ -109,7 +109,8 @@ class EvalSuite:
 
 def select_decoders(cfg: DictConfig, decoder_overridden: bool) -> dict[str, DictConfig]:
     """The decoder configs this run compares, AR first; ``cfg.decoder`` (with its overrides) wins its name, and
-    every one runs on its path (``decoder.path``), so each speedup is over AR on the same path.
+    every one runs on its path (``decoder.path``), so each speedup is over AR on the same path, and with
+    ``decoder.refill=true`` every one refills its finished rows (AR's batches are unchanged by it).
 
     ``compare``: ``auto`` (the set ``all``, the default run's decoders, when no ``decoder=`` was given on the
     command line, else none), ``none``, the name of a set of ``compare_sets`` (suite entry -> overrides of its
@@ -145,7 +146,10 @@ def select_decoders(cfg: DictConfig, decoder_overridden: bool) -> dict[str, Dict
             chosen[name] = suite[name]
     chosen[cfg.decoder.name] = cfg.decoder
     path = OmegaConf.select(cfg, "decoder.path", default="eager")
+    refill = OmegaConf.select(cfg, "decoder.refill", default=False)
     for name, node in chosen.items():  # one path per run: a speedup is over AR on the same path
         if OmegaConf.select(node, "path", default="eager") != path:
             chosen[name] = OmegaConf.merge(OmegaConf.to_container(node, resolve=True), {"path": path})
+        if refill and OmegaConf.select(chosen[name], "refill", default=False) != refill:  # and one way of batching
+            chosen[name] = OmegaConf.merge(OmegaConf.to_container(chosen[name], resolve=True), {"refill": refill})
     return chosen

@@ -55,3 +55,16 @@ def pytest_report_header(config):
     finally:
         torch.set_num_threads(old)
     return lines
+
+
+#: a test allowed this many seconds or more (``@pytest.mark.timeout``) starts first, so that under pytest-xdist it
+#: runs beside the others instead of after them (the claims page's regeneration is most of the ``-m slow`` pass)
+LONG_S = 1800
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest tests first (``LONG_S``); the rest keep their order."""
+    def long(item) -> bool:
+        marker = item.get_closest_marker("timeout")
+        return bool(marker and marker.args and marker.args[0] >= LONG_S)
+    items.sort(key=lambda item: not long(item))  # stable: False (long) sorts first

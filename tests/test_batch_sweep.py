@@ -61,6 +61,7 @@ def test_a_small_sweep_end_to_end(tmp_path):
     record = run_sweep(cfg, "embedded")
     cells = record["cells"]
     assert set(cells) == {"ar", "sd", "ar@static", "sd@static"} and record["complete"]
+    assert record["wall_min"] >= 0 and "min in all" in (tmp_path / f"{record['setup']['name']}.md").read_text()
     for key, by_b in cells.items():
         assert set(by_b) == {"1", "2"}
         for b, cell in by_b.items():

@@ -12,6 +12,8 @@ import json
 import multiprocessing as mp
 from pathlib import Path
 
+import pytest
+
 from eval.run.ar_cache import ARCache
 
 PER_WRITER = 40
@@ -111,6 +113,7 @@ ROW = ("import pathlib, runpy, sys, time\n"
        "runpy.run_path('run.py', run_name='__main__')\n")
 
 
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_two_concurrent_rows_make_ar_once(tmp_path):
     """Two rows of a table (the same AR settings, other decoders) started together with one AR cache: one makes
     AR's 22 batched images while the other makes its own decoder's; the other then shares the rest of AR's work

@@ -289,6 +289,7 @@ def slurm_pair(tmp_path, job: str, port: int, extra: tuple[str, ...], rank1: lis
     return [(p, *p.communicate(timeout=300)) for p in procs]
 
 
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_a_task_that_never_starts_stops_the_others_within_the_start_up_timeout(tmp_path):
     """Rank 1 of 2 never comes (it died before joining): rank 0 stops after dist.startup_timeout_min (6 s here),
     not after the 12 h of dist.timeout_min, and says what to look for; nothing was generated."""
@@ -480,6 +481,7 @@ NO_MODEL = ("import runpy, sys\n"
             "runpy.run_path('run.py', run_name='__main__')\n")
 
 
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_a_finished_row_exits_at_once_without_loading_anything(one_process):
     """Resubmitting a finished sweep (or a requeue after the row finished): the row's run.json holds this config,
     complete, so the job prints its summary and exits: no process group, no model, no scoring. Another config in

@@ -101,6 +101,7 @@ def test_text_of_the_records_is_escaped(small_run):
     assert any(p["p"] == HOSTILE for p in gallery_json(page)["prompts"])  # the JSON block keeps it as data
 
 
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_the_sweep_page_has_every_row_one_ar_column_and_the_paper_tables(small_sweep):
     page = page_of(small_sweep)
     assert "2 rows: 2 done" in page

@@ -54,6 +54,7 @@ def child(tmp_path: Path, code: str | None, *args: str) -> subprocess.CompletedP
 
 
 # -- AR timed once per table ---------------------------------------------------------------------------------------
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_ar_is_timed_once_per_table_and_the_other_rows_divide_its_latency(tmp_path):
     """Two rows of a table (``eval.ar_timing=table``) with one cache: the first claims AR's timing and times it
     interleaved with its decoder; the second times only its decoder, makes AR's timed-subset images untimed (here
@@ -110,6 +111,7 @@ OOM = ("import torch\n"
        "d.Decoder.generate_batch = allocator\n")
 
 
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_an_out_of_memory_batch_size_stops_before_the_timed_phase_naming_the_size_that_fits(tmp_path):
     folder = tmp_path / "row"
     proc = child(tmp_path, OOM, *[a for a in COMMON if "batch_size" not in a], "compare=none", "decoder=sd",
@@ -225,6 +227,7 @@ def test_make_tables_shows_throughput_speedup_at_batch_above_one_and_peak_memory
     assert default.returncode == 0 and "peak GPU memory" not in (tmp_path / "d" / "tables" / "d.md").read_text()
 
 
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_ar_images_are_shared_across_gpu_kinds_and_marked(tmp_path):
     """The cache key leaves the machine's arithmetic out (another GPU kind takes the same AR images) and keeps the
     code in; a run that takes images made elsewhere keeps their signature, so its AR row is marked ‡."""

@@ -99,6 +99,7 @@ def test_a_decoder_digests_the_modules_it_reaches_and_the_static_path_only_on_it
     assert code_of(["coolsd.decoding"]).files == code_of(["coolsd.decoding"]).files  # stable
 
 
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_an_edited_rule_is_refused_rerun_or_accepted_never_reused(tmp_path):
     """A finished row, then the same command after an edit of the acceptance code: refused before anything loads
     (naming the file); with ``eval.code_mismatch=rerun`` every record is made again by today's code; with
@@ -210,6 +211,7 @@ def test_status_counts_a_live_lease_as_running(tmp_path):
 
 
 # -- resubmitting only the failed and stale rows -------------------------------------------------------------------
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_status_prints_the_command_that_resubmits_only_failed_and_stale_rows_and_it_works(tmp_path):
     """A real sweep of three rows; one is then made to look failed and one stale (their run.json removed, their
     markers as a failed and a silently dead attempt leave them). status prints one command for those two rows

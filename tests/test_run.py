@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from run import decoder_chosen
 from tests.helpers import default_run_decoders
 
@@ -22,6 +24,7 @@ def run_py(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_run_without_decoder_writes_record_table_images_and_wandb(tmp_path):
     """No decoder= given: the whole suite runs (the embedded default run is tested in test_embedded.py)."""
     proc = run_py("model=tiny", "eval.num_prompts=2", "eval.threads=1", f"hydra.run.dir={tmp_path}")

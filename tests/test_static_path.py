@@ -52,6 +52,10 @@ TREES = {"sd_static_tree": ("sd", {"tree": "naive_extend_57"}), "sd_dynamic_tree
 STEP_NAMES = {"ar": "ar", "sjd": "jacobi_window", "scd_mc": "jacobi_window", "scd_gs": "jacobi_window",
               "gsd": "jacobi_window", "sjd_pac": "jacobi_window"}
 PROMPTS = ["dress", "bag", "sneaker", "coat"]
+#: every static decoder; LANTERN's EAGLE-2 tree only in the -m slow pass (SD's EAGLE-2 tree runs the same step and
+#: LANTERN's relaxed rule runs on its chain and static tree in the default pass)
+CASES = [pytest.param(name, marks=pytest.mark.slow) if name == "lantern_dynamic_tree" else name
+         for name in (*STATIC, *TREES)]
 
 
 @pytest.fixture(scope="module")
@@ -70,15 +74,17 @@ def build(cfg, model, name: str, path: str) -> Decoder:
     return instantiate(node, model=model)
 
 
-def same_generation(a, b) -> bool:
+def same_generation(a, b, tv_rel: float = 1e-12) -> bool:
     """The same tokens and statistics (the summed TV up to float64 rounding: a tree's tests are summed per sibling
-    rank on the static path, per walk step on the eager one)."""
+    rank on the static path, per walk step on the eager one; ``tv_rel`` = 1e-5 where the kernels are not
+    batch-invariant, so float32 rounding moves the probabilities the TV is computed from: 2e-8 to 3e-7 relative
+    on a 2-core AMD EPYC, tokens equal)."""
     fields = ("iterations", "accepted_hist", "target_forwards", "drafter_forwards", "tv_steps")
     return (torch.equal(a.tokens, b.tokens) and all(getattr(a.stats, f) == getattr(b.stats, f) for f in fields)
-            and math.isclose(a.stats.tv_sum, b.stats.tv_sum, rel_tol=1e-12, abs_tol=1e-15))
+            and math.isclose(a.stats.tv_sum, b.stats.tv_sum, rel_tol=tv_rel, abs_tol=1e-15))
 
 
-@pytest.mark.parametrize("name", [*STATIC, *TREES])
+@pytest.mark.parametrize("name", CASES)
 def test_static_path_gives_the_eager_tokens_and_statistics(embedded, name):
     """On the embedded model in float32 every static decoder (chains, Jacobi windows, static and EAGLE-2 trees,
     SJD-PAC's window tree) gives the eager decoder's tokens and statistics (iterations, accepted-length histogram,
@@ -91,8 +97,9 @@ def test_static_path_gives_the_eager_tokens_and_statistics(embedded, name):
     seeds = [3, 4, 5, 6]
     pairs = list(zip(eager.generate_batch(PROMPTS, seeds), static.generate_batch(PROMPTS, seeds)))
     pairs.append((eager.generate(PROMPTS[0], 7), static.generate(PROMPTS[0], 7)))
-    differ = [i for i, (a, b) in enumerate(pairs) if not same_generation(a, b)]
-    if invariance_property(model) == "bitwise":
+    bitwise = invariance_property(model) == "bitwise"
+    differ = [i for i, (a, b) in enumerate(pairs) if not same_generation(a, b, 1e-12 if bitwise else 1e-5)]
+    if bitwise:
         assert not differ, f"static != eager for images {differ}"
     else:
         assert len(differ) <= 1, f"static != eager for images {differ}"
@@ -102,9 +109,9 @@ def test_static_path_gives_the_eager_tokens_and_statistics(embedded, name):
 
 @pytest.mark.parametrize("name", ["coolsd", "sd_dynamic_tree"])
 def test_static_path_batched_equals_alone_and_reuses_its_workspace(embedded, name):
-    """Images of a batch of 8 (four checked) equal their alone decodes (a chain and an EAGLE-2 tree); a second batch
-    of the same size reuses the first's workspace (buffers refilled in place) and still gives its images their alone
-    tokens."""
+    """Images of a batch of 8 (two checked per batch) equal their alone decodes (a chain and an EAGLE-2 tree); a
+    second batch of the same size reuses the first's workspace (buffers refilled in place) and still gives its images
+    their alone tokens."""
     model, cfg = embedded
     static = build(cfg, model, name, "static")
     prompts = (PROMPTS * 2)[:8]
@@ -114,7 +121,8 @@ def test_static_path_batched_equals_alone_and_reuses_its_workspace(embedded, nam
     assert static.static._workspaces[8][0] is workspace
     bitwise = invariance_property(model) == "bitwise"
     for batch, seeds, order in ((first, range(8), prompts), (second, range(8, 16), prompts[::-1])):
-        checked = [(image, s, p) for i, (image, s, p) in enumerate(zip(batch, seeds, order)) if i in (0, 3, 5, 7)]
+        rows = (0, 5) if batch is first else (3, 7)  # first, middle and last rows across the two batches
+        checked = [(image, s, p) for i, (image, s, p) in enumerate(zip(batch, seeds, order)) if i in rows]
         differ = [s for image, s, p in checked if not torch.equal(image.tokens, static.generate(p, s).tokens)]
         assert not differ if bitwise else len(differ) <= 1, differ
 
@@ -170,7 +178,7 @@ def guarded_decode(monkeypatch, decoder: Decoder, prompts, seeds) -> tuple[SyncG
     return guard, calls[0]
 
 
-@pytest.mark.parametrize("name", [*STATIC, *TREES])
+@pytest.mark.parametrize("name", CASES)
 def test_sync_guard_static_steps_read_nothing_and_iterations_read_once(embedded, monkeypatch, name):
     """On the embedded model: 0 host reads in all of AR's steps; at most 1 per iteration of a chain, a tree or a
     Jacobi window (whether every image has finished), whatever the batch (1 and 3 images), after the first batch

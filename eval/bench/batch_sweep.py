@@ -240,7 +240,8 @@ def _write(cfg: DictConfig, name: str, model_name: str, models: dict[str, Any], 
                         "command": "python scripts/bench.py " + " ".join(sys.argv[1:]), "note": cfg.note},
               "cells": {k: {str(b): c for b, c in v.items()} for k, v in cells.items()},
               "crossover": crossings, "git": git_commit(), "environment": environment(),
-              "started": started.isoformat(timespec="seconds"), "complete": figures}
+              "started": started.isoformat(timespec="seconds"), "complete": figures,
+              "wall_min": round((dt.datetime.now(dt.timezone.utc) - started).total_seconds() / 60, 1)}
     out = Path(cfg.out_dir)
     atomic_write_bytes(out / f"{name}.json", (json.dumps(record, indent=2, default=str) + "\n").encode())
     if figures:
@@ -269,8 +270,10 @@ def markdown(record: dict[str, Any]) -> str:
     git = record["git"]
     lines = [f"# Speedup against batch size: {setup['model']}, both decode paths", "",
              f"`{setup['command']}`; {setup['cpu']}, {setup['threads']} torch thread(s), {setup['device']}; "
-             f"git {git.get('commit')}{' (uncommitted changes)' if git.get('dirty') else ''}; {record['started']}."
-             f"{'' if record['complete'] else ' **Incomplete**: the run was still going when this was written.'}",
+             f"git {git.get('commit')}{' (uncommitted changes)' if git.get('dirty') else ''}; {record['started']}"
+             + (f", {record['wall_min']} min in all (compilation, anatomy and memory passes included)."
+                if "wall_min" in record else "; its total time was not recorded.")
+             + f"{'' if record['complete'] else ' **Incomplete**: the run was still going when this was written.'}",
              "", f"Batch sizes {setup['batch_sizes']} (static path: {setup['static_batch_sizes']}), "
              f"{setup['repeats']} rounds each, every (path, decoder) on the same prompts and seeds in a rotated order; "
              "eager = the papers' loop, uncompiled; static = every decode state on the device, one fixed-shape step "

@@ -308,7 +308,8 @@ DIES_IN_LOAD = ("import os, runpy, sys\n"
                 "runpy.run_path('run.py', run_name='__main__')\n")
 
 
-@pytest.mark.parametrize("death", ["raise MemoryError('CUDA out of memory while loading')", "os._exit(9)"])
+@pytest.mark.parametrize("death", [pytest.param("raise MemoryError('CUDA out of memory while loading')",
+                                                marks=pytest.mark.slow), "os._exit(9)"])
 def test_a_rank_that_dies_while_loading_stops_the_others_through_its_marker(tmp_path, death):
     """After joining, ranks meet through their markers (the numerics self-check), not the process group: a rank
     that fails while loading the model stops rank 0 at once with its error; one killed without a word (os._exit)

@@ -101,6 +101,7 @@ def test_every_writer_follows_the_umask(tmp_path, mask, expected):
     assert all(mode(p) == 0o777 & ~mask for p in folders), {str(p): oct(mode(p)) for p in folders}
 
 
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_a_whole_run_writes_files_others_can_read(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "run.py", *LOOKUP, "eval.num_prompts=2", "eval.warmup=0",

@@ -43,6 +43,7 @@ def test_run_without_decoder_writes_record_table_images_and_wandb(tmp_path):
     assert "accepted length" in proc.stdout.splitlines()[-1]
 
 
+@pytest.mark.slow  # moved from the default pass to keep it under 10 minutes on 2 cores (CI runs -m slow)
 def test_multirun_sweep_writes_one_record_per_override(tmp_path):
     run_py("-m", *LOOKUP, "decoder=sd", "decoder.draft_len=1,2", "eval.num_prompts=3",
            f"hydra.sweep.dir={tmp_path}")

@@ -107,7 +107,7 @@ def test_static_path_gives_the_eager_tokens_and_statistics(embedded, name):
     assert all(b.stats.latency_s > 0 for _, b in pairs)
 
 
-@pytest.mark.parametrize("name", ["coolsd", "sd_dynamic_tree"])
+@pytest.mark.parametrize("name", ["coolsd", pytest.param("sd_dynamic_tree", marks=pytest.mark.slow)])
 def test_static_path_batched_equals_alone_and_reuses_its_workspace(embedded, name):
     """Images of a batch of 8 (two checked per batch) equal their alone decodes (a chain and an EAGLE-2 tree); a
     second batch of the same size reuses the first's workspace (buffers refilled in place) and still gives its images

@@ -304,11 +304,9 @@ class Decoder:
             gens = self.static.generate_stream(list(prompts), list(seeds), labels, width)
             self.stream_s = self.static.stream_s
             return gens
-        gens, self.stream_s = [], 0.0
-        for s0 in range(0, k, width):
-            batch = self.generate_batch(prompts[s0:s0 + width], seeds[s0:s0 + width], labels[s0:s0 + width])
-            self.stream_s += max(g.stats.latency_s for g in batch)
-            gens += batch
+        from coolsd.static.loop import lock_step_batches
+
+        gens, self.stream_s = lock_step_batches(self.generate_batch, list(prompts), list(seeds), labels, width)
         return gens
 
     def _check(self, finite: list[bool], source: str, labels, prompts, seeds, positions: list[int]) -> None:

@@ -467,12 +467,7 @@ class StaticLoop:
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"generate_stream: width must be an integer >= 1, got {width!r}")
         if self.decoder.plain_ar or k <= width:
-            gens: list[Generation] = []
-            self.stream_s = 0.0
-            for s0 in range(0, k, width):
-                batch = self.generate_batch(prompts[s0:s0 + width], seeds[s0:s0 + width], labels[s0:s0 + width])
-                self.stream_s += max(g.stats.latency_s for g in batch)
-                gens += batch
+            gens, self.stream_s = lock_step_batches(self.generate_batch, prompts, seeds, labels, width)
             return gens
         if not self.drafter.static_refills:
             raise ValueError(f"decoder {self.decoder.name!r}: its drafter ({type(self.drafter).__name__}) cannot "
@@ -573,6 +568,21 @@ class StaticLoop:
         ws.reset_rows(index, first, finite_images(out.logits))
         stack.enter_context(self._decoding())
         self.drafter.static_refill(index, out, first, ws.streams, self.depth, room=self.drafter_room)
+
+
+def lock_step_batches(generate_batch, prompts: Sequence[str], seeds: Sequence[int], labels: Sequence[Any],
+                      width: int) -> tuple[list[Generation], float]:
+    """A queue decoded in consecutive lock-step batches of ``width`` by ``generate_batch(prompts, seeds, labels)``:
+    the images in prompt order and the summed batch latencies (each batch's slowest image).
+
+    Example: ``gens, wall = lock_step_batches(decoder.generate_batch, prompts, seeds, labels, 16)``."""
+    gens: list[Generation] = []
+    wall = 0.0
+    for s0 in range(0, len(prompts), width):
+        batch = generate_batch(prompts[s0:s0 + width], seeds[s0:s0 + width], labels[s0:s0 + width])
+        wall += max(g.stats.latency_s for g in batch)
+        gens += batch
+    return gens, wall
 
 
 def static_refusal(decoder: Any) -> str | None:

@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from coolsd.decoding import Decoder
 from coolsd.io import atomic_write_bytes
+from coolsd.static.loop import lock_step_batches
 from eval.bench.batch_sweep import sweep_models
 from eval.bench.crossover import lockstep_waste
 from eval.bench.efficiency import Timer, build_decoders, progress
@@ -48,10 +49,7 @@ from eval.run.suite import WARMUP_SEED
 
 def lock_step(decoder: Decoder, prompts: list[str], seeds: list[int], width: int) -> list[Any]:
     """The queue decoded in consecutive lock-step batches of ``width`` (``generate_batch``)."""
-    gens: list[Any] = []
-    for s0 in range(0, len(prompts), width):
-        gens += decoder.generate_batch(prompts[s0:s0 + width], seeds[s0:s0 + width])
-    return gens
+    return lock_step_batches(decoder.generate_batch, prompts, seeds, list(range(len(prompts))), width)[0]
 
 
 def refilled(decoder: Decoder, prompts: list[str], seeds: list[int], width: int) -> list[Any]:

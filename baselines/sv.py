@@ -50,6 +50,10 @@ so the Verdict carries no token tests and the run's TV shows as not measured (``
 the target is measured by the chi-square harness on the lookup models (``tests/test_sv.py``; the numbers in
 ``docs/jacobi-and-spatial.md``). Chain drafts only (a tree draft is refused by ``coolsd.decoding.Decoder``).
 
+The test is computed on the device over the whole window at once (runs, suffix starts and fallbacks by scans
+and per-run reductions, undrafted positions masked), so the static decode path's Jacobi step runs it in place of
+``verify_chain`` (``decoder.path=static``, ``coolsd.static``) and gives the eager loop's tokens.
+
 Example: ``python run.py decoder=sjd_sv decoder.sv.alpha=0.5``; ``python run.py decoder=gsd_sv``;
 ``python run.py decoder=lantern_sjd decoder.sv.enabled=true`` (LANTERN-SV in the Jacobi loop).
 """
@@ -107,6 +111,9 @@ class SubsequenceVerifier:
     option = "decoder.sv"
     #: a joint test has no analytic one-step TV: the loop records the TV as not measured
     analytic_tv = False
+    #: the test runs on the static path as it is (``coolsd.static``): every decision is a fixed-shape tensor of the
+    #: window's positions (undrafted ones masked, ``valid``), with no host read and no value-dependent shape
+    static_path = True
 
     def __init__(self, alpha: float = 0.8, fallback: bool = True, fallback_uniform: str = "same",
                  reject_at: str = "run_start", earlier_runs: str = "keep", zero_prob: str = "ride") -> None:
@@ -131,9 +138,8 @@ class SubsequenceVerifier:
         device = px.device
         j = torch.arange(length, device=device).expand(b, length)
         # 2. runs: a new run at the window's start, where p_i(x_i) drops, and at every undrafted position
-        drop = torch.cat([torch.zeros(b, 1, dtype=torch.bool, device=device), px[:, 1:] < px[:, :-1]], 1)
-        new_run = drop | ~valid
-        new_run[:, 0] = True
+        drop = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=device), px[:, 1:] < px[:, :-1]], 1)
+        new_run = drop | ~valid  # (no write of a Python constant: a captured step holds no fresh tensor)
         run = new_run.long().cumsum(-1) - 1  # (B, L) run index of each position
         start = _per_run(j, run, "amin", length)
         end = _per_run(j, run, "amax", -1)

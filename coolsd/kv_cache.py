@@ -342,11 +342,17 @@ class DeviceKVCache:
     the length (the next block overwrites it), a tree's accepted path is compacted by ``keep`` with an index.
     Rows that have finished stay in the batch and keep nothing (``keep`` with a count of 0).
 
+    Where an image's tokens sit in the sequence: ``prefix_len``, the prefix slots every image has (a Python
+    number: LlamaGen's condition tokens), and, where a prefill's cache carries each image's own prompt length
+    (``prefix_lens`` (B,): left-padded prompts, Janus-Pro's ``JanusCache``), ``prefix_lens`` (B,) on the
+    device, copied by ``load`` and ``load_rows`` with the slots (None for caches without it).
+
     Example: ``DeviceKVCache.of(model.prefill(prompts, extra_slots=8)[0])``, then ``model.static_forward``.
     """
 
     def __init__(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], key_valid: torch.Tensor,
-                 streams: int, prefix_len: int = 0) -> None:
+                 streams: int, prefix_len: int = 0, prefix_lens: bool = False) -> None:
+        """``prefix_lens``: whether the cache keeps each image's prompt length on the device (class doc)."""
         self.keys, self.values = tuple(keys), tuple(values)  # L × (B·S, H, S_max, D), a storage each
         self.key_valid = key_valid  # (B·S, S_max)
         self.num_layers = len(self.keys)
@@ -355,6 +361,8 @@ class DeviceKVCache:
         self.prefix_len = prefix_len
         device = self.keys[0].device
         self.lengths = torch.zeros(rows // streams, dtype=torch.long, device=device)  # (B,) committed slots
+        #: (B,) each image's prompt length (its image token i at sequence position prefix_lens[b] + i) or None
+        self.prefix_lens = torch.zeros_like(self.lengths) if prefix_lens else None
         self.starts = torch.zeros_like(self.lengths)  # (B,) first slot of the latest block
         self.block_len = 0
         self.has_padding = False
@@ -382,7 +390,7 @@ class DeviceKVCache:
         layer = cache.k[0]
         return cls([torch.zeros_like(layer) for _ in range(cache.k.shape[0])],
                    [torch.zeros_like(layer) for _ in range(cache.v.shape[0])], torch.ones_like(cache.key_valid),
-                   cache.streams, getattr(cache, "prefix_len", 0))
+                   cache.streams, getattr(cache, "prefix_len", 0), _prefix_lens(cache) is not None)
 
     @property
     def batch(self) -> int:
@@ -397,23 +405,39 @@ class DeviceKVCache:
         return self.keys[0].dtype
 
     def load(self, cache: StaticKVCache) -> None:
-        """Copy a prefilled cache (of this shape) into these buffers, in place: its committed slots, padding and
-        lengths (the tail of the buffers is stale and masked until overwritten)."""
+        """Copy a prefilled cache (of this shape) into these buffers, in place: its committed slots, padding,
+        lengths and prompt lengths (the tail of the buffers is stale and masked until overwritten)."""
+        self._check_source(cache, "load")
         end = max(cache.lengths)
         for layer, (keys, values) in enumerate(zip(self.keys, self.values)):
             keys[:, :, :end].copy_(cache.k[layer, :, :, :end])
             values[:, :, :end].copy_(cache.v[layer, :, :, :end])
         self.key_valid.copy_(cache.key_valid)
         self.lengths.copy_(torch.tensor(cache.lengths))
+        if self.prefix_lens is not None:
+            self.prefix_lens.copy_(_prefix_lens(cache))
         self.has_padding = cache.has_padding
+
+    def _check_source(self, cache: StaticKVCache | DeviceKVCache, what: str) -> None:
+        """A cache to copy from must place image tokens as these buffers do: the same prefix slots, and prompt
+        lengths exactly where these buffers keep them."""
+        prefix = getattr(cache, "prefix_len", 0)
+        if prefix != self.prefix_len:
+            raise ValueError(f"{what}: the cache's prefix holds {prefix} slots, these buffers' "
+                             f"{self.prefix_len}: image positions would shift")
+        if (_prefix_lens(cache) is None) != (self.prefix_lens is None):
+            which = "only the cache" if self.prefix_lens is None else "only these buffers"
+            raise ValueError(f"{what}: {which} keep each image's prompt length (prefix_lens): image "
+                             "positions would shift")
 
     def load_rows(self, rows: torch.Tensor, cache: "StaticKVCache | DeviceKVCache") -> None:
         """Copy the ``R`` images of another cache of this capacity into the images ``rows`` (R,) (long, on this
         cache's device) of these buffers, in place: their committed slots (every CFG stream's: image ``rows[i]``
-        owns cache rows ``rows[i]·S .. rows[i]·S + S − 1``), padding and lengths. The other images are untouched,
-        and no buffer is replaced, so a compiled or captured step over this cache stays valid: the static path's
-        refilling of finished rows (``StaticLoop.generate_stream``). A ``StaticKVCache`` (a prefill's) is copied up
-        to its longest image, a ``DeviceKVCache`` (lengths on the device, not read) over its whole capacity.
+        owns cache rows ``rows[i]·S .. rows[i]·S + S − 1``), padding, lengths and prompt lengths. The other
+        images are untouched, and no buffer is replaced, so a compiled or captured step over this cache stays
+        valid: the static path's refilling of finished rows (``StaticLoop.generate_stream``). A
+        ``StaticKVCache`` (a prefill's) is copied up to its longest image, a ``DeviceKVCache`` (lengths on the
+        device, not read) over its whole capacity.
 
         Example: ``ws.cache.load_rows(torch.tensor([2, 0]), model.prefill(["cat", "dog"], extra_slots=8)[0])``."""
         r = rows.shape[0]
@@ -423,9 +447,7 @@ class DeviceKVCache:
             raise ValueError(f"load_rows: a cache of {cache.batch} image(s) x {cache.streams} stream(s) and "
                              f"{source_len} slots into {r} row(s) of one of {self.streams} stream(s) and "
                              f"{self.max_len} slots")
-        if getattr(cache, "prefix_len", 0) != self.prefix_len:
-            raise ValueError(f"load_rows: the cache's prefix holds {getattr(cache, 'prefix_len', 0)} slots, these "
-                             f"buffers' {self.prefix_len}: image positions would shift")
+        self._check_source(cache, "load_rows")
         s = self.streams
         cache_rows = (rows[:, None] * s + torch.arange(s, device=rows.device)).flatten()  # (R·S,) image-major
         end = self.max_len if device else max(cache.lengths)
@@ -437,6 +459,8 @@ class DeviceKVCache:
         self.key_valid[cache_rows] = cache.key_valid.to(self.device, torch.bool)
         lengths = cache.lengths if device else torch.tensor(cache.lengths, device=self.device)
         self.lengths.index_copy_(0, rows, lengths)
+        if self.prefix_lens is not None:
+            self.prefix_lens.index_copy_(0, rows, _prefix_lens(cache).to(self.prefix_lens))
         self.has_padding = self.has_padding or cache.has_padding
 
     def _rows(self, per_image: torch.Tensor) -> torch.Tensor:
@@ -524,3 +548,9 @@ class DeviceKVCache:
     def rollback(self, lengths: torch.Tensor) -> None:
         """Forget every slot at or after ``lengths[b]`` (B,) (a pointer move)."""
         self.lengths.copy_(lengths)
+
+
+def _prefix_lens(cache: StaticKVCache | DeviceKVCache) -> torch.Tensor | None:
+    """A cache's per-image prompt lengths (B,) (``DeviceKVCache``'s class doc), or None where it has none."""
+    lens = getattr(cache, "prefix_lens", None)
+    return lens if isinstance(lens, torch.Tensor) else None

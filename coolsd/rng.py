@@ -167,9 +167,12 @@ class Streams:
                       rows: torch.Tensor | None = None) -> torch.Tensor:
         """Uniforms (R, L) for draw ``index`` (broadcast to (R, L)) of ``kind`` at each position (R, L): the
         counter of ``uniform_grid`` with a per-element draw index; ``rows`` (R,) picks each row's image (default:
-        every image once, in order)."""
+        every image once, in order). No conversion that would be a no-op is made (the static path's steps draw here
+        and read nothing on the host)."""
         keys = self.keys if rows is None else self.keys[rows]
-        counter = (positions.to(self.device, torch.long) << 40) + (keys[:, None] + (kind << 56))
+        if positions.dtype != torch.long or positions.device != self.device:
+            positions = positions.to(self.device, torch.long)
+        counter = (positions << 40) + (keys[:, None] + (kind << 56))
         return to_unit(mix((counter + index) * _GAMMA))
 
     @classmethod

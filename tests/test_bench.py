@@ -42,11 +42,9 @@ def test_cli_smoke_run_writes_table_and_record(tmp_path):
     assert "| decoder | T | τ |" in proc.stdout
     record = json.loads((tmp_path / "tiny_cpu.json").read_text())
     assert (tmp_path / "tiny_cpu.md").read_text().startswith("# Benchmark: tiny_cpu")
-    # both paths (paths: [eager, static]); the tiny model's layer-skip drafter stays eager
-    assert set(record["decoders"]) == {"ar", "sd", "sd_tree", "ar@static"}
-    assert set(record["setup"]["static_refused"]) == {"sd@static", "sd_tree@static"}
-    assert all("ModelDrafter" in reason for reason in record["setup"]["static_refused"].values())
-    assert "Not on the static path: sd@static" in proc.stdout
+    # both paths (paths: [eager, static]); the tiny model's layer-skip drafter runs on both, chain and tree
+    assert set(record["decoders"]) == {"ar", "sd", "sd_tree", "ar@static", "sd@static", "sd_tree@static"}
+    assert record["setup"]["static_refused"] == {}
     assert "## Throughput" in proc.stdout  # img/s per batch size, and each gain over batch 1 among the goals
     assert set(record["throughput"]["sd"]["img_s"]) == {"1", "2"}  # JSON keys
     assert any("batch-1 img/s" in g["goal"] for g in record["goals"])
@@ -61,9 +59,10 @@ def test_cli_smoke_run_writes_table_and_record(tmp_path):
         assert row["latency_s"] > 0 and row["ideal_speedup"] > 0 and row["efficiency"] > 0
     assert record["environment"]["torch"] and record["setup"]["image_tokens"] == 64
     goals = [g["goal"] for g in record["goals"]]
-    assert [g.split(":")[0] for g in goals if "efficiency" in g] == ["sd"]
-    assert {g.split(":")[0] for g in goals if "overhead" in g} == {"ar", "sd", "sd_tree", "ar@static"}
-    assert {g.split(":")[0] for g in goals if "img/s" in g} == {"ar", "sd", "sd_tree", "ar@static"}
+    assert [g.split(":")[0] for g in goals if "efficiency" in g] == ["sd", "sd@static"]
+    every = {"ar", "sd", "sd_tree", "ar@static", "sd@static", "sd_tree@static"}
+    assert {g.split(":")[0] for g in goals if "overhead" in g} == every
+    assert {g.split(":")[0] for g in goals if "img/s" in g} == every
 
 
 def test_random_drafter_variants_and_paper_lengths(tmp_path):
@@ -179,7 +178,7 @@ def test_the_latency_part_is_written_before_the_throughput_run(tmp_path, monkeyp
         bench.run_bench(cfg, "tiny")
     record = json.loads((tmp_path / "t.json").read_text())
     assert record["complete"] is False and record["throughput"] == {}
-    assert set(record["decoders"]) == {"ar", "sd", "ar@static"}
+    assert set(record["decoders"]) == {"ar", "sd", "ar@static", "sd@static"}
     assert "**Incomplete**" in (tmp_path / "t.md").read_text()
 
 
@@ -256,6 +255,19 @@ def test_static_rows_use_the_static_cost_model(tiny_model):
     assert timed.forwards_s == pytest.approx(80 / 21 * 0.25 + 1.5) and timed.ideal_speedup == eager.ideal_speedup
 
 
+def test_a_probe_pair_is_timed_back_to_back_in_alternating_order():
+    """``Probes.add_pair``: each round calls both once untimed, then ``burst`` timed calls of each, the pair's order
+    flipping from call to call, in the place of the first; a plain probe keeps its burst."""
+    order: list[str] = []
+    probes = bench.Probes(bench.Timer(torch.device("cpu")))
+    probes.add("plain", lambda: order.append("p"))
+    probes.add_pair("step", lambda: order.append("s"), "forwards", lambda: order.append("f"))
+    probes.add("last", lambda: order.append("l"))
+    probes.round(3)
+    assert "".join(order) == "pppp" + "sf" + "sf" + "fs" + "sf" + "llll"
+    assert [len(probes.samples[k]) for k in ("plain", "step", "forwards", "last")] == [3, 3, 3, 3]
+
+
 def test_static_probes_run_the_static_forward_and_the_drafters_static_step(tiny_model, monkeypatch):
     """The static cost model's probes call ``model.static_forward`` over a ``DeviceKVCache`` (never the eager
     ``forward_block``) and the drafter's ``static_propose``, each through a ``Runner`` in the static loop's mode."""
@@ -276,8 +288,10 @@ def test_static_probes_run_the_static_forward_and_the_drafters_static_step(tiny_
         calls["static_propose"].append(args[3])  # depth
         return static_propose(self, *args, **kwargs)
 
-    monkeypatch.setattr(tiny_model, "static_forward", counting_static_forward)
-    monkeypatch.setattr(tiny_model, "forward_block", lambda *a, **k: calls["forward_block"].append(a))
+    # patched in the instance's dict, which the undo empties again (setattr's undo would leave the bound
+    # methods there, and a layer-skip copy of the session's model would then run the target's own)
+    monkeypatch.setitem(vars(tiny_model), "static_forward", counting_static_forward)
+    monkeypatch.setitem(vars(tiny_model), "forward_block", lambda *a, **k: calls["forward_block"].append(a))
     monkeypatch.setattr(EagleDrafter, "static_propose", counting_propose)
     with torch.inference_mode():
         probes.round(1)  # every probe: one untimed call and one timed
@@ -300,6 +314,52 @@ def test_static_probes_run_the_static_forward_and_the_drafters_static_step(tiny_
     assert costs.drafters["EagleDrafter, L=4"].propose_s > 0 and costs.drafters[jacobi].depth == 0
 
 
+def test_a_draft_models_static_costs_time_its_drafting_and_forwards(tiny_model, monkeypatch):
+    """A ``ModelDrafter`` on the static path (a chain and a static tree sharing one drafter): its drafting
+    costs time (``propose``: one ``static_propose``), its row's forwards are the draft model's forwards of one
+    iteration (the feed, a chain's L − 1 one-token forwards or a tree's level expansions) and the target's
+    static forward, and the probes leave both decoders' tokens as they were."""
+    drafter = ModelDrafter(tiny_model, draft_model=lambda target: layer_skip_copy(target, 1))
+    static = {"path": "static"}
+    decoders = {"ar@static": Decoder("ar", tiny_model, ExactRule(), **static),
+                "sd@static": Decoder("sd", tiny_model, ExactRule(), draft_len=4, drafter=drafter, **static),
+                "sd_tree@static": Decoder("sd_tree", tiny_model, ExactRule(), drafter=drafter,
+                                          tree="mc_sim_7b_63", **static)}
+    probes = bench.Probes(bench.Timer(tiny_model.device))
+    with torch.inference_mode():
+        before = {label: dec.generate("zero", 3).tokens for label, dec in decoders.items()}
+        model = bench.StaticCostModel(decoders, tiny_model, "zero", 32, 0, probes)
+        for label, dec in decoders.items():
+            model.add_step(label, dec, "zero", 0)
+        probes.round(3)
+        after = {label: dec.generate("zero", 3).tokens for label, dec in decoders.items()}
+    assert all(torch.equal(before[label], after[label]) for label in decoders)
+    costs = model.costs()
+    chain, tree = (bench.static_drafter_key(decoders[k]) for k in ("sd@static", "sd_tree@static"))
+    assert chain == "ModelDrafter(1 layers), L=4" and tree == "ModelDrafter(1 layers), L=5 (mc_sim_7b_63)"
+    for key in (chain, tree):
+        d = costs.drafters[key]
+        assert min(d.feed_s, d.step_s, d.pipeline_s, d.propose_s) > 0
+    block = bench.static_block_key(decoders["sd@static"])
+    assert costs.networks_s[f"{chain}; {block}"] > costs.blocks[block].forward_s
+    calls: list[str] = []  # whose static forwards one call of each row's forwards makes
+
+    def counting(who: str, forward):
+        def call(*args, **kwargs):
+            calls.append(who)
+            return forward(*args, **kwargs)
+        return call
+
+    for who, net in (("draft", drafter.model), ("target", tiny_model)):
+        monkeypatch.setitem(vars(net), "static_forward", counting(who, net.static_forward))
+    with torch.inference_mode():
+        for label in ("sd@static", "sd_tree@static"):
+            calls.clear()
+            probes.fns[f"static/step_forwards/{label}"]()
+            # the feed, then a chain's 3 one-token forwards or the tree's 4 level expansions
+            assert calls.count("target") == 1 and calls.count("draft") == (4 if label == "sd@static" else 5)
+
+
 def test_both_paths_costs_are_kept_in_one_record_keyed_by_path(tmp_path):
     """``record["costs"]`` holds the eager and the static cost model; every row says whose costs it used, and the
     page shows the static path's cost model."""
@@ -313,8 +373,10 @@ def test_both_paths_costs_are_kept_in_one_record_keyed_by_path(tmp_path):
     rows = record["decoders"]
     assert {k: r["cost_path"] for k, r in rows.items()} == {"ar": "eager", "sd": "eager", "ar@static": "static (eager)",
                                                             "sd@static": "static (eager)"}
-    assert rows["sd@static"]["forwards_s"] == static["networks_s"]["EagleDrafter, L=4; chain T=5, +5 slots"]
-    assert rows["ar@static"]["forwards_s"] == static["blocks"]["chain T=1, +1 slots"]["forward_s"]
+    # a static row's forwards: its networks probe, timed back to back with its step (Probes.add_pair)
+    assert rows["sd@static"]["forwards_s"] == static["step_forwards_s"]["sd@static"] > 0
+    assert rows["ar@static"]["forwards_s"] == static["step_forwards_s"]["ar@static"] > 0
+    assert set(static["networks_s"]) == {"EagleDrafter, L=4; chain T=5, +5 slots"}
     assert rows["ar"]["overhead_s"] > 0  # the eager AR's forward timed inside its own iterations
     for label in ("ar@static", "sd@static"):  # each static decoder's own step, timed in the cost model's rounds
         assert rows[label]["step_s"] == static["step_s"][label] > 0

@@ -42,6 +42,19 @@ def test_the_import_blocked_dry_run_runs_every_default_step_and_prints_estimate_
     assert table["gpu"].startswith("CPU dry run") and table["steps"]["ar"]["measured"] is True
 
 
+def test_the_other_models_captured_ar_step_runs_import_blocked_on_the_tiny_configs(tmp_path):
+    """``--steps models_ar``: Janus-Pro and Lumina-mGPT on the static path (their tiny configs on a dry run), each
+    with its ms per AR step and projected s per image, in gpu.json and gpu.md."""
+    proc = subprocess.run([sys.executable, "scripts/gpu.py", "--dry-run", "--steps", "models_ar", "--out",
+                           str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu.json").read_text())["results"]["models_ar"]
+    assert {k: v["image_tokens"] for k, v in result.items() if k != "count"} == {"janus_pro_1b": 64,
+                                                                                "lumina_mgpt_7b": 16}
+    assert all(v["ms_per_step"] > 0 and v["path"] == "static (dry run)" for k, v in result.items() if k != "count")
+    assert "| janus_tiny (dry run) | static (dry run) | 64 |" in (tmp_path / "gpu.md").read_text()
+
+
 def test_the_default_plan_fits_five_minutes_on_the_h200_and_every_step_has_a_table_entry():
     table = load_table()
     assert table["gpu"] == "NVIDIA H200" and TIMING_TABLE.name == "gpu_step_seconds.json"

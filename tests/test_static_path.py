@@ -26,10 +26,10 @@ from omegaconf import OmegaConf
 from baselines.exact import ExactRule
 from baselines.jacobi import JacobiDrafter
 from coolsd.decoding import Decoder
+from coolsd.drafters.base import Drafter
 from coolsd.drafters.eagle import EagleDrafter, EagleHead
-from coolsd.drafters.model_drafter import ModelDrafter
 from coolsd.kv_cache import DeviceKVCache, bucket
-from coolsd.models.llamagen import LlamaGen, layer_skip_copy
+from coolsd.models.llamagen import LlamaGen
 from coolsd.static import StaticLoop
 from coolsd.static.capture import Runner
 from coolsd.sync_guard import HostReadError, SyncGuard, host_read
@@ -402,25 +402,40 @@ def test_device_cache_blocks_equal_the_eager_cache(tiny_model, span):
     assert static.lengths.tolist() == eager.lengths
 
 
+class EagerOnlyDrafter(Drafter):
+    """A drafter of the eager loop only (``Drafter``'s ``static_*`` left unimplemented)."""
+
+    def begin(self, prompts, prefill, first_tokens, streams) -> None:
+        return None
+
+    def propose(self, last_tokens, t, limit, depth, tree=None):
+        raise NotImplementedError
+
+    def observe(self, out, p, draft, verdict) -> None:
+        return None
+
+    def select(self, images) -> None:
+        return None
+
+
 def test_static_path_refuses_a_drafter_without_a_static_form(tiny_model):
-    """The layer-skip drafter (no static form) is refused when the decoder is built, naming why and the eager
-    path."""
-    with pytest.raises(ValueError, match=r"decoder.path=static.*ModelDrafter.*decoder.path=eager"):
-        Decoder("sd", tiny_model, ExactRule(), draft_len=2, path="static",
-                drafter=ModelDrafter(tiny_model, layer_skip_copy(tiny_model, 1)))
+    """A drafter without a static form is refused when the decoder is built, naming why and the eager path (a model
+    drafter whose draft model has no static forward: ``tests/test_static_model_drafter.py``)."""
+    with pytest.raises(ValueError, match=r"decoder.path=static.*EagerOnlyDrafter\) has no static form; use "
+                                         r"decoder.path=eager"):
+        Decoder("sd", tiny_model, ExactRule(), draft_len=2, path="static", drafter=EagerOnlyDrafter())
 
 
 @pytest.mark.parametrize(("overrides", "reason"), [
-    (["model=lumina_tiny", "decoder=ar"], "structural tokens"),
-    (["decoder=zipar"], "spatial generation orders"),
-    (["decoder=sjd_sv"], "verifier"),
-    (["decoder=vvs", "decoder.tree=dynamic"], "skip verification"),
+    (["model=lookup", "decoder=ar"], "no static forward"),
+    (["decoder=zipar_adaptive", "model.device=cpu"], "adaptive window"),
+    (["decoder=vvs", "decoder.tree=dynamic", "model.device=cpu"], "skip verification"),
 ])
 def test_static_path_refuses_models_and_decoders_of_the_eager_path(overrides, reason):
-    """Models whose forward places structural tokens on the host, spatial orders, SJD-SV's verifier and VVS are
-    refused with the reason and the eager path."""
+    """A model without a static forward (the lookup model), ZipAR's adaptive window and VVS are refused with the
+    reason and the eager path (ZipAR, PJD and the SV verifiers run static: ``tests/test_static_orders_sv.py``)."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*overrides, "model.device=cpu", "decoder.path=static"])
+        cfg = compose(config_name="config", overrides=[*overrides, "decoder.path=static"])
     model = instantiate(cfg.model)
     with pytest.raises(Exception, match=rf"(?s)decoder.path=static.*{reason}.*decoder.path=eager"):
         instantiate(cfg.decoder, model=model)

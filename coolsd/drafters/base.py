@@ -92,6 +92,21 @@ class Drafter(abc.ABC):
     #: static path names its step after it (``jacobi_window`` or ``chain``)
     self_drafting: bool = False
 
+    def static_reason(self, tree: TreeShape | DynamicTree | None) -> str | None:
+        """Why this drafter cannot run the static path's step with the decoder's ``tree`` (None: chains), said after
+        "its drafter (<class>)", or None: the static path refuses a drafter without ``static_path`` as having no
+        static form, and one whose reason is not None with that reason (a ``ModelDrafter`` whose draft model has no
+        static forward). Checked when a decoder with ``decoder.path=static`` is built."""
+        return None
+
+    def static_prefill(self, prompts: Sequence[str], depth: int, tree: TreeShape | DynamicTree | None) -> None:
+        """Called by the static path before each ``static_begin`` and ``static_refill``, outside the decode contexts
+        (where the target's prefill runs): the prompts of the images that call starts, in order, the decoder's
+        draft levels ``depth`` and its ``tree`` (None: chains). A drafter with a model of its own prefills it here
+        (``ModelDrafter``); the others need nothing.
+
+        Example: ``drafter.static_prefill(["cat", "dog"], 4, None)``, then ``drafter.static_begin(...)``."""
+
     def static_begin(self, prefill: TargetOutput, first_tokens: torch.Tensor, streams: Streams, depth: int,
                      room: int | None = None) -> None:
         """Start a batch on the static path: as ``begin``, with state in persistent buffers of the batch's size

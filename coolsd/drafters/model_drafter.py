@@ -8,21 +8,63 @@ Trees: ``expand`` runs the requested nodes as one block under the tree mask the 
 (``coolsd.trees``) builds; after verification the tree's slots are dropped and the accepted path is fed
 again with the next pending tokens.
 
-Example: ``python run.py model=tiny decoder=sd drafter=tiny`` (layer-skip self-drafting).
+The static decode path (``coolsd.static``, ``decoder.path=static``) runs the same drafts, q and draws with fixed
+shapes and no host read, where the draft model has a static forward (``ImageARModel.static_forward``): its own
+prefill (``static_prefill``, outside the decode contexts as the eager ``begin``'s, at the capacity one iteration
+needs) is copied into its static cache of the batch size (``ImageARModel.static_cache``: a ``DeviceKVCache``), the
+pending committed tokens live in a fixed (B, W) buffer with each image's count and first position (W = 2 for a
+chain: the eager chain leaves one or two; ``depth + 1`` for a tree: the accepted path and the next token), and
+``static_observe`` rolls the cache back by moving each image's length (a chain's to the length recorded after its
+last kept draft, so draft models whose blocks add structural slots, Lumina-mGPT's and Emu3's, roll back alike). A
+chain drafts all ``depth`` levels (those past an image's ``limit`` are invalid), a static or EAGLE-2 tree every
+level of its shape (``draft_static_tree`` / ``draft_dynamic_tree`` with ``static``; not over a draft model with
+structural slots, ``static_reason``).
+
+Example: ``python run.py model=tiny decoder=sd drafter=tiny`` (layer-skip self-drafting);
+``python run.py model=tiny decoder=sd decoder.path=static`` (the same drafter on the static path).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from coolsd import validate
-from coolsd.drafters.base import Drafter, empty_draft
+from coolsd.drafters.base import Drafter, chain_valid, empty_draft
+from coolsd.kv_cache import DeviceKVCache, padding_invariant_attention
 from coolsd.models.base import ImageARModel
 from coolsd.rng import DRAFT, sample
 from coolsd.sampling import finite_images, stream_probs
-from coolsd.trees import DraftRows, Expansion, TreeShape, draft_dynamic_tree, draft_static_tree
+from coolsd.trees import DraftRows, DynamicTree, Expansion, TreeShape, draft_dynamic_tree, draft_static_tree
 from coolsd.types import Draft, TargetOutput, Verdict
+
+
+@dataclass(frozen=True)
+class StaticPending:
+    """The static path's drafter state of one batch size and pending width, in buffers updated in place: the draft
+    model's cache, the committed tokens it has not run yet (padded to the width W) with each image's count and the
+    image position of the first, and the cache lengths after the latest feed."""
+
+    cache: DeviceKVCache
+    tokens: torch.Tensor  # (B, W)
+    count: torch.Tensor  # (B,)
+    start: torch.Tensor  # (B,)
+    after: torch.Tensor  # (B,)
+    #: (B, L) a chain's cache lengths after the feed and after each of its L − 1 draft forwards (the rollback of
+    #: k accepted drafts is to column k, whatever slots the draft model's blocks hold beyond their tokens)
+    marks: torch.Tensor
+    columns: torch.Tensor  # (W,) 0 .. W − 1
+
+    @classmethod
+    def new(cls, cache: DeviceKVCache, width: int, depth: int) -> StaticPending:
+        """Buffers for a static cache's batch (``ImageARModel.static_cache`` over the draft model's prefill)."""
+        device = cache.device
+        long = {"dtype": torch.long, "device": device}
+        b = cache.batch
+        return cls(cache=cache, tokens=torch.zeros(b, width, **long), count=torch.zeros(b, **long),
+                   start=torch.zeros(b, **long), after=torch.zeros(b, **long),
+                   marks=torch.zeros(b, depth, **long), columns=torch.arange(width, device=device))
 
 
 class ModelDrafter(Drafter):
@@ -44,6 +86,11 @@ class ModelDrafter(Drafter):
         self.after_feed: list[int] = []  # cache lengths after the pending block
         self.fed: list[int] | None = None
         self.tree_mode = False  # whether the current draft was drafted as a tree
+        #: the static path: the state per (batch, pending width, capacity), the current batch's, and the draft
+        #: model's prefill of the images the next ``static_begin`` or ``static_refill`` starts (``static_prefill``)
+        self._static: dict[tuple[int, int, int], StaticPending] = {}
+        self.static: StaticPending | None = None
+        self._prefilled = None
 
     def begin(self, prompts, prefill: TargetOutput, first_tokens: torch.Tensor, streams) -> None:
         self.cache, _ = self.model.prefill(list(prompts), extra_slots=self.tree_slots)
@@ -137,3 +184,161 @@ class ModelDrafter(Drafter):
         self.next_position = [pos + k for pos, k in zip(self.next_position, in_cache)]
         self.pending = [c[k:] for c, k in zip(committed, in_cache)]
 
+    # -- the static decode path (coolsd.static): fixed shapes, the pending tokens and lengths in fixed buffers ---
+    def static_reason(self, tree: TreeShape | DynamicTree | None) -> str | None:
+        """Why this drafter cannot run on the static path with ``tree`` (``Drafter.static_reason``; None: it can): a
+        draft model without a static forward, one whose forwards would run in another attention kernel than the
+        target's (the static step runs every forward inside the target's decode context), or a tree over a draft
+        model that adds structural slots to its static blocks (Lumina-mGPT's and Emu3's end-of-row slots: their
+        ``static_forward`` takes a tree mask over its own block only, and a tree's later levels attend to its
+        earlier ones)."""
+        model = type(self.model).__name__
+        if not self.model.static_path:
+            return f"has no static form: its draft model ({model}) has no static forward"
+        mine, target = (getattr(m, "attention_kernel", None) for m in (self.model, self.target))
+        if mine != target:
+            return (f"has no static form: its draft model's attention kernel ({mine}) is not the target's "
+                    f"({target}), in whose decode context the static step runs")
+        if tree is not None and type(self.model).static_cache is not ImageARModel.static_cache:
+            return (f"drafts trees on the static path only over a draft model without structural slots, and its "
+                    f"draft model ({model}) adds end-of-row slots to its blocks; draft a chain (decoder.tree=null)")
+        return None
+
+    @property
+    def static_path(self) -> bool:
+        return self.static_reason(None) is None
+
+    @staticmethod
+    def static_width(depth: int, tree: TreeShape | DynamicTree | None) -> int:
+        """The pending buffer's width: a chain leaves one or two committed tokens unfed (the next token, after the
+        last draft when every draft was accepted), a tree the accepted path and the next token."""
+        return 2 if tree is None else depth + 1
+
+    def static_prefill(self, prompts: Sequence[str], depth: int, tree: TreeShape | DynamicTree | None) -> None:
+        """The draft model's prefill of the images the next ``static_begin`` or ``static_refill`` starts, as the
+        eager ``begin`` runs it (padding-invariant attention on a batch-invariant target, no decode context, no
+        piecewise compiled layers), at the capacity one iteration needs beyond the image: the pending block, then
+        the chain's ``depth − 1`` draft forwards or every node of the tree."""
+        from coolsd.static.loop import _piecewise_off
+
+        if isinstance(tree, TreeShape):
+            nodes = len(tree.paths)
+        elif tree is not None:
+            nodes = tree.depth * tree.top_k
+        else:
+            nodes = depth - 1
+        room = self.static_width(depth, tree) + nodes
+        with _piecewise_off(self.model), padding_invariant_attention(self.target.batch_invariant):
+            cache, _ = self.model.static_prefill(list(prompts), extra_slots=room)
+        self._prefilled = (cache, self.static_width(depth, tree), depth)
+
+    def _take_prefilled(self, batch: int, what: str):
+        """The cache ``static_prefill`` made for ``batch`` images, the pending width and the depth (used once)."""
+        prefilled, self._prefilled = self._prefilled, None
+        if prefilled is None or prefilled[0].batch != batch:
+            raise RuntimeError(f"ModelDrafter.{what}: the draft model was not prefilled for these {batch} image(s) "
+                               "(the static loop calls static_prefill with their prompts first)")
+        return prefilled
+
+    def static_begin(self, prefill, first_tokens, streams, depth, room=None) -> None:
+        """Persistent buffers for this batch size (``StaticPending``), refilled: the draft model's prefilled cache
+        copied in, ``x_0`` pending at image position 0."""
+        b = first_tokens.shape[0]
+        cache, width, depth = self._take_prefilled(b, "static_begin")
+        key = (b, width, depth, cache.max_len)
+        state = self._static.get(key)
+        if state is None:
+            state = self._static[key] = StaticPending.new(self.model.static_cache(cache), width, depth)
+        else:
+            state.cache.load(cache)
+        self.static = state
+        self.cache = state.cache
+        self.streams = streams
+        self.device = first_tokens.device
+        state.tokens.zero_()
+        state.tokens[:, 0] = first_tokens
+        state.count.fill_(1)
+        state.start.zero_()
+        state.after.copy_(state.cache.lengths)
+
+    def static_refill(self, rows, prefill, first_tokens, streams, depth, room=None) -> None:
+        """``static_begin`` for the images of ``rows`` only (``Drafter.static_refill``): the draft model's prefill of
+        the new images copied into their cache rows, ``x_0`` pending at position 0, in the current batch's
+        buffers."""
+        state = self.static
+        cache, width, depth = self._take_prefilled(first_tokens.shape[0], "static_refill")
+        if state is None or self._static.get((state.tokens.shape[0], width, depth, cache.max_len)) is not state:
+            raise RuntimeError("ModelDrafter.static_refill: no static batch of this shape is running (call "
+                               "static_begin first, with the same depth and tree)")
+        self.streams = streams
+        state.cache.load_rows(rows, cache)
+        tokens = torch.zeros(rows.shape[0], width, dtype=torch.long, device=state.tokens.device)
+        tokens[:, 0] = first_tokens
+        state.tokens.index_copy_(0, rows, tokens)
+        state.count.index_fill_(0, rows, 1)
+        state.start.index_fill_(0, rows, 0)
+        state.after.index_copy_(0, rows, state.cache.lengths.index_select(0, rows))
+
+    def _static_feed(self) -> DraftRows:
+        """The fixed pending block (each image's own count; a finished image has none): the draft distribution
+        after each image's last pending token (B, 1, V); the cache keeps each image's pending tokens."""
+        state = self.static
+        out = self.model.static_forward(self.cache, state.tokens, self._clamp(state.start[:, None] + state.columns))
+        s, b, _, v = out.logits.shape
+        last = (state.count - 1).clamp_min(0)
+        logits = out.logits.gather(2, last.view(1, b, 1, 1).expand(s, b, 1, v))
+        self.cache.keep(state.count)
+        state.after.copy_(self.cache.lengths)
+        return DraftRows(q=stream_probs(logits, self.target.sampling), finite=finite_images(logits))
+
+    def _static_expand(self, request: Expansion) -> DraftRows:
+        """``_expand`` of the static path: the root request feeds the fixed pending block."""
+        if request.root:
+            return self._static_feed()
+        out = self.model.static_forward(self.cache, request.tokens, self._clamp(request.positions), request.mask)
+        return DraftRows(q=stream_probs(out.logits, self.target.sampling), finite=finite_images(out.logits))
+
+    def static_propose(self, last_tokens, t, limit, depth, tree=None, cache=None) -> Draft:
+        """The pending block, then ``depth − 1`` one-token forwards of a chain, or every level of a tree."""
+        if isinstance(tree, TreeShape):
+            return draft_static_tree(tree, t - 1, limit, self._static_expand, self.streams, t, static=True,
+                                     cache=cache)
+        if tree is not None:
+            return draft_dynamic_tree(tree, t - 1, limit, self._static_expand, static=True, cache=cache)
+        state = self.static
+        rows = self._static_feed()
+        state.marks[:, 0].copy_(state.after)
+        finite, q = rows.finite, rows.q[:, -1]
+        u = self.streams.uniform(t, DRAFT, depth)  # (B, L)
+        tokens, qs = [], []
+        for i in range(depth):
+            if i:
+                out = self.model.static_forward(self.cache, tokens[-1][:, None], self._clamp(t - 1 + i)[:, None])
+                state.marks[:, i].copy_(self.cache.lengths)
+                finite = finite & finite_images(out.logits)
+                q = stream_probs(out.logits, self.target.sampling)[:, -1]  # (B, V)
+            tokens.append(sample(q, u[:, i]))
+            qs.append(q)
+        return Draft(tokens=torch.stack(tokens, 1), q=torch.stack(qs, 1), valid=chain_valid(limit, depth),
+                     forwards=limit.clamp(max=depth), finite=finite)
+
+    def static_observe(self, out, p, draft, verdict, active) -> None:
+        """``observe`` by length moves: a chain keeps its accepted drafts among the ``L − 1`` it ran and leaves the
+        rest of the committed tokens pending; a tree drops its slots and leaves the accepted path and the next token
+        pending. A finished image keeps nothing."""
+        state = self.static
+        n = verdict.num_accepted  # (B,)
+        width = state.tokens.shape[1]
+        if draft.is_chain:
+            accepted = draft.tokens
+            kept = torch.where(active, n.clamp(max=draft.tokens.shape[1] - 1), 0)  # accepted drafts in the cache
+            self.cache.rollback(state.marks.gather(1, kept[:, None])[:, 0])
+        else:
+            accepted = draft.tokens.gather(1, verdict.path[:, : width - 1])
+            kept = torch.zeros_like(n)
+            self.cache.rollback(state.after)
+        state.start.add_(torch.where(active, state.count + kept, 0))
+        committed = torch.cat([accepted, accepted[:, :1]], 1).scatter(1, n[:, None], verdict.next_token[:, None])
+        columns = (kept[:, None] + state.columns).clamp(max=committed.shape[1] - 1)
+        state.tokens.copy_(committed.gather(1, columns))  # the committed tokens not in the cache, then stale
+        state.count.copy_(torch.where(active, n + 1 - kept, 0))

@@ -32,7 +32,7 @@ from torch.nn import functional as F
 
 from coolsd import validate
 from coolsd.device import resolve_device
-from coolsd.kv_cache import padding_invariant
+from coolsd.kv_cache import DeviceKVCache, padding_invariant
 from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig, stream_probs
 from coolsd.types import TargetOutput
@@ -548,15 +548,33 @@ class ImageARModel(nn.Module, metaclass=AdapterMeta):
                        tree_mask: torch.Tensor | None = None) -> TargetOutput:
         """``forward_block`` for the static decode path (``coolsd.static``): over a
         ``coolsd.kv_cache.DeviceKVCache``, ``tokens`` and ``positions`` already on the device, called inside
-        ``decode_context()``, with no host read and no value that depends on a tensor's contents. Adapters whose
-        forward places structural tokens by position on the host (Lumina-mGPT's and Emu3's end-of-row tokens)
-        do not implement it, and the static path refuses them (``static_path``)."""
+        ``decode_context()``, with no host read and no value that depends on a tensor's contents; ``cache`` is the one
+        ``static_cache`` built. Adapters that do not implement it are refused by the static path (``static_path``).
+        Lumina-mGPT and Emu3 add their end-of-row slots to a block on the device (``coolsd.models.lumina_mgpt``
+        ``EndOfRowBlocks``)."""
         raise NotImplementedError(f"{type(self).__name__} has no static forward")
+
+    def static_cache(self, prefilled: Any, levels: tuple[int, ...] | None = None) -> Any:
+        """The static path's cache of a batch size (``coolsd.kv_cache.DeviceKVCache``), built over the first batch's
+        ``static_prefill`` cache and refilled by every later one (``load``, ``load_rows``); ``static_forward`` runs
+        over it. ``levels``: the most nodes at each depth of the blocks the static loop will forward (depth 0: the
+        last committed token; None: not known), for adapters that add structural slots to a block and size it from
+        them. The default: ``DeviceKVCache.of`` (one slot per image token)."""
+        return DeviceKVCache.of(prefilled)
 
     @property
     def static_path(self) -> bool:
         """Whether this adapter runs the static decode path (implements ``static_forward``)."""
         return type(self).static_forward is not ImageARModel.static_forward
+
+    def static_prefill(self, prompts: list[str], extra_slots: int = 64,
+                       streams: Streams | None = None) -> tuple[BlockCache, TargetOutput]:
+        """``prefill`` for the static decode path, whose workspace of a batch size is refilled by every
+        batch's prefill (``coolsd.static``): a cache of one capacity whatever the prompts. The default is
+        ``prefill`` (a capacity that does not depend on the prompts: LlamaGen's condition tokens); adapters
+        whose prompts have their own lengths pad them to a fixed width (Janus-Pro's
+        ``model.prompt_capacity``)."""
+        return self.prefill(prompts, extra_slots=extra_slots, streams=streams)
 
     def decode_context(self) -> contextlib.AbstractContextManager:
         """The context every decode or verify forward runs in (the attention kernel of ``model.attention_kernel``

@@ -31,8 +31,9 @@ What the adapter reproduces of the authors' sampling recipe (baaivision/Emu3 ``i
   (end of frame), ``<|image end|>``, EOS. Decoders see visual tokens only (codes ``0..32767``, ids read from
   the ``<|visual token NNNNNN|>`` names); the end-of-line token is forced after every row exactly as
   Lumina-mGPT's end-of-row token (``LuminaCache``: image slot ``i`` sits at model offset ``i + i // W``, the
-  first code of the next row is predicted by the end-of-line token's output). The end-of-frame / image / text
-  tokens are not needed for the grid and never run.
+  first code of the next row is predicted by the end-of-line token's output), on the static decode path too
+  (``EndOfRowBlocks``: the slots added on the device; ``static_prefill`` pads every stream to
+  ``model.prompt_capacity``). The end-of-frame / image / text tokens are not needed for the grid and never run.
 * **Decode**: ``Emu3VQVAE.decode`` of the (H, W) code grid (transformers' ``decode_image_tokens`` path), then
   the recipe's postprocess (``Emu3VisionVQImageProcessor.postprocess``: ``(x + 1) / 2 * 255``, clip, cast to
   uint8 = truncation; ``model.pixel_rounding=truncate``).
@@ -66,20 +67,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from coolsd import validate
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
     Runtime,
-    attention_context,
     hf_weights,
     per_stream,
     pixels_to_uint8,
-    stream_rows,
-    to_rows,
 )
 from coolsd.models.checkpoints import MissingWeightsError
 from coolsd.models.janus_pro import JanusDraftLayer, attention
-from coolsd.models.lumina_mgpt import CodesInVocabulary, LuminaCache, rotary_cos_sin
+from coolsd.models.lumina_mgpt import CodesInVocabulary, EndOfRowBlocks, LuminaCache, rotary_cos_sin
 from coolsd.required_files import RequiredFile
 from coolsd.rng import Streams
 from coolsd.sampling import SamplingConfig
@@ -267,7 +266,7 @@ class Emu3DraftLayer(JanusDraftLayer):
         self.width = width
 
     def forward(self, h, positions, cache, mask):
-        nxt = positions.to(h.device).long() + 1
+        nxt = (positions if positions.device == h.device else positions.to(h.device)).long() + 1
         pos = nxt + torch.div(nxt, self.width, rounding_mode="floor")
         rope = self.rotary(h, pos if pos.dim() == 2 else pos[None])
         h = h + attention(self.self_attn, h, rope, cache, 0, mask)
@@ -275,7 +274,7 @@ class Emu3DraftLayer(JanusDraftLayer):
 
 
 # -- the adapter -----------------------------------------------------------------------------------------
-class Emu3Gen(CodesInVocabulary, ImageARModel):
+class Emu3Gen(EndOfRowBlocks, CodesInVocabulary, ImageARModel):
     """Emu3-Gen text-to-image adapter (see the module docstring); prompts are free text."""
 
     sjd_init = "random"
@@ -308,11 +307,15 @@ class Emu3Gen(CodesInVocabulary, ImageARModel):
         ratio: str = "1:1",
         image_area: int = IMAGE_AREA,
         init_seed: int = 0,
+        prompt_capacity: int = 256,
         runtime: Runtime | None = None,
     ) -> None:
+        """``prompt_capacity``: the prefix width of the static decode path's prefill (``static_prefill``; BOS,
+        prompt, positive prompt and image header, or the negative prompt's stream, whichever is longer)."""
         super().__init__(sampling, runtime)
         device, dtype = self.runtime.resolve(published=pretrained and model is None)
         self.positive_prompt, self.negative_prompt = positive_prompt, negative_prompt
+        self.prompt_capacity = validate.integer("model.prompt_capacity", prompt_capacity, minimum=4)
         model, tokenizer = hf_weights(
             "Emu3", model, tokenizer, pretrained, arch, repo_id, "BAAI/Emu3-Gen-hf", "Emu3Arch",
             lambda: load_pretrained(repo_id, revision, dtype),
@@ -348,6 +351,8 @@ class Emu3Gen(CodesInVocabulary, ImageARModel):
             raise ValueError("only Emu3's default RoPE is supported")
         self.register_buffer("code_to_bpe", self.code_to_bpe_cpu.clone(), persistent=False)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)  # float32: moved, never cast
+        self.end_of_row_id = self.ids[END_OF_LINE]
+        self._row_end_maps()
         self.requires_grad_(False)
         self.place(device, float32=(self.vq,))  # the vision tokenizer decodes in float32
 
@@ -399,14 +404,21 @@ class Emu3Gen(CodesInVocabulary, ImageARModel):
     @torch.inference_mode()
     def prefill(self, prompts: list[str], extra_slots: int = 64,
                 streams: Streams | None = None) -> tuple[LuminaCache, TargetOutput]:
+        return self._prefill(prompts, extra_slots, streams, None)
+
+    def _prefill(self, prompts: list[str], extra_slots: int, streams: Streams | None,
+                 width: int | None) -> tuple[LuminaCache, TargetOutput]:
+        """``prefill`` with every stream left-padded to ``width`` prefix slots (None: the longest stream's); the
+        static path (a width) takes the model-slot cache (``static_prefill``)."""
         s, b = self.num_streams, len(prompts)
         negative = self.negative_ids() if s == 2 else None
         seqs = [seq for p in prompts for seq in ([self.prompt_ids(p), negative] if s == 2 else [self.prompt_ids(p)])]
-        p = max(len(seq) for seq in seqs)  # every stream of every image left-padded to the longest prefix
+        p = self._prefix_width(prompts, seqs, width)  # every stream of every image left-padded to p slots
         rows = self.grid[0]
         kv = StaticKVCache(num_layers=self.active_layers, batch=b, streams=s, num_heads=self.num_kv_heads,
                            max_len=p + self.num_image_tokens + rows + 2 * extra_slots + 2, head_dim=self.head_dim,
                            dtype=self.lm.embed_tokens.weight.dtype, device=self.device)
+        kv.prefix_len = p  # the prefix's model slots (``DeviceKVCache.prefix_len`` on the static path)
         pad_id = self.ids[PAD]
         ids = [[pad_id] * (p - len(seq)) + seq for seq in seqs]  # image-major: cond, uncond of each image
         positions = [[0] * (p - len(seq)) + list(range(len(seq))) for seq in seqs]  # from 0 at each start
@@ -414,25 +426,12 @@ class Emu3Gen(CodesInVocabulary, ImageARModel):
         mask = kv.begin_block(p)
         hidden = self._hidden(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
                               kv, mask)
+        if width is not None:
+            return kv, self._output(hidden[:, -1:])
         bases = torch.tensor([len(seq) for seq in seqs], device=self.device).view(b, s).t()  # (S, B)
         cache = LuminaCache(kv=kv, prefix_len=p, width=self.grid[1], position_base=bases,
                             slot=[[] for _ in range(b)], newline=[[] for _ in range(b)])
         return cache, self._output(hidden[:, -1:])
-
-    @torch.inference_mode()
-    def forward_block(self, cache: LuminaCache, tokens: torch.Tensor, positions: torch.Tensor,
-                      tree_mask: torch.Tensor | None = None) -> TargetOutput:
-        block = cache.open_block(positions.tolist(), tree_mask)
-        s = self.num_streams
-        codes = self.code_to_bpe[tokens.to(self.device)].gather(1, block.node_index)  # (B, Tm)
-        ids = torch.where(block.is_node, codes, self.ids[END_OF_LINE])  # end-of-line rows forced
-        model_positions = cache.position_base[:, :, None] + block.offsets[None]  # (S, B, Tm)
-        with attention_context(self.attention_kernel):
-            hidden = self._hidden(stream_rows(ids, s), to_rows(model_positions), cache.kv, block.attention)
-        out = self._output(hidden)  # (S, B, Tm, ·)
-        gather = block.output_rows.view(1, *block.output_rows.shape, 1)
-        return TargetOutput(logits=out.logits.gather(2, gather.expand(s, -1, -1, out.logits.shape[-1])),
-                            hidden=out.hidden.gather(2, gather.expand(s, -1, -1, out.hidden.shape[-1])))
 
     def token_embedding(self) -> nn.Module:
         return self.lm.embed_tokens

@@ -27,6 +27,13 @@ Where this adapter follows the official recipe and where it deviates on purpose:
 * **Pixels** ``model.pixel_rounding=truncate``: ``np.clip((x + 1) / 2 * 255, 0, 255)`` stored into uint8, as
   the recipe (and transformers' ``JanusImageProcessor.postprocess``) does.
 
+The static decode path (``decoder.path=static``, ``coolsd.static``) runs the same layers through
+``static_forward`` over a ``DeviceKVCache`` that keeps each image's prompt length on the device
+(``forward_block`` calls it, so both paths share one computation). Its prefill (``static_prefill``) pads
+every prompt on the left to the fixed width ``model.prompt_capacity`` (masked, so no token changes), since the
+static loop refills one cache of one capacity with every batch's prefill; a longer prompt is refused, naming
+the key. The eager path pads to the batch's longest prompt.
+
 The Llama decoder layers run here over the HF modules' own weights (projections, RoPE module, MLP, norms)
 with this project's ``StaticKVCache`` and masks, so blocks, draft trees, rollback and KV compaction work as
 for every adapter; ``tests/test_janus.py`` checks the logits against ``transformers``' own generation loop.
@@ -50,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from coolsd import validate
 from coolsd.kv_cache import StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
@@ -239,6 +247,21 @@ def attention(
     return attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
+def rope_cos_sin(rotary: nn.Module, x: torch.Tensor,
+                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) (1|B, T, head_dim) in ``x``'s dtype of a ``transformers`` ``LlamaRotaryEmbedding`` at
+    ``positions`` (1|B, T): its default RoPE from its own ``inv_freq`` and ``attention_scaling``, the float32
+    operations its forward makes (so the same values), without the forward's move of ``inv_freq`` to ``x``'s
+    device, which a static decode step must not call (``coolsd.sync_guard``; the buffer is on the model's
+    device already). Other RoPE types go through the module's forward."""
+    if getattr(rotary, "rope_type", "default") != "default":
+        return rotary(x, positions)
+    angles = positions[..., None].float() * rotary.inv_freq.float()  # (1|B, T, head_dim / 2)
+    angles = torch.cat((angles, angles), dim=-1)
+    scale = rotary.attention_scaling
+    return (angles.cos() * scale).to(x.dtype), (angles.sin() * scale).to(x.dtype)
+
+
 def run_layers(
     lm: nn.Module,
     h: torch.Tensor,
@@ -252,7 +275,7 @@ def run_layers(
     Input embeddings (B, T, H) at sequence positions (T,) shared or (B, T) per row -> post-norm hidden
     states (B, T, H).
     """
-    rope = lm.rotary_emb(h, seq_positions if seq_positions.dim() == 2 else seq_positions[None])  # (1|B, T, hd)
+    rope = rope_cos_sin(lm.rotary_emb, h, seq_positions if seq_positions.dim() == 2 else seq_positions[None])
     for i, layer in enumerate(itertools.islice(lm.layers, num_layers)):  # slicing would build a ModuleList
         h = h + attention(layer.self_attn, layer.input_layernorm(h), rope, cache, i, mask)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -279,7 +302,7 @@ class Float32Rotary(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.inner(x, positions)
+        return rope_cos_sin(self.inner, x, positions)
 
 
 class JanusDraftLayer(nn.Module):
@@ -326,7 +349,7 @@ class JanusDraftLayer(nn.Module):
         cache: StaticKVCache | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        positions = positions.to(h.device) + 1
+        positions = positions + 1  # on the device (a static step moves nothing)
         rope = self.rotary(h, positions if positions.dim() == 2 else positions[None])  # (1|R, T, head_dim)
         h = h + attention(self.self_attn, h, rope, cache, 0, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
@@ -362,7 +385,8 @@ class JanusPro(ImageARModel):
 
     Exactly one source of weights: ``pretrained=true`` (``repo_id`` from the hub), ``pretrained=false``
     with ``arch`` (random weights and the character tokenizer), or prebuilt ``model`` + ``tokenizer``
-    objects (tests; used in their own dtype, moved to ``device``).
+    objects (tests; used in their own dtype, moved to ``device``). ``prompt_capacity``: the prompt width of
+    the static decode path's prefill (``static_prefill``; tokens, BOS and ``<begin_of_image>`` included).
     """
 
     sjd_init = "random"  # no SJD reference setting for Janus; uniform initialisation (the Lumina default)
@@ -394,6 +418,7 @@ class JanusPro(ImageARModel):
         boi_token: str = BOI_TOKEN,
         pad_token: str = PAD_TOKEN,
         init_seed: int = 0,
+        prompt_capacity: int = 128,
         runtime: Runtime | None = None,
     ) -> None:
         super().__init__(sampling, runtime)
@@ -401,6 +426,7 @@ class JanusPro(ImageARModel):
         if "{prompt}" not in prompt_template:
             raise ValueError(f"model.prompt_template must contain '{{prompt}}', got {prompt_template!r}")
         self.prompt_template = prompt_template
+        self.prompt_capacity = validate.integer("model.prompt_capacity", prompt_capacity, minimum=2)
         model, tokenizer = hf_weights(
             "Janus", model, tokenizer, pretrained, arch, repo_id, "deepseek-community/Janus-Pro-1B", "JanusArch",
             lambda: load_pretrained(repo_id, revision, dtype),
@@ -487,11 +513,32 @@ class JanusPro(ImageARModel):
     @torch.inference_mode()
     def prefill(self, prompts: list[str], extra_slots: int = 64,
                 streams: Streams | None = None) -> tuple[JanusCache, TargetOutput]:
+        """The prompts left-padded to the longest of the batch (the padding masked)."""
+        return self._prefill(prompts, extra_slots, None)
+
+    @torch.inference_mode()
+    def static_prefill(self, prompts: list[str], extra_slots: int = 64,
+                       streams: Streams | None = None) -> tuple[JanusCache, TargetOutput]:
+        """``prefill`` with every prompt left-padded to ``model.prompt_capacity`` (the padding masked), so
+        every batch's cache has the one capacity the static path's workspace holds; a longer prompt is
+        refused."""
+        return self._prefill(prompts, extra_slots, self.prompt_capacity)
+
+    def _prefill(self, prompts: list[str], extra_slots: int,
+                 width: int | None) -> tuple[JanusCache, TargetOutput]:
+        """``prefill`` padding to ``width`` prompt slots (None: the longest prompt's)."""
         streams = [self.stream_ids(p) for p in prompts]  # (S, P_b) each
         lengths = torch.tensor([ids.shape[1] for ids in streams])
-        width = int(lengths.max())
+        if width is None:
+            width = int(lengths.max())
+        elif int(lengths.max()) > width:
+            i = int(lengths.argmax())
+            raise ValueError(f"prompt {prompts[i]!r} is {int(lengths[i])} tokens long (template, BOS and "
+                             f"<begin_of_image> included), more than model.prompt_capacity={width}, the "
+                             "prompt width of the static decode path: set "
+                             f"model.prompt_capacity={int(lengths.max())} or more, or decoder.path=eager")
         s, b = self.num_streams, len(prompts)
-        ids = torch.full((s, b, width), self.pad_id, dtype=torch.long)  # left-padded to the longest prompt
+        ids = torch.full((s, b, width), self.pad_id, dtype=torch.long)  # left-padded to the width
         for i, row in enumerate(streams):
             ids[:, i, width - row.shape[1]:] = row
         pad = (width - lengths)[:, None]  # (B, 1)
@@ -508,14 +555,24 @@ class JanusPro(ImageARModel):
 
     @torch.inference_mode()
     def forward_block(self, cache, tokens, positions, tree_mask=None) -> TargetOutput:
+        device = self.device
+        with self.decode_context():
+            return self.static_forward(cache, tokens.to(device), positions.to(device), tree_mask)
+
+    def decode_context(self):
+        return attention_context(self.attention_kernel)
+
+    def static_forward(self, cache, tokens, positions, tree_mask=None) -> TargetOutput:
+        """``forward_block`` without its context and copies: tokens and positions on the device, the caller
+        inside ``decode_context()``; the static path's forward over a ``DeviceKVCache``, whose ``prefix_lens``
+        (B,) holds each image's prompt length on the device (as ``JanusCache.prefix_lens`` does eagerly)."""
         s = self.num_streams
-        h = self.embed(tokens.to(self.device))  # (B, T, H)
-        seq = positions.to(self.device) + cache.prefix_lens[:, None]  # (B, T)
-        if s > 1:
+        h = self.embed(tokens)  # (B, T, H)
+        seq = positions + cache.prefix_lens[:, None]  # (B, T): image token i at its prompt's length + i
+        if s > 1:  # cache rows are image-major: [image 0's streams, image 1's streams, ...]
             h, seq = stream_rows(h, s), stream_rows(seq, s)
         mask = cache.begin_block(tokens.shape[1], tree_mask)
-        with attention_context(self.attention_kernel):
-            hidden = run_layers(self.lm, h, seq, cache, mask, self.active_layers)
+        hidden = run_layers(self.lm, h, seq, cache, mask, self.active_layers)
         return self._output(hidden)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

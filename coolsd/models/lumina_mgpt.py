@@ -43,7 +43,10 @@ What the adapter hides from the decoders (they see a 48 x 48 grid of codebook id
 Cache addressing: decoders address the cache in image units (one slot per image token), the model holds an
 extra slot after each row-end token. ``LuminaCache`` keeps the image-slot -> model-slot map and translates
 ``keep`` / ``rollback`` / tree masks (a tree node at a row end gets its end-of-row slot right after it in
-the same block, visible to its descendants only).
+the same block, visible to its descendants only). The static decode path (``decoder.path=static``) lays the same
+blocks out on the device (``EndOfRowBlocks.static_forward`` over a ``RowEndKVCache``, from a map of the positions
+that end a row built once per resolution; ``static_prefill`` pads every prompt to ``model.prompt_capacity``), and
+both paths share the forward (``EndOfRowBlocks``, Emu3's too).
 
 Weights: ``Alpha-VLLM/Lumina-mGPT-7B-768`` from the Hugging Face hub (downloaded on first use), and Meta's
 Chameleon tokenizer files (``text_tokenizer.json``, ``vqgan.yaml``, ``vqgan.ckpt``) from a folder the user
@@ -79,7 +82,8 @@ from transformers.models.chameleon.modeling_chameleon import (
     apply_rotary_pos_emb,
 )
 
-from coolsd.kv_cache import StaticKVCache
+from coolsd import validate
+from coolsd.kv_cache import DeviceKVCache, StaticKVCache
 from coolsd.models.base import (
     ImageARModel,
     Runtime,
@@ -400,6 +404,9 @@ class LuminaCache:
         for i, lay in enumerate(layouts):
             self.slot[i] += [model_starts[i] + r for r in lay[0]]
             self.newline[i] += lay[1]
+            # an image's padding rows (a shorter block than the batch's longest) are written but not kept: a forward
+            # that follows without ``keep`` (a draft model's chain) must not see them
+            self.kv.lengths[i] = model_starts[i] + len(lay[3])
         block = ModelBlock(node_rows=[lay[0] for lay in layouts], row_end=[lay[1] for lay in layouts],
                            output_rows=torch.tensor([lay[2] for lay in layouts], device=device), offsets=offsets,
                            is_node=is_node.to(device), node_index=node_index.to(device), attention=attention)
@@ -505,6 +512,192 @@ class LuminaCache:
         self.block = None
 
 
+# -- the static decode path: end-of-row slots on the device ---------------------------------------------
+class RowEndKVCache(DeviceKVCache):
+    """The static path's cache of an adapter whose blocks hold end-of-row slots (``EndOfRowBlocks``): K/V and
+    lengths in model slots, as ``LuminaCache.kv`` holds them, and ``keep`` in image units, as ``LuminaCache.keep``.
+
+    ``static_forward`` lays each block out on the device (every image node, the end-of-row slot right after a node
+    that ends a row, padding rows last), reserves its model rows with ``begin_block`` and records the layout
+    (``layout``: each node's block row and whether an end-of-row slot follows it); ``keep`` turns the image tokens
+    kept into those rows: a chain's accepted prefix is a prefix of its rows (a length move), a tree's path is
+    compacted with its end-of-row slots. ``width``: the grid's width; ``levels``: the most nodes at each depth of
+    the loop's tree blocks (``ImageARModel.static_cache``), from which ``extra_rows`` sizes a block.
+
+    Example: ``cache = model.static_cache(model.static_prefill(prompts, extra_slots=8)[0])``, then
+    ``model.static_forward(cache, tokens, positions)`` and ``cache.keep(counts)`` (image tokens).
+    """
+
+    width: int = 1
+    levels: tuple[int, ...] | None = None
+    layout: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, T) block row of each node, (B, T) row end
+
+    @classmethod
+    def over(cls, prefilled: StaticKVCache, width: int, levels: tuple[int, ...] | None) -> RowEndKVCache:
+        """Buffers of their own over a static prefill's model-slot cache (``DeviceKVCache.of``)."""
+        cache = cls.of(prefilled)
+        cache.width, cache.levels, cache.layout = width, None if levels is None else tuple(levels), None
+        return cache
+
+    def extra_rows(self, num_nodes: int, tree: bool) -> int:
+        """End-of-row slots a block of ``num_nodes`` image nodes has room for: the most nodes that can end a row.
+
+        Nodes at depth ``d`` sit at position ``t − 1 + d``, so the nodes of one block that end a row are those at
+        the depths of one residue modulo the width: a chain (one node per depth) has room for ``ceil(T / W)``, a
+        tree for the largest sum of ``levels`` over the depths of one residue (every node when ``levels`` is not
+        known). Nodes at the grid's last position need none (nothing follows them)."""
+        levels = (1,) * num_nodes if not tree else self.levels
+        if levels is None:
+            return num_nodes
+        w = self.width
+        return min(num_nodes, max(sum(levels[r::w]) for r in range(min(w, len(levels)))))
+
+    def columns(self, count: int) -> torch.Tensor:
+        """``0 .. count − 1`` on the device (a view of the cache's own, no allocation)."""
+        return self._columns[:count]
+
+    def keep(self, counts: torch.Tensor | int, index: torch.Tensor | None = None) -> None:
+        """Keep the first ``counts[b]`` image tokens (B,) of each image's latest block, or its block nodes
+        ``index[b, :counts[b]]`` (B, n), with their end-of-row slots (``DeviceKVCache.keep`` in model rows)."""
+        rows, ends = self.layout
+        if isinstance(counts, int):
+            counts = torch.full_like(self.lengths, counts)
+        if index is None:  # the rows of nodes 0 .. c − 1 and their end-of-row slots: a prefix of the block
+            last = (counts - 1).clamp(min=0)[:, None]
+            rows_kept = rows.gather(1, last)[:, 0] + 1 + ends.gather(1, last)[:, 0].long()
+            super().keep(torch.where(counts > 0, rows_kept, 0))
+            return
+        n = index.shape[1]
+        index = index.clamp(0, rows.shape[1] - 1)
+        node_rows, node_ends = rows.gather(1, index), ends.gather(1, index)  # (B, n)
+        entries = torch.stack([node_rows, node_rows + 1], 2).flatten(1)  # (B, 2n): a node, its end-of-row slot
+        present = torch.stack([torch.ones_like(node_ends), node_ends], 2).flatten(1)
+        to = torch.where(present, present.long().cumsum(1) - 1, 2 * n)  # compacted; column 2n: scratch
+        model_index = torch.zeros_like(entries[:, :1]).expand(-1, 2 * n + 1).clone().scatter_(1, to, entries)
+        kept_ends = (node_ends & (self.columns(n) < counts[:, None])).sum(1)
+        super().keep(counts + kept_ends, model_index[:, :2 * n])
+
+
+class EndOfRowBlocks:
+    """What Lumina-mGPT and Emu3 share: blocks in model slots with the structural token after every row
+    (Lumina-mGPT's end-of-row, Emu3's end-of-line token, id ``end_of_row_id``), on both decode paths.
+
+    The eager path lays a block out on the host (``LuminaCache.open_block``); the static path (``static_forward``
+    over a ``RowEndKVCache``) on the device, from a map built once per resolution (``end_of_row_after``: whether
+    an end-of-row slot follows image position i, every row's last position but the grid's last;
+    ``model_offsets``: the offset of position i in the image part, ``i + i // W``): each node at its row, the
+    end-of-row slot after a node that ends a row, padding rows last, a tree's mask carried over to the slots (an
+    end-of-row slot sees what its node sees and itself; its node does not see it). A block has room for as many
+    end-of-row slots as its nodes can need (``RowEndKVCache.extra_rows``). Both paths then run the same
+    computation (``_block_output``); the distribution of a row's last node is its end-of-row slot's output, and
+    structural slots are never drafted, verified or counted, on either path. The static path's prefill pads
+    every prompt to ``prompt_capacity`` (``static_prefill``), so one cache capacity serves every batch; RoPE
+    positions start at each stream's own prompt length, read on the device from the prefix's padding.
+    """
+
+    end_of_row_id: int
+    prompt_capacity: int
+
+    def _row_end_maps(self) -> None:
+        """The per-resolution position map of the static path (class doc), as buffers moved with the model."""
+        n, w = self.num_image_tokens, self.grid[1]
+        positions = torch.arange(n)
+        self.register_buffer("end_of_row_after", (positions % w == w - 1) & (positions < n - 1), persistent=False)
+        self.register_buffer("model_offsets", positions + positions // w, persistent=False)
+
+    def decode_context(self):
+        return attention_context(self.attention_kernel)
+
+    def _block_output(self, ids: torch.Tensor, positions: torch.Tensor, kv: Any, attention: torch.Tensor | None,
+                      output_rows: torch.Tensor) -> TargetOutput:
+        """Model-slot ids (B, Tm) at RoPE positions (B·S, Tm) over ``kv`` -> each node's output (S, B, T, ·) at its
+        ``output_rows`` (B, T) (a row's last node: its end-of-row slot's)."""
+        s = self.num_streams
+        hidden = self._hidden(stream_rows(ids, s), positions, kv, attention)
+        out = self._output(hidden)  # (S, B, Tm, ·)
+        gather = output_rows.view(1, *output_rows.shape, 1)
+        return TargetOutput(logits=out.logits.gather(2, gather.expand(s, -1, -1, out.logits.shape[-1])),
+                            hidden=out.hidden.gather(2, gather.expand(s, -1, -1, out.hidden.shape[-1])))
+
+    @torch.inference_mode()
+    def forward_block(self, cache: LuminaCache, tokens: torch.Tensor, positions: torch.Tensor,
+                      tree_mask: torch.Tensor | None = None) -> TargetOutput:
+        block = cache.open_block(positions.tolist(), tree_mask)
+        codes = self.code_to_bpe[tokens.to(self.device)].gather(1, block.node_index)  # (B, Tm)
+        ids = torch.where(block.is_node, codes, self.end_of_row_id)  # end-of-row rows forced
+        model_positions = cache.position_base[:, :, None] + block.offsets[None]  # (S, B, Tm)
+        with self.decode_context():
+            return self._block_output(ids, to_rows(model_positions), cache.kv, block.attention, block.output_rows)
+
+    def static_forward(self, cache: RowEndKVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                       tree_mask: torch.Tensor | None = None) -> TargetOutput:
+        """``forward_block`` on the device (class doc): over the ``RowEndKVCache`` of ``static_cache``, the caller
+        inside ``decode_context()``; positions past the grid are clamped to its last by the caller. ``tree_mask``
+        (T, K) or (B, T, K): over the block's nodes, and with K > T first over the cache's last K − T slots before
+        the block, in model slots (a spatial order's window, ``coolsd.static.orders``)."""
+        if not isinstance(cache, RowEndKVCache):
+            raise TypeError(f"{type(self).__name__}.static_forward runs over the RowEndKVCache of static_cache, got "
+                            f"a {type(cache).__name__}")
+        b, t = tokens.shape
+        extra = cache.extra_rows(t, tree_mask is not None)
+        rows = t + extra  # the block's model rows; column ``rows`` of the scratch tensors below is discarded
+        ends = self.end_of_row_after[positions]  # (B, T): an end-of-row slot follows the node
+        if extra < t:  # a no-op for the static loop's blocks (``extra_rows``); keeps every index in the block
+            ends = ends & (ends.long().cumsum(1) <= extra)
+        step = ends.long()
+        node_row = cache.columns(t) + step.cumsum(1) - step  # (B, T): after the end-of-row slots before it
+        end_row = torch.where(ends, node_row + 1, rows)
+        offsets = self.model_offsets[positions]
+        ids = torch.full((b, rows + 1), self.end_of_row_id, dtype=torch.long, device=tokens.device)
+        ids.scatter_(1, node_row, self.code_to_bpe[tokens])
+        row_offsets = torch.zeros_like(ids).scatter_(1, node_row, offsets).scatter_(1, end_row, offsets + 1)
+        visible = None  # a chain: causal over the block (padding rows come last)
+        if tree_mask is not None:
+            # columns before the block's (a spatial order's, ``coolsd.static.orders``): the cache's last slots
+            # before the block in model slots (an end-of-row slot is one of its own), seen by a node's rows
+            earlier = tree_mask.shape[-1] - t
+            nodes = torch.zeros(b, t + 1, earlier + t + 1, dtype=torch.bool, device=tokens.device)  # t: padding
+            nodes[:, :t, :earlier + t] = tree_mask
+            node = cache.columns(t).expand(b, -1)
+            owner = torch.full_like(ids, t).scatter_(1, node_row, node).scatter_(1, end_row, node)[:, :rows]
+            is_end = torch.zeros_like(ids, dtype=torch.bool).scatter_(1, end_row, True)[:, :rows]
+            visible = nodes.gather(1, owner[:, :, None].expand(-1, -1, nodes.shape[2]))
+            before, visible = visible[..., :earlier], visible[..., earlier:]
+            visible = visible.gather(2, owner[:, None, :].expand(-1, rows, -1))  # (B, Tm, Tm) as their nodes
+            own = (owner[:, :, None] == owner[:, None, :]) & is_end[:, None, :] & ~is_end[:, :, None]
+            eye = cache.columns(rows)[:, None] == cache.columns(rows)[None, :]
+            visible = (visible & ~own) | eye  # a node does not see its own end of row; every row sees itself
+            visible = torch.cat([before, visible], -1) if earlier else visible
+        attention = cache.begin_block(rows, visible)
+        cache.lengths.copy_(cache.starts + t + step.sum(1))  # padding rows are not kept (``LuminaCache.open_block``)
+        cache.layout = (node_row, ends)
+        base = cache.key_valid[:, :cache.prefix_len].sum(-1)  # (B·S,) each stream's prompt length (padding masked)
+        seq = base[:, None] + stream_rows(row_offsets[:, :rows], self.num_streams)
+        return self._block_output(ids[:, :rows], seq, cache, attention, torch.where(ends, node_row + 1, node_row))
+
+    def static_cache(self, prefilled: StaticKVCache, levels: tuple[int, ...] | None = None) -> RowEndKVCache:
+        """A ``RowEndKVCache`` over a ``static_prefill`` cache (``ImageARModel.static_cache``)."""
+        return RowEndKVCache.over(prefilled, self.grid[1], levels)
+
+    def static_prefill(self, prompts: list[str], extra_slots: int = 64,
+                       streams: Streams | None = None) -> tuple[StaticKVCache, TargetOutput]:
+        """``prefill`` with every stream left-padded to ``prompt_capacity`` slots (the padding masked), returning
+        the model-slot cache itself (its image-unit view is ``static_cache``'s): one capacity for every batch; a
+        longer prompt is refused, naming the key."""
+        return self._prefill(prompts, extra_slots, streams, self.prompt_capacity)
+
+    def _prefix_width(self, prompts: list[str], seqs: list[list[int]], width: int | None) -> int:
+        """The prefix slots of a prefill: the longest stream's (``width`` None), or ``width`` (static path)."""
+        longest = max(len(seq) for seq in seqs)
+        if width is not None and longest > width:
+            i, stream = divmod(max(range(len(seqs)), key=lambda j: len(seqs[j])), self.num_streams)
+            what = f"prompt {prompts[i]!r}" if stream == 0 else "the unconditional stream (its negative prompt)"
+            raise ValueError(f"{what} takes {longest} prefix tokens (template and image header included), more "
+                             f"than model.prompt_capacity={width}, the prompt width of the static decode path: set "
+                             f"model.prompt_capacity={longest} or more, or decoder.path=eager")
+        return longest if width is None else width
+
+
 # -- the adapter ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RandomInit:
@@ -565,7 +758,7 @@ class CodesInVocabulary:
         return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> float32; float64 stays
 
 
-class LuminaMGPT(CodesInVocabulary, ImageARModel):
+class LuminaMGPT(EndOfRowBlocks, CodesInVocabulary, ImageARModel):
     """Lumina-mGPT text-to-image adapter (see the module docstring); prompts are free text."""
 
     sjd_init = "random"  # the SJD reference's Lumina-mGPT demo setting
@@ -603,13 +796,15 @@ class LuminaMGPT(CodesInVocabulary, ImageARModel):
         header: str = "sampled",
         header_mismatch: str = "force",
         text_top_k: int = 10,
+        prompt_capacity: int = 256,
         runtime: Runtime | None = None,
     ) -> None:
         """Reference options (defaults = Lumina-mGPT's ``inference_solver.py``): ``header`` ``sampled`` (the
         image header is sampled as the reference does, ``forced``: written by the adapter), ``header_mismatch``
         (``force``: a sampled header other than the configured grid's is replaced by it, with a warning;
         ``error``: raise), ``text_top_k`` (the reference's top-k outside images, used for ``<racm3:break>``).
-        ``runtime``: with ``pretrained``, ``requires_cuda`` stops ``device=auto`` without CUDA before any file is
+        ``prompt_capacity``: the prefix width of the static decode path's prefill (``static_prefill``; template,
+        BOS, end of turn and image header included). ``runtime``: with ``pretrained``, ``requires_cuda`` stops ``device=auto`` without CUDA before any file is
         read (``coolsd.device``)."""
         super().__init__(sampling, runtime)
         device, dtype = self.runtime.resolve(published=pretrained)
@@ -620,6 +815,7 @@ class LuminaMGPT(CodesInVocabulary, ImageARModel):
         if text_top_k < 1:
             raise ValueError(f"model.text_top_k must be >= 1, got {text_top_k}")
         self.header, self.header_mismatch, self.text_top_k = header, header_mismatch, text_top_k
+        self.prompt_capacity = validate.integer("model.prompt_capacity", prompt_capacity, minimum=4)
         self.header_mismatches: list[dict[str, Any]] = []  # prompts whose sampled header was replaced
         for name, value in (("width", width), ("height", height)):
             if not isinstance(value, int) or value <= 0 or value % PIXELS_PER_SIZE_UNIT:
@@ -663,6 +859,8 @@ class LuminaMGPT(CodesInVocabulary, ImageARModel):
         self.swin = bool(self.lm.config.swin_norm)
         self.register_buffer("code_to_bpe", self.vocabulary.code_to_bpe.clone(), persistent=False)
         self.register_buffer("inv_freq", rope_inv_freq(self.lm.config, self.head_dim), persistent=False)
+        self.end_of_row_id = self.vocabulary.end_of_row
+        self._row_end_maps()
         self.first_code_bpe = int(self.vocabulary.code_to_bpe[0])
         contiguous = torch.arange(self.first_code_bpe, self.first_code_bpe + self.codebook_size)
         self.contiguous_codes = bool(torch.equal(self.vocabulary.code_to_bpe, contiguous))
@@ -753,6 +951,12 @@ class LuminaMGPT(CodesInVocabulary, ImageARModel):
         then runs over the configured header, which is what was sampled unless ``header_mismatch=force``
         replaced it. Without streams (teacher forcing, draft models, benchmarks) the configured header is
         used."""
+        return self._prefill(prompts, extra_slots, streams, None)
+
+    def _prefill(self, prompts: list[str], extra_slots: int, streams: Streams | None,
+                 width: int | None) -> tuple[LuminaCache, TargetOutput]:
+        """``prefill`` with every stream left-padded to ``width`` prefix slots (None: the longest stream's); the
+        static path (a width) takes the model-slot cache (``static_prefill``)."""
         if self.header == "sampled" and streams is not None:
             u = streams.uniform(torch.zeros(len(prompts), dtype=torch.long, device=self.device), HEADER, 3)
             for k, prompt in enumerate(prompts):
@@ -760,25 +964,28 @@ class LuminaMGPT(CodesInVocabulary, ImageARModel):
         conds = [self.prompt_ids(p) for p in prompts]
         header = self.image_header()
         s, b = self.num_streams, len(prompts)
-        p = max(len(c) for c in conds)  # every stream of every image is left-padded to the longest prefix
+        seqs = [seq for cond in conds for seq in ([cond, header] if s == 2 else [cond])]
+        p = self._prefix_width(prompts, seqs, width)  # every stream of every image left-padded to p slots
         rows = self.grid[0]
         kv = StaticKVCache(
             num_layers=self.active_layers, batch=b, streams=s, num_heads=self.num_kv_heads,
             max_len=p + self.num_image_tokens + rows + 2 * extra_slots + 2, head_dim=self.head_dim,
             dtype=self.lm.lm_head.weight.dtype, device=self.device,
         )
+        kv.prefix_len = p  # the prefix's model slots (``DeviceKVCache.prefix_len`` on the static path)
         ids, positions, valid, bases = [], [], [], []
-        for cond in conds:  # image-major rows: each image's conditional stream, then its unconditional one
-            for seq in ([cond, header] if s == 2 else [cond]):  # the unconditional stream: only the header
-                pad = p - len(seq)
-                ids.append([self.vocabulary.image_start] * pad + list(seq))
-                positions.append([0] * pad + list(range(len(seq))))  # from 0 at the stream's own start
-                valid.append([False] * pad + [True] * len(seq))
-                bases.append(len(seq))
+        for seq in seqs:  # image-major rows: each image's conditional stream, then its unconditional one (the header)
+            pad = p - len(seq)
+            ids.append([self.vocabulary.image_start] * pad + list(seq))
+            positions.append([0] * pad + list(range(len(seq))))  # from 0 at the stream's own start
+            valid.append([False] * pad + [True] * len(seq))
+            bases.append(len(seq))
         kv.set_padding(torch.tensor(valid))
         mask = kv.begin_block(p)
         hidden = self._hidden(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
                               kv, mask)
+        if width is not None:
+            return kv, self._output(hidden[:, -1:])
         cache = LuminaCache(kv=kv, prefix_len=p, width=self.grid[1],
                             position_base=torch.tensor(bases, device=self.device).view(b, s).t(),
                             slot=[[] for _ in range(b)], newline=[[] for _ in range(b)])
@@ -788,22 +995,6 @@ class LuminaMGPT(CodesInVocabulary, ImageARModel):
         """Hidden states of the cache rows (B·S, T, H) -> per-stream output (S, B, T, ·)."""
         hidden = per_stream(hidden, self.num_streams)
         return TargetOutput(logits=self.head(hidden), hidden=hidden)
-
-    @torch.inference_mode()
-    def forward_block(self, cache: LuminaCache, tokens: torch.Tensor, positions: torch.Tensor,
-                      tree_mask: torch.Tensor | None = None) -> TargetOutput:
-        block = cache.open_block(positions.tolist(), tree_mask)
-        device = self.device
-        s = self.num_streams
-        codes = self.code_to_bpe[tokens.to(device)].gather(1, block.node_index)  # (B, Tm)
-        ids = torch.where(block.is_node, codes, self.vocabulary.end_of_row)
-        model_positions = cache.position_base[:, :, None] + block.offsets[None]  # (S, B, Tm)
-        with attention_context(self.attention_kernel):
-            hidden = self._hidden(stream_rows(ids, s), to_rows(model_positions), cache.kv, block.attention)
-        out = self._output(hidden)  # (S, B, Tm, ·)
-        gather = block.output_rows.view(1, *block.output_rows.shape, 1)
-        return TargetOutput(logits=out.logits.gather(2, gather.expand(s, -1, -1, out.logits.shape[-1])),
-                            hidden=out.hidden.gather(2, gather.expand(s, -1, -1, out.hidden.shape[-1])))
 
     def token_embedding(self) -> nn.Module:
         return self.lm.model.embed_tokens
@@ -869,7 +1060,7 @@ class ChameleonDraftLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        pos = self.rope_positions(positions.to(h.device))
+        pos = self.rope_positions(positions if positions.device == h.device else positions.to(h.device))
         pos = pos if pos.dim() == 2 else pos[None]  # (1 or R, T)
         cos, sin = rotary_cos_sin(pos, self.inv_freq, h.dtype)
         return chameleon_block(self, h, cos, sin, cache, 0, mask, self.swin)

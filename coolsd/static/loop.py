@@ -9,11 +9,23 @@ compiled or captured (``coolsd.static.capture``):
 
 * ``ar``: forward the last token of every image at its position, draw the next from ``p`` (SAMPLE draw 0 at the
   position, as the eager loop draws it), commit it where the image is still decoding;
-* ``chain`` (an EAGLE drafter's chain: vanilla SD, COOL-SD, LANTERN, LANTERN++) and ``jacobi_window`` (the
+* ``chain`` (an EAGLE or model drafter's chain: vanilla SD, COOL-SD, LANTERN, LANTERN++) and ``jacobi_window`` (the
   target's own Jacobi window: SJD, SCD-MC/GS, GSD): draft exactly ``L`` tokens per image (those past an image's end
   are invalid, ``limit``), verify the fixed ``L + 1`` block over the whole cache with a mask from positions, find
   the first rejection and draw the next token on the device (``verify_chain``, the rules' own ``accept_prob`` and
-  ``residual``), commit by a masked scatter and keep the accepted prefix by moving each image's length (no KV copy).
+  ``residual``), commit by a masked scatter and keep the accepted prefix by moving each image's length (no KV copy);
+  a decoder's verifier (SJD-SV, GSD-SV, LANTERN-SV: ``baselines.sv``) takes ``verify_chain``'s place;
+* ``row_window`` (ZipAR's fixed window) and ``row_jacobi`` (PJD): a spatial generation order's forward of every
+  image, its inputs at their grid cells with a mask computed from cells (``coolsd.static.orders``).
+
+Structural tokens (Lumina-mGPT's end-of-row, Emu3's end-of-line token after every row) are the adapter's, as on
+the eager path: the steps run in image tokens, and the adapter's ``static_forward`` adds the end-of-row slots to a
+block on the device from a map of the positions that end a row, built once per resolution, into a cache that keeps
+them (``static_cache``: ``coolsd.models.lumina_mgpt.RowEndKVCache``, whose ``keep`` takes image tokens). A fixed
+block has room for as many of them as its nodes can need, sized from the most nodes at each depth of the loop's
+blocks (``StaticLoop.levels``); drafts, verification and the accepted-length statistics never see them, and the
+tokens and statistics are the eager path's (``tests/test_static_lumina_emu3.py``). The other adapters' caches and
+steps are unchanged (``ImageARModel.static_cache``: a plain ``DeviceKVCache``).
 
 In a lock-step batch (``generate_batch``) images that finish stay in the batch and commit nothing until its slowest
 image ends; the loop reads one value per iteration (whether every image has finished), none per AR step (AR takes
@@ -55,7 +67,7 @@ from coolsd.static.capture import Runner, mode_for
 from coolsd.trees import TreeShape, ancestor_mask, ancestor_masks, depths_of
 from coolsd.types import DecodeStats, Generation, Verdict
 
-STEPS = ("ar", "chain", "tree", "jacobi_window")
+STEPS = ("ar", "chain", "tree", "jacobi_window", "row_window", "row_jacobi")
 
 
 @dataclass(frozen=True)
@@ -143,11 +155,17 @@ class StaticLoop:
         self.depth = decoder.max_depth  # L: draft levels of every iteration
         self.tree = decoder.tree  # a static shape, an EAGLE-2 spec, or None
         #: whether the drafts are a tree (a drafter's tree, or SJD-PAC's window), verified by the parallel walk
-        self.tree_drafts = self.tree is not None or decoder.max_nodes != self.depth
-        self.step_name = "ar" if decoder.plain_ar else ("jacobi_window" if self.drafter.self_drafting else
-                                                        "tree" if self.tree is not None else "chain")
-        self.step = {"ar": self.ar_step, "chain": self.chain_step, "tree": self.tree_step,
-                     "jacobi_window": self.jacobi_step}[self.step_name]
+        self.tree_drafts = decoder.order is None and (self.tree is not None or decoder.max_nodes != self.depth)
+        #: a spatial order's step (ZipAR's ``row_window``, PJD's ``row_jacobi``: ``coolsd.static.orders``), or None
+        self.order_step = None
+        if decoder.order is not None:
+            from coolsd.static.orders import order_step
+
+            self.order_step = order_step(decoder)
+        self.step_name = self.order_step.name if self.order_step is not None else "ar" if decoder.plain_ar else (
+            "jacobi_window" if self.drafter.self_drafting else "tree" if self.tree is not None else "chain")
+        self.step = self.order_step or {"ar": self.ar_step, "chain": self.chain_step, "tree": self.tree_step,
+                                        "jacobi_window": self.jacobi_step}[self.step_name]
         room = 2 * getattr(self.drafter, "extra_slots", 0)  # an EAGLE drafter's speculative cache slots
         #: the drafter cache's room on this path: what an iteration feeds at most (the pending block, then every
         #: expansion), not the eager path's 2 · extra_slots, since a static step attends to the whole capacity
@@ -173,10 +191,14 @@ class StaticLoop:
             self.internal = 1 + self.tree.top_k * self.tree.depth
         elif self.tree_drafts:
             self.width = self.drafter.tree_width
+        #: the most nodes at each depth of this loop's blocks (depth 0: the last committed token), from which an
+        #: adapter with structural slots sizes a block (``ImageARModel.static_cache``); None: not known
+        self.levels = self._levels()
         self.mode = mode_for(self.model.device, bool(getattr(self.model, "compile", False)))
         #: AR steps per call (per captured graph on a GPU): AR needs no read between its steps
         self.ar_steps = 8 if self.mode == "graph" else 1
-        self.diagnose_tv = decoder.track_tv and not decoder.rule.lossless and not decoder.plain_ar
+        self.diagnose_tv = (decoder.track_tv and decoder.tv_measured and not decoder.rule.lossless
+                            and not decoder.plain_ar)
         self._workspaces: dict[int, tuple[Workspace, Runner]] = {}
         self._streams: dict[int, Streams] = {}  # per batch size: the persistent random streams
         self._offsets: dict[torch.device, torch.Tensor] = {}
@@ -263,7 +285,7 @@ class StaticLoop:
                                            tests=decoder.track_tv, ancestors=mask, plan=plan,
                                            internal=self.internal, cache=self._constants)
         else:
-            verdict = verify_chain(decoder.rule, p, draft, u_accept, u_sample)
+            verdict = (decoder.verifier or verify_chain)(decoder.rule, p, draft, u_accept, u_sample)
         n = verdict.num_accepted  # (B,)
         # 4. commit: the accepted path and the next token at t .., where the image is still decoding; keep the
         #    path's KV entries (a chain's are already in place: a length move)
@@ -309,6 +331,30 @@ class StaticLoop:
         tv, _ = summed_tv(self.decoder.rule, verdict)
         ws.tv_sum.add_(tv)
 
+    def _levels(self) -> tuple[int, ...] | None:
+        """The most nodes at each depth of a block (``levels``): one per depth of AR and a chain, a static shape's
+        own, an EAGLE-2 tree's ``top_k`` children of the root and ``top_k`` of each of its ``top_k`` frontier nodes
+        below, SJD-PAC's window tree (the drafter's ``template``: ``tree_width`` siblings per branching level, then
+        its chain)."""
+        if self.order_step is not None:
+            return self.order_step.levels
+        if self.step_name == "ar":
+            return (1,)
+        if not self.tree_drafts:
+            return (1,) * (self.depth + 1)
+        if isinstance(self.tree, TreeShape):
+            depths = self._shape[1].tolist()
+            return tuple(depths.count(d) for d in range(max(depths) + 1))
+        nodes = self.decoder.max_nodes
+        if self.tree is not None:
+            k = self.tree.top_k
+            return (1, min(k, nodes)) + (min(k * k, nodes),) * (self.depth - 1)
+        template = getattr(self.drafter, "template", None)
+        if template is None:
+            return None
+        slots = template(nodes).slot.tolist()
+        return (1,) + tuple(slots.count(d) for d in range(max(slots) + 1))
+
     def _columns(self, count: int, device: torch.device) -> torch.Tensor:
         key = (count, device)
         if key not in self._offsets:
@@ -318,10 +364,11 @@ class StaticLoop:
     # -- a batch ----------------------------------------------------------------------------------------
     def decode(self, ws: Workspace, runner: Runner, clock: "_Clock") -> int:
         """Run the steps to the end of every image of the batch; return the number of step calls. AR takes
-        exactly ``N − 1`` steps and reads nothing; the others read ``ws.done`` once per iteration."""
+        exactly ``N − 1`` steps and ZipAR its schedule's forwards (``calls``), reading nothing; the others read
+        ``ws.done`` once per iteration."""
         n_tokens = self.model.num_image_tokens
-        if self.decoder.plain_ar:
-            calls = -(-(n_tokens - 1) // self.ar_steps)
+        if self.step_name == "ar" or getattr(self.order_step, "calls", None):
+            calls = getattr(self.order_step, "calls", None) or -(-(n_tokens - 1) // self.ar_steps)
             for _ in range(calls):
                 runner()
             return calls
@@ -343,7 +390,7 @@ class StaticLoop:
             tests = None
             if self.diagnose_tv:  # (blocks, rows): a chain's one block of L rows, a tree's one per sibling rank
                 tests = (self.width, self.depth + 1) if self.tree_drafts else (1, self.depth)
-            ws = Workspace.new(DeviceKVCache.of(cache), self._streams[batch], batch,
+            ws = Workspace.new(model.static_cache(cache, self.levels), self._streams[batch], batch,
                                width=model.num_image_tokens + self.decoder.max_nodes + 2,
                                commits=self.decoder.max_commit + 1, vocab=model.codebook_size, tests=tests)
             if self.step_name == "ar":
@@ -358,14 +405,16 @@ class StaticLoop:
 
     def _prefill(self, prompts: Sequence[str], streams: Streams) -> tuple[Any, Any]:
         """The model's own prefill of ``prompts`` with the cache room every step needs, outside the decode contexts
-        (as every batch's)."""
+        (as every batch's), at the one capacity of every batch (``static_prefill``)."""
         with _piecewise_off(self.model):  # model.compile's piecewise layers serve the eager loop only
-            return self.model.prefill(list(prompts), extra_slots=self.decoder.max_nodes + 1, streams=streams)
+            return self.model.static_prefill(list(prompts), extra_slots=self.decoder.max_nodes + 1,
+                                             streams=streams)
 
     def _start(self, prompts: Sequence[str], seeds: Sequence[int]) -> tuple[Workspace, Runner, "_Clock", Any,
                                                                                torch.Tensor]:
         """A new batch up to the drafter: the clock started, the prefill, the workspace of its size refilled, the
-        first tokens drawn; returns ``(workspace, runner, clock, prefill output, first tokens)``."""
+        first tokens drawn, the drafter's own prefill (``Drafter.static_prefill``); returns ``(workspace, runner,
+        clock, prefill output, first tokens)``."""
         model = self.model
         b = len(prompts)
         device = model.device
@@ -379,13 +428,15 @@ class StaticLoop:
         del cache
         first = sample(model.probs(out)[:, -1], ws.streams.uniform(torch.zeros_like(ws.t), SAMPLE, 1)[:, 0])
         ws.reset(first, finite_images(out.logits))
+        if not self.decoder.plain_ar:  # a drafter's own prefill, outside the decode contexts as the target's
+            self.drafter.static_prefill(prompts, self.depth, self.tree)
         return ws, runner, clock, out, first
 
     @contextlib.contextmanager
     def _decoding(self):
-        """The contexts every step runs in: the model's decode context and, for speculative steps on a
-        batch-invariant model, padding-invariant attention."""
-        invariant = self.model.batch_invariant and not self.decoder.plain_ar
+        """The contexts every step runs in: the model's decode context and, for speculative steps and a dynamic
+        spatial order (PJD, as the eager loop) on a batch-invariant model, padding-invariant attention."""
+        invariant = self.model.batch_invariant and (not self.decoder.plain_ar or self.decoder.dynamic_order)
         with self.model.decode_context(), padding_invariant_attention(invariant):
             yield
 
@@ -566,6 +617,7 @@ class StaticLoop:
         ws.cache.load_rows(index, cache)
         del cache
         ws.reset_rows(index, first, finite_images(out.logits))
+        self.drafter.static_prefill(prompts, self.depth, self.tree)
         stack.enter_context(self._decoding())
         self.drafter.static_refill(index, out, first, ws.streams, self.depth, room=self.drafter_room)
 
@@ -589,16 +641,22 @@ def static_refusal(decoder: Any) -> str | None:
     """Why ``decoder`` (a ``coolsd.decoding.Decoder``) cannot run on the static path, or None."""
     model = decoder.model
     if not model.static_path:
-        return (f"{type(model).__name__} places structural tokens by position on the host, so its forward has "
-                "no static form (the LlamaGen adapters have one)")
+        return (f"{type(model).__name__} has no static forward (static_forward; the LlamaGen, Janus-Pro, "
+                "Lumina-mGPT and Emu3 adapters have one)")
     if decoder.order is not None:
-        return "spatial generation orders (ZipAR, PJD) run on the eager path only"
-    if decoder.verifier is not None:
+        from coolsd.static.orders import order_refusal
+
+        reason = order_refusal(decoder)
+        if reason:
+            return reason
+    if decoder.verifier is not None and not getattr(decoder.verifier, "static_path", False):
         return f"its verifier ({type(decoder.verifier).__name__}) runs on the eager path only"
     if decoder.changes_rounds:
         return "its rounds skip verification (VVS), which runs on the eager path only"
-    if not decoder.plain_ar and not decoder.drafter.static_path:
-        return f"its drafter ({type(decoder.drafter).__name__}) has no static form"
+    if not decoder.plain_ar:
+        reason = decoder.drafter.static_reason(decoder.tree)
+        if reason or not decoder.drafter.static_path:
+            return f"its drafter ({type(decoder.drafter).__name__}) {reason or 'has no static form'}"
     if not decoder.plain_ar and isinstance(decoder.drafter, NullDrafter):
         return "a draft length without a drafter"
     return None

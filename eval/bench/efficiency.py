@@ -37,7 +37,8 @@ Everything is measured side by side in one process, after warm-up:
    bookkeeping. A static row (``<name>@static``) has its own cost model (``StaticCostModel``: every probe run as
    the static step runs, compiled whole or captured; ``costs.static`` in the record): its forwards are every
    network of one iteration in one call, its overhead one call of the decoder's own step − those forwards,
-   both timed in the same rounds, and its ideal uses the static verify and ``static_propose``.
+   timed back to back in alternating order (``Probes.add_pair``), and its ideal uses the static verify and
+   ``static_propose``.
    The per-phase times (draft / verify / accept / observe, per iteration) come from ``DecodeStats``. AR's
    own overhead shows in its row; every measured speedup is relative to that AR.
 
@@ -74,7 +75,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -143,10 +144,20 @@ class Probes:
         self.timer = timer
         self.fns: dict[str, Callable[[], Any]] = {}
         self.samples: dict[str, list[float]] = {}
+        #: key -> its partner's key: a pair timed back to back in alternating order (``add_pair``)
+        self.partners: dict[str, str] = {}
 
     def add(self, key: str, fn: Callable[[], Any]) -> None:
         self.fns[key] = fn
         self.samples[key] = []
+
+    def add_pair(self, key: str, fn: Callable[[], Any], partner: str, partner_fn: Callable[[], Any]) -> None:
+        """Two probes whose difference is reported: in each round they run back to back, call after call, in
+        alternating order (a b, b a, ...), so that sample i of both comes from the same moment and neither holds
+        a fixed place in the round (a probe's place in it moved its time by up to 0.9 ms here)."""
+        self.add(key, fn)
+        self.add(partner, partner_fn)
+        self.partners[key] = partner
 
     def warm_up(self, calls: int) -> None:
         for fn in self.fns.values():
@@ -154,10 +165,23 @@ class Probes:
                 fn()
 
     def round(self, burst: int) -> None:
-        """Every probe: one untimed call (its shapes back in the caches), then ``burst`` timed calls."""
+        """Every probe: one untimed call (its shapes back in the caches), then ``burst`` timed calls (a pair:
+        ``burst`` calls of each, alternating)."""
+        paired = set(self.partners.values())
         for key, fn in self.fns.items():
+            if key in paired:
+                continue
+            partner = self.partners.get(key)
+            if partner is None:
+                fn()
+                self.samples[key].extend(self.timer.once(fn) for _ in range(burst))
+                continue
+            other = self.fns[partner]
             fn()
-            self.samples[key].extend(self.timer.once(fn) for _ in range(burst))
+            other()
+            for i in range(burst):
+                for k, f in ((key, fn), (partner, other))[::1 if i % 2 == 0 else -1]:
+                    self.samples[k].append(self.timer.once(f))
 
     def median(self, key: str) -> float:
         return statistics.median(self.samples[key])
@@ -358,10 +382,12 @@ class StaticBlockCost:
 @dataclass(frozen=True)
 class StaticDrafterCost:
     """A drafter network on the static path, at the fixed shape its step drafts every iteration (``depth`` = L
-    levels, whatever fits in the image): ``feed_s`` the network over the pending block (L + 1 pairs, each
-    image's own count), ``step_s`` the network over one pair (head included), ``pipeline_s`` one row's ``q``
-    pipeline + draw, and ``propose_s`` the whole drafting of one iteration as the step runs it
-    (``Drafter.static_propose``: the feed, L − 1 steps, their pipelines and draws)."""
+    levels, whatever fits in the image): ``feed_s`` the network over the pending block (an EAGLE drafter's
+    L + 1 pairs, a draft model's W tokens: 2 for a chain, L + 1 for a tree; each image's own count),
+    ``step_s`` the network over one pair or token (head included), ``pipeline_s`` one row's ``q`` pipeline +
+    draw, and ``propose_s`` the whole drafting of one iteration as the step runs it
+    (``Drafter.static_propose``: the feed, L − 1 steps or a tree's level expansions, their pipelines and
+    draws)."""
 
     kind: str
     depth: int
@@ -372,20 +398,20 @@ class StaticDrafterCost:
 
     @property
     def separate_s(self) -> float:
-        """The drafter network forwards of one iteration as separate calls: the feed and L − 1 one-pair steps (a
-        tree's level expansions are costed as one-pair steps, as on the eager path)."""
+        """The drafter network forwards of one iteration as separate calls: the feed and L − 1 one-pair (or
+        one-token) steps (a tree's level expansions are costed as one-pair steps, as on the eager path)."""
         return self.feed_s + max(self.depth - 1, 0) * self.step_s
 
 
 @dataclass(frozen=True)
 class StaticCosts:
     """The static path's cost model (seconds), every probe run as the static step runs (``mode``: eager,
-    ``compiled`` whole with ``torch.compile(fullgraph=True, dynamic=False)``, or replayed from a CUDA ``graph``;
-    ``coolsd.static.capture.Runner``). ``blocks`` and ``drafters`` are keyed by ``static_block_key`` and
-    ``static_drafter_key``; ``networks_s`` by ``"<drafter key>; <block key>"``: every network forward of one
-    iteration of a drafter-based step (the drafter's feed, its L − 1 steps, the target's forward over the block) in
-    one call, the decomposition of a static row's iteration (a step without a drafter network has only the
-    block's forward)."""
+    ``compiled`` whole with ``torch.compile(fullgraph=True, dynamic=False)``, or replayed from a CUDA
+    ``graph``; ``coolsd.static.capture.Runner``). ``blocks`` and ``drafters`` are keyed by
+    ``static_block_key`` and ``static_drafter_key``; ``networks_s`` by ``"<drafter key>; <block key>"``: every
+    network forward of one iteration of a drafter-based step (the drafter's feed, its L − 1 steps or a draft
+    model's tree expansions, the target's forward over the block) in one call, the decomposition of a static
+    row's iteration (a step without a drafter network has only the block's forward)."""
 
     mode: str
     context: int
@@ -397,6 +423,9 @@ class StaticCosts:
     step_s: dict[str, float]
     #: per static decoder label: a 95 % interval of step − forwards (paired bootstrap over the probes' samples)
     overhead_ci_s: dict[str, tuple[float, float]]
+    #: per static decoder label: its forwards (``forwards``) timed back to back with its step, alternating
+    #: (``Probes.add_pair``): the forwards its overhead subtracts
+    step_forwards_s: dict[str, float] = field(default_factory=dict)
 
     def verify(self, key: str) -> float:
         """``c_v(T)`` on the static path: the static forward over the block, its pipeline and one draw."""
@@ -417,9 +446,12 @@ def static_block_key(decoder: Decoder) -> str:
 
 
 def static_drafter_key(decoder: Decoder) -> str:
-    """Decoders whose drafters run the same network at the same depth share one static drafter entry."""
-    return f"{drafter_key(decoder)}, L={decoder.static.depth}" + (
-        f" ({decoder.static.tree.name})" if isinstance(decoder.static.tree, TreeShape) else "")
+    """Decoders whose drafters run the same network at the same depth, in the same tree (or chain), share one
+    static drafter entry."""
+    tree = decoder.static.tree
+    shape = "" if tree is None else f" ({tree.name})" if isinstance(tree, TreeShape) else \
+        f" (dynamic, top_k={tree.top_k}, {tree.total_tokens} nodes)"
+    return f"{drafter_key(decoder)}, L={decoder.static.depth}{shape}"
 
 
 def static_call(fn: Callable[[], tuple[torch.Tensor, ...]], mode: str, model: ImageARModel,
@@ -492,13 +524,16 @@ class StaticForwardProbe:
 def static_drafter_probes(decoder: Decoder, prompt: str, context: int, seed: int,
                           target: Callable[[], Any]) -> dict[str, Callable[[], Any]] | None:
     """The static path's drafter probes of an EAGLE drafter (``feed``, ``step``, ``pipeline``, ``propose``:
-    ``StaticDrafterCost``) and ``networks`` (the feed, L − 1 steps and ``target``, the static target forward over
-    the verify block, in one function: the networks of one iteration, compiled as one graph like the step) over its
-    own batch-1 static state (``Drafter.static_begin`` with the decoder's depth and
-    room) holding ``context`` pairs; None for drafters without a network (Jacobi windows: cost 0). Each function
-    first points the drafter at that state (the decoders sharing the drafter repoint it at theirs in every
-    ``static_begin``) and rewinds the drafter cache."""
+    ``StaticDrafterCost``) and ``networks`` (the feed, L − 1 steps and ``target``, the static target forward
+    over the verify block, in one function: the networks of one iteration, compiled as one graph like the
+    step) over its own batch-1 static state (``Drafter.static_begin`` with the decoder's depth and room)
+    holding ``context`` pairs; a draft model's (``ModelDrafter``) are ``static_model_drafter_probes``; None
+    for drafters without a network (Jacobi windows: cost 0). Each function first points the drafter at that
+    state (the decoders sharing the drafter repoint it at theirs in every ``static_begin``) and rewinds the
+    drafter cache."""
     drafter, loop, model = decoder.drafter, decoder.static, decoder.model
+    if isinstance(drafter, ModelDrafter):
+        return static_model_drafter_probes(decoder, prompt, context, seed, target)
     if not isinstance(drafter, EagleDrafter):
         return None
     device, depth = model.device, loop.depth
@@ -580,10 +615,114 @@ def static_drafter_probes(decoder: Decoder, prompt: str, context: int, seed: int
             "networks": bound(networks)}
 
 
+def static_model_drafter_probes(decoder: Decoder, prompt: str, context: int, seed: int,
+                                target: Callable[[], Any]) -> dict[str, Callable[[], Any]]:
+    """``static_drafter_probes`` of a draft model (``ModelDrafter``): ``feed`` the draft model's
+    ``static_forward`` over the fixed pending block (W tokens, ``ModelDrafter.static_width``: 2 for a chain,
+    L + 1 for a tree), ``step`` its static forward over one token, ``pipeline`` one row's ``q`` pipeline +
+    draw, ``propose`` one ``static_propose`` of the decoder's depth and tree (c_d), and ``networks`` the draft
+    model's forwards of one iteration (the feed, then a chain's L − 1 one-token forwards or a tree's level
+    expansions, the requests of one ``static_propose`` recorded and replayed) and ``target``, in one function.
+    They run over the drafter's own batch-1 static state (``static_prefill`` and ``static_begin``), holding
+    the prompt and ``context`` committed tokens, kept out of the drafter's states of a batch size (no
+    decoder's ``static_begin`` takes it up); the drafter's attributes are put back afterwards, and each
+    function first points the drafter at that state and rewinds its cache."""
+    drafter, loop, model = decoder.drafter, decoder.static, decoder.model
+    draft_model, device, depth, tree = drafter.model, model.device, loop.depth, loop.tree
+    saved = dict(vars(drafter))
+    drafter._static = {}  # a state of its own, whatever the decoders of this batch size hold
+    streams = Streams.persistent_for(1, device)
+    streams.reseed([seed])
+    drafter.static_prefill([prompt], depth, tree)
+    if context:  # the context's committed tokens, through the draft model's eager forward (its own slots)
+        tokens = torch.randint(model.codebook_size, (1, context), device=device)
+        positions = torch.arange(context, device=device)[None]
+        with _piecewise_off(draft_model), padding_invariant_attention(model.batch_invariant):
+            draft_model.forward_block(drafter._prefilled[0], tokens, positions)
+    first = torch.zeros(1, dtype=torch.long, device=device)
+    with model.decode_context():
+        drafter.static_begin(None, first, streams, depth, room=loop.drafter_room)
+    state = drafter.static
+    cache, width = state.cache, state.tokens.shape[1]
+    state.tokens.random_(model.codebook_size)
+    state.count.fill_(width)  # a fully accepted iteration's pending tokens (the feed's cost is the same)
+    state.start.fill_(context)
+    base = cache.lengths.clone()
+    t = torch.full((1,), context + width, dtype=torch.long, device=device)  # the loop's t after the pending
+    limit = torch.full((1,), depth, dtype=torch.long, device=device)
+    last, token_1 = state.tokens[:, -1], state.tokens[:, -1:]
+    feed_positions = drafter._clamp(state.start[:, None] + state.columns)
+    step_positions = [drafter._clamp(t - 1 + i)[:, None] for i in range(1, max(depth, 2))]  # a chain's drafts
+    u = torch.rand(1, generator=torch.Generator(device=device).manual_seed(seed), device=device)
+    constants: dict = {}
+
+    def bind() -> None:
+        drafter.static, drafter.cache, drafter.streams, drafter.device = state, cache, streams, device
+
+    def feed():
+        cache.lengths.copy_(base)
+        return (draft_model.static_forward(cache, state.tokens, feed_positions).logits,)
+
+    def step():
+        cache.lengths.copy_(base)
+        return (draft_model.static_forward(cache, token_1, step_positions[0]).logits,)
+
+    def propose():
+        cache.lengths.copy_(base)
+        draft = drafter.static_propose(last, t, limit, depth, tree, cache=constants)
+        return draft.tokens, draft.q
+
+    # a tree's level expansions (tokens, positions, mask), recorded from one eager static_propose of its own
+    expansions: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+    if tree is not None:
+        expand = drafter._static_expand
+
+        def record(request):
+            if not request.root:
+                mask = request.mask.clone() if request.mask is not None else None
+                expansions.append((request.tokens.clone(), drafter._clamp(request.positions).clone(), mask))
+            return expand(request)
+
+        bind()
+        drafter._static_expand = record
+        try:
+            with model.decode_context(), padding_invariant_attention(model.batch_invariant):
+                cache.lengths.copy_(base)
+                drafter.static_propose(last, t, limit, depth, tree, cache={})
+        finally:
+            del drafter._static_expand
+
+    def networks():
+        logits = feed()[0]
+        if tree is None:
+            for positions in step_positions[: depth - 1]:
+                logits = draft_model.static_forward(cache, token_1, positions).logits
+        for tokens, positions, mask in expansions:
+            logits = draft_model.static_forward(cache, tokens, positions, mask).logits
+        out = target()
+        return logits, out.logits, out.hidden
+
+    with model.decode_context(), padding_invariant_attention(model.batch_invariant):
+        logits = step()[0]
+    vars(drafter).update(saved)
+
+    def pipeline():
+        return (rng_sample(stream_probs(logits, model.sampling)[:, -1], u),)
+
+    def bound(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def call():
+            bind()
+            return fn()
+        return call
+
+    return {"feed": bound(feed), "step": bound(step), "pipeline": pipeline, "propose": bound(propose),
+            "networks": bound(networks)}
+
+
 def paired_interval(step: list[float], forwards: list[float], per_call: int = 1, resamples: int = 2000,
                     seed: int = 0) -> tuple[float, float]:
-    """A 95 % interval of median(step) / per_call − median(forwards): a bootstrap over the rounds' paired samples
-    (sample i of both probes comes from the same round), so the interval holds what the machine's drift and noise
+    """A 95 % interval of median(step) / per_call − median(forwards): a bootstrap over the paired samples
+    (sample i of both probes comes from back-to-back calls, ``Probes.add_pair``), so the interval holds what the machine's drift and noise
     leave of a difference of two probes."""
     import random
 
@@ -611,7 +750,6 @@ class StaticCostModel:
         self.drafter_depths: dict[str, int | None] = {}
         self.network_keys: list[str] = []
         self.steps: dict[str, int] = {}  # label -> steps per runner call (add_step)
-        self.forward_keys: dict[str, str] = {}  # label -> the probe of its forwards
         self.model = model
         caches: dict[int, StaticForwardProbe] = {}
         runs: dict[str, Callable[[], Any]] = {}
@@ -679,9 +817,10 @@ class StaticCostModel:
                            ar_block=self.ar_block,
                            step_s={label: med(f"static/step/{label}") / n for label, n in self.steps.items()},
                            overhead_ci_s={label: paired_interval(self.probes.samples[f"static/step/{label}"],
-                                                                 self.probes.samples[self.forward_keys[label]],
+                                                                 self.probes.samples[f"static/step_forwards/{label}"],
                                                                  self.steps[label])
-                                          for label in self.steps})
+                                          for label in self.steps},
+                           step_forwards_s={label: med(f"static/step_forwards/{label}") for label in self.steps})
 
     def add_step(self, label: str, decoder: Decoder, prompt: str, warmup: int) -> None:
         """After the decoder's warm-up images: its own step (the ``Runner`` over its batch-1 workspace, compiled or
@@ -703,9 +842,9 @@ class StaticCostModel:
 
         self.steps[label] = loop.ar_steps if decoder.plain_ar else 1
         networks = f"{static_drafter_key(decoder)}; {static_block_key(decoder)}"
-        self.forward_keys[label] = f"static/networks/{networks}" if networks in self.network_keys else \
-            f"static/forward/{static_block_key(decoder)}"
-        self.probes.add(f"static/step/{label}", step)
+        forwards = self.probes.fns[f"static/networks/{networks}" if networks in self.network_keys else
+                                   f"static/forward/{static_block_key(decoder)}"]
+        self.probes.add_pair(f"static/step/{label}", step, f"static/step_forwards/{label}", forwards)
         for _ in range(warmup):
             step()
 
@@ -962,10 +1101,11 @@ def summarize(name: str, stats: list, decoder: Decoder, costs: Costs, ar: dict[s
     phases = {p: med([getattr(s, f"{p}_s") / k for s, k in zip(stats, iterations)])
               for p in ("draft", "verify", "accept", "observe")}
     if static is not None and path_of(name) == "static":
-        # the static step's networks (the drafter's feed + L − 1 steps, every iteration, and the target's static
-        # forward over the whole cache) measured in one call; c_d one static_propose, c_v and c_1 one verify each
+        # the static step's networks (the drafter's feed + L − 1 steps or a draft model's tree expansions,
+        # every iteration, and the target's static forward over the whole cache) measured in one call; c_d one
+        # static_propose, c_v and c_1 one verify each
         key, sdc = static_block_key(decoder), static.drafters[static_drafter_key(decoder)]
-        forwards = static.forwards(decoder)
+        forwards = static.step_forwards_s.get(name, static.forwards(decoder))
         c_1, c_d, c_v = static.verify(static.ar_block), sdc.propose_s, static.verify(key)
         cost_path = f"static ({static.mode})"
         step, interval = static.step_s.get(name), static.overhead_ci_s.get(name)
@@ -1121,12 +1261,14 @@ def markdown(record: dict[str, Any], costs: Costs, results: dict[str, DecoderRes
          "forwards per iteration × drafter step + the target's forwards timed inside the row's own decodes, at the "
          "blocks it verified; overhead = iteration − forwards; the ideal from the cost model); a static row the "
          "static path's (the section above: forwards = every network of one iteration in one call, the drafter's "
-         "feed + (L − 1) steps, which the fixed-shape step runs every iteration, and the static target forward; "
+         "feed + (L − 1) steps or a draft model's tree expansions, which the fixed-shape step runs every "
+         "iteration, and the static target forward; "
          "c_d = one static_propose, c_1 and c_v(T) one verify each), and its overhead = step − forwards, where "
-         "step is one call of the decoder's own compiled or captured step, timed in the same rounds as the "
-         "forwards (its workspace's images finished: the same fixed-shape work, nothing committed), so both sides "
-         "of the difference are measured alike, with a 95 % interval in brackets (a paired bootstrap over the "
-         "rounds); iteration is the decode's own, for comparison.")
+         "step is one call of the decoder's own compiled or captured step (its workspace's images finished: the "
+         "same fixed-shape work, nothing committed), timed back to back with one call of those forwards, in "
+         "alternating order, in every round (the row's forwards column is that probe's median), so both sides of "
+         "the difference are measured alike, with a 95 % interval in brackets (a paired bootstrap over the "
+         "calls); iteration is the decode's own, for comparison.")
         + "".join(f" Not on the static path: {k} ({v})." for k, v in (setup.get("static_refused") or {}).items()),
         "",
         ("| decoder | T | τ | τ source | latency s/img | speedup | ideal | efficiency | drafter fwd/iter | "
@@ -1204,17 +1346,20 @@ def static_cost_lines(static: dict[str, Any] | None, repeats: int) -> list[str]:
               "graph on a GPU, else eager), each probe one call: the target's `static_forward` over a `DeviceKVCache` "
               "of the decoder's capacity, attending to every key slot under the mask built from positions (a static "
               "tree: its ancestor mask); the verify (that forward, the p pipeline over its T rows and one draw: c_v(T)); "
-              "the drafter's network over the pending block of L + 1 pairs (feed) and over one pair (step), one row's "
-              "q pipeline + draw, and the whole drafting of one iteration (`static_propose`: c_d); and every network "
-              "of one drafter-based iteration in one call (feed, L − 1 steps, target forward), which a static row's "
-              "overhead subtracts."),
+              "the drafter's network over the pending block (feed: an EAGLE head over L + 1 pairs; a "
+              "draft model, ModelDrafter, its `static_forward` over its 2 pending tokens for a chain, L + 1 "
+              "for a tree) and over one pair or token (step), one row's q pipeline + draw, and the whole "
+              "drafting of one iteration (`static_propose`: c_d); and every network of one drafter-based "
+              "iteration in one call (feed, L − 1 steps or a draft model's tree expansions, target forward), "
+              "which a static row's overhead subtracts."),
              "", "| block | key slots | static forward | × ar@static's | verify (forward + pipeline + draw) |",
              "|---|---|---|---|---|"]
     lines += [f"| {key} | {b['slots']} | {ms(b['forward_s'])} | {b['forward_s'] / f1:.2f} | {ms(b['verify_s'])} |"
               for key, b in blocks.items()]
     lines += ["", f"AR cost per token on this path c_1 = {ms(blocks[static['ar_block']]['verify_s'])} ms.", "",
-              "| drafter | feed (L + 1 pairs) | step (1 pair) | q pipeline + draw | feed + (L − 1) steps, separately "
-              "| drafting / iteration (static_propose) |", "|---|---|---|---|---|---|"]
+              "| drafter | feed (pending block) | step (1 pair or token) | q pipeline + draw | feed + "
+              "(L − 1) steps, separately | drafting / iteration (static_propose) |",
+              "|---|---|---|---|---|---|"]
     for key, d in static["drafters"].items():
         separate = d["feed_s"] + max(d["depth"] - 1, 0) * d["step_s"]
         lines.append(f"| {key} | {ms(d['feed_s'])} | {ms(d['step_s'])} | {ms(d['pipeline_s'])} | {ms(separate)} | "

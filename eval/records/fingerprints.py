@@ -29,6 +29,9 @@ WEIGHT_LOCATIONS = ("gpt_checkpoint", "vq_checkpoint", "weights_dir")
 #: model keys added after records were made, left out of the fingerprint at these (their default) values, so
 #: older records still match; another value is fingerprinted (``model.compile=true`` makes other bits)
 MODEL_DEFAULTS = {"compile": False}
+#: model keys that only the static decode path reads (``prompt_capacity``: the fixed prompt width of its
+#: prefill, which may change last bits there), left out of the fingerprint of a decoder on the eager path
+STATIC_MODEL_KEYS = ("prompt_capacity",)
 #: decoder keys added after records were made, left out at their default in the same way (``decoder.path=static``
 #: is fingerprinted: its steps may make other last bits on a GPU)
 DECODER_DEFAULTS = {"path": "eager"}
@@ -44,11 +47,12 @@ def decoder_fingerprint(cfg: DictConfig, name: str, decoder_cfg: DictConfig) -> 
 
 def normalised(fp: dict[str, Any]) -> dict[str, Any]:
     """A fingerprint without the keys no image depends on: ``UNFINGERPRINTED`` decoder keys, the weights'
-    locations (``WEIGHT_LOCATIONS``, the drafter's ``checkpoint``) once the digest of those weights is in it, and
-    ``MODEL_DEFAULTS`` and ``DECODER_DEFAULTS`` keys at their default.
-    Also applied to a stored fingerprint of an older version, which kept them."""
+    locations (``WEIGHT_LOCATIONS``, the drafter's ``checkpoint``) once the digest of those weights is in it,
+    ``MODEL_DEFAULTS`` and ``DECODER_DEFAULTS`` keys at their default, and ``STATIC_MODEL_KEYS`` off the
+    static path. Also applied to a stored fingerprint of an older version, which kept them."""
     fp = dict(fp)
     dec = fp.get("decoder")
+    static = isinstance(dec, dict) and dec.get("path") == "static"
     if isinstance(dec, dict):
         dec = {k: v for k, v in dec.items() if k not in UNFINGERPRINTED
                and not (k in DECODER_DEFAULTS and v == DECODER_DEFAULTS[k])}
@@ -58,6 +62,8 @@ def normalised(fp: dict[str, Any]) -> dict[str, Any]:
     if isinstance(fp.get("model"), dict):
         located = "weights_sha1" in fp
         fp["model"] = {k: v for k, v in fp["model"].items()
-                       if not (located and k in WEIGHT_LOCATIONS) and not (k in MODEL_DEFAULTS and v == MODEL_DEFAULTS[k])}
+                       if not (located and k in WEIGHT_LOCATIONS)
+                       and not (k in MODEL_DEFAULTS and v == MODEL_DEFAULTS[k])
+                       and not (k in STATIC_MODEL_KEYS and not static)}
     return fp
 

@@ -131,7 +131,17 @@ def markdown(report: dict[str, Any]) -> str:
         for b, cells in res["sweep"]["batches"].items():
             lines += [f"| {b} | {n} | {c['images_per_s']:.3f} | {c['ms_per_iteration']:.2f} | {_f(c.get('speedup'))} | "
                       f"{_f(c.get('projected_speedup'))} |" for n, c in cells.items()]
-    for name in sorted(set(res) - {"preflight", "blocks", "ar", "eager_ar", "iterations", "throughput", "sweep"}):
+    if "models_ar" in res:
+        m = res["models_ar"]
+        lines += ["", f"Captured AR of the other models at batch 1 ({m['count']} timed calls of the step each; random "
+                  "weights; s per image projected as ms per step × tokens):", "",
+                  "| model | path | image tokens | ms / step | s / image (projected) | peak memory (GiB) |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {v['model']} | {v['path']} | {v['image_tokens']} | {v['ms_per_step']:.3f} | "
+                  f"{v['projected_s_per_image']:.2f} | {_f(v['peak_memory_gb'], 1)} |"
+                  for k, v in m.items() if k != "count"]
+    shown = {"preflight", "blocks", "ar", "eager_ar", "iterations", "throughput", "sweep", "models_ar"}
+    for name in sorted(set(res) - shown):
         lines += ["", f"{name}: see gpu.json (`results.{name}`)."]
     lines += ["", "Goals:", *goal_lines(report)[1:]]
     return "\n".join(lines) + "\n"

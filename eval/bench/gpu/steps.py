@@ -365,6 +365,56 @@ def throughput(session: Session) -> None:
                                 if torch.cuda.is_available() else None}
 
 
+# -- named only: the other models' captured AR ----------------------------------------------------------------------
+#: the other adapters at their published sizes with random weights (``models_ar``): config, keyword overrides
+REAL_SIZE = {
+    "janus_pro_1b": ("janus_tiny", {"arch": {
+        "hidden_size": 2048, "num_layers": 24, "num_heads": 16, "num_kv_heads": 16, "intermediate_size": 5632,
+        "vocab_size": 102400, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 16384,
+        "image_size": 384, "patch_size": 16, "codebook_size": 16384, "codebook_dim": 8, "init_std": 0.02}}),
+    "lumina_mgpt_7b": ("lumina_tiny", {"width": 768, "height": 768, "random_init": {
+        "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 32, "num_codes": 8192, "vocab_size": 65536, "max_position_embeddings": 4096,
+        "swin_norm": False, "init_std": 0.02, "seed": 0}}),
+}
+
+
+def models_ar(session: Session, count: int = 32) -> None:
+    """Janus-Pro-1B (384 px, 576 tokens) and Lumina-mGPT-7B (768 px, 48 x 49 positions) at their published sizes
+    with random bf16 weights (drawn on the GPU), captured AR: per model ``count`` timed calls of the captured step
+    after its capture (each call ``ar_steps`` AR steps), ms per AR step and the projected seconds per image (steps
+    x ms; random weights: an AR step's cost does not depend on the tokens). One model per budget check: the second
+    runs only if the budget holds what the first took. A dry run builds the tiny configs on the CPU."""
+    out = session.results["models_ar"] = {"count": count}
+    names = list(REAL_SIZE)
+    for i in session.images(len(names), unit="model"):
+        name = names[i]
+        tiny, sizes = REAL_SIZE[name]
+        overrides: dict[str, Any] = {"device": "cpu"} if session.dry_run else {
+            **sizes, "device": "cuda", "dtype": "bfloat16", "batch_invariant": False}
+        model = yaml_model(tiny, **overrides)
+        dec = decoder(model, "ar", "static", captured_mode(session))
+        with torch.inference_mode(), dec.static.batch([PROMPTS[0]], [0]) as (_, runner, _):
+            runner()
+            runner()
+            sync()
+            start = time.perf_counter()
+            for _ in range(count):
+                runner()
+            sync()
+            seconds = time.perf_counter() - start
+        ms = 1e3 * seconds / (count * dec.static.ar_steps)
+        out[name] = {"ms_per_step": ms, "image_tokens": model.num_image_tokens,
+                     "projected_s_per_image": ms * (model.num_image_tokens - 1) / 1e3,
+                     "path": "static (dry run)" if session.dry_run else "captured",
+                     "model": f"{tiny} (dry run)" if session.dry_run else f"{name} sizes, random bf16 weights",
+                     "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available()
+                     else None}
+        del dec, model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 # -- named only: the batch sweep ----------------------------------------------------------------------------------
 SWEEP_DECODERS = ("ar", "sd_tree", "coolsd_tree", "sjd")
 
@@ -477,6 +527,8 @@ STEPS = {s.name: s for s in [
     Step("throughput", "AR images/s and peak memory at B = 1, 8, 32 captured; eager as the budget allows",
          throughput),
     Step("sweep", "AR, SD / COOL-SD (tree) and SJD at B = 1, 8, 32 captured: speedup against batch size", sweep,
+         default=False),
+    Step("models_ar", "captured AR of Janus-Pro-1B and Lumina-mGPT-7B at real size (random weights)", models_ar,
          default=False),
     Step("xl_numerics", "XL bf16 against float32 logits and forward times", xl_numerics, default=False),
     Step("smoke", "the GPU smoke test, every check", smoke_check(), default=False, wheels=True),

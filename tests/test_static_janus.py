@@ -25,7 +25,7 @@ from coolsd.kv_cache import DeviceKVCache
 from coolsd.static.loop import static_refusal
 from tests.helpers import CONFIGS, invariance_property
 from tests.test_refill import lock_step, same_image
-from tests.test_static_path import guarded_decode, same_generation
+from tests.test_static_path import assert_static_reads, same_generation
 
 #: prompts of different lengths (57, 33 and 80 tokens with the tiny character tokenizer)
 PROMPTS = ["a red apple on a wooden table", "a cat", "a vintage car parked on a street by the sea at night"]
@@ -93,15 +93,8 @@ def test_sync_guard_static_janus_steps_read_nothing_and_iterations_read_once(jan
     constants."""
     model, cfg = janus
     static = build(cfg, model, name, "static")
-    for prompts, seeds in ((PROMPTS[1:2], [0]), (PROMPTS, [1, 2, 3])):
-        static.generate_batch(prompts, seeds)  # the first batch of a size builds its workspace and constants
-        guard, calls = guarded_decode(monkeypatch, static, prompts[::-1], [s + 10 for s in seeds])
-        monkeypatch.undo()
-        if name == "ar":
-            assert guard.total == 0, guard.where[:3]
-            assert calls == model.num_image_tokens - 1
-        else:
-            assert guard.total <= calls and set(guard.reads) <= {"__bool__"}, guard.where[:3]
+    assert_static_reads(monkeypatch, static, ((PROMPTS[1:2], [0]), (PROMPTS, [1, 2, 3])),
+                        model.num_image_tokens - 1 if name == "ar" else None, reverse=True)
 
 
 def test_refilled_janus_images_equal_their_lock_step_images(janus):

@@ -38,7 +38,7 @@ from coolsd.static.loop import static_refusal
 from tests.helpers import CONFIGS, chi_square_pvalue, invariance_property
 from tests.test_emu3 import EXACT_PROMPTS, enumerable_emu3, exact_grid_probs, grid_index
 from tests.test_refill import lock_step, same_image
-from tests.test_static_path import guarded_decode, same_generation
+from tests.test_static_path import assert_static_reads, same_generation
 
 MODELS = ("lumina_tiny", "emu3_tiny")
 #: prompts of different lengths (19, 25 and 21 prefix tokens on lumina_tiny; 17, 23 and 19 on emu3_tiny)
@@ -130,15 +130,8 @@ def test_sync_guard_static_steps_read_nothing_and_iterations_read_once(tiny, mon
     every image has finished), at 1 and 3 images, after the first batch of a size has built its constants."""
     model, cfg = tiny
     static = build(cfg, model, name, "static")
-    for prompts, seeds in ((PROMPTS[1:2], [0]), (PROMPTS, [1, 2, 3])):
-        static.generate_batch(prompts, seeds)  # the first batch of a size builds its workspace and constants
-        guard, calls = guarded_decode(monkeypatch, static, prompts[::-1], [s + 10 for s in seeds])
-        monkeypatch.undo()
-        if name == "ar":
-            assert guard.total == 0, guard.where[:3]
-            assert calls == model.num_image_tokens - 1
-        else:
-            assert guard.total <= calls and set(guard.reads) <= {"__bool__"}, guard.where[:3]
+    assert_static_reads(monkeypatch, static, ((PROMPTS[1:2], [0]), (PROMPTS, [1, 2, 3])),
+                        model.num_image_tokens - 1 if name == "ar" else None, reverse=True)
 
 
 def test_refilled_images_equal_their_lock_step_images(tiny):

@@ -178,6 +178,22 @@ def guarded_decode(monkeypatch, decoder: Decoder, prompts, seeds) -> tuple[SyncG
     return guard, calls[0]
 
 
+def assert_static_reads(monkeypatch, static: Decoder, batches, ar_steps: int | None, reverse: bool = False) -> None:
+    """For each ``(prompts, seeds)`` of ``batches``: one batch that builds the size's workspace and constants, then one
+    more (its prompts reversed with ``reverse``, seeds + 10) under the guard: ``ar_steps`` given (AR): 0 host reads
+    and that many step calls; else at most one read per step call, each whether the batch has finished."""
+    for prompts, seeds in batches:
+        static.generate_batch(prompts, seeds)
+        guard, calls = guarded_decode(monkeypatch, static, prompts[::-1] if reverse else prompts,
+                                      [s + 10 for s in seeds])
+        monkeypatch.undo()
+        if ar_steps is not None:
+            assert guard.total == 0, guard.where[:3]
+            assert calls == ar_steps
+        else:
+            assert guard.total <= calls and set(guard.reads) <= {"__bool__"}, guard.where[:3]
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_sync_guard_static_steps_read_nothing_and_iterations_read_once(embedded, monkeypatch, name):
     """On the embedded model: 0 host reads in all of AR's steps; at most 1 per iteration of a chain, a tree or a
@@ -185,15 +201,8 @@ def test_sync_guard_static_steps_read_nothing_and_iterations_read_once(embedded,
     of a size has built its constants; the TV diagnostic of the relaxed rules included."""
     model, cfg = embedded
     static = build(cfg, model, name, "static")
-    for prompts, seeds in ((PROMPTS[:1], [0]), (PROMPTS[:3], [1, 2, 3])):
-        static.generate_batch(prompts, seeds)  # the first batch of a size builds its workspace and constants
-        guard, calls = guarded_decode(monkeypatch, static, prompts, [s + 10 for s in seeds])
-        monkeypatch.undo()
-        if name == "ar":
-            assert guard.total == 0, guard.where[:3]
-            assert calls == model.num_image_tokens - 1
-        else:
-            assert guard.total <= calls and set(guard.reads) <= {"__bool__"}, guard.where[:3]
+    assert_static_reads(monkeypatch, static, ((PROMPTS[:1], [0]), (PROMPTS[:3], [1, 2, 3])),
+                        model.num_image_tokens - 1 if name == "ar" else None)
 
 
 # -- compiled whole on a CPU ---------------------------------------------------------------------------------
@@ -428,12 +437,11 @@ def test_static_path_refuses_a_drafter_without_a_static_form(tiny_model):
 
 @pytest.mark.parametrize(("overrides", "reason"), [
     (["model=lookup", "decoder=ar"], "no static forward"),
-    (["decoder=zipar_adaptive", "model.device=cpu"], "adaptive window"),
     (["decoder=vvs", "decoder.tree=dynamic", "model.device=cpu"], "skip verification"),
 ])
 def test_static_path_refuses_models_and_decoders_of_the_eager_path(overrides, reason):
-    """A model without a static forward (the lookup model), ZipAR's adaptive window and VVS are refused with the
-    reason and the eager path (ZipAR, PJD and the SV verifiers run static: ``tests/test_static_orders_sv.py``)."""
+    """A model without a static forward (the lookup model) and VVS are refused with the reason and the eager path
+    (ZipAR's fixed and adaptive windows, PJD and the SV verifiers run static: ``tests/test_static_orders_sv.py``)."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides, "decoder.path=static"])
     model = instantiate(cfg.model)

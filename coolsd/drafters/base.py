@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from coolsd.rng import Streams
-from coolsd.trees import DynamicTree, TreeShape
+from coolsd.trees import DynamicTree, TreeShape, draft_dynamic_tree, draft_static_tree
 from coolsd.types import Draft, TargetOutput, Verdict
 
 
@@ -134,6 +134,15 @@ class Drafter(abc.ABC):
         """Whether this drafter restarts chosen rows of a static batch (``static_refill``); checked when a decoder
         with ``decoder.refill=true`` is built."""
         return type(self).static_refill is not Drafter.static_refill
+
+    def static_tree_draft(self, tree: TreeShape | DynamicTree, t: torch.Tensor, limit: torch.Tensor,
+                          cache: dict | None) -> Draft:
+        """Every level of a static or EAGLE-2 tree on the static path, each level's rows from the drafter's
+        ``_static_expand`` (the drafters with a network: EAGLE heads, draft models)."""
+        if isinstance(tree, TreeShape):
+            return draft_static_tree(tree, t - 1, limit, self._static_expand, self.streams, t, static=True,
+                                     cache=cache)
+        return draft_dynamic_tree(tree, t - 1, limit, self._static_expand, static=True, cache=cache)
 
     def static_propose(self, last_tokens: torch.Tensor, t: torch.Tensor, limit: torch.Tensor, depth: int,
                        tree: TreeShape | DynamicTree | None = None, cache: dict | None = None) -> Draft:

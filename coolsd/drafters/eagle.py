@@ -718,11 +718,8 @@ class EagleDrafter(Drafter):
 
     def static_propose(self, last_tokens, t, limit, depth, tree=None, cache=None) -> Draft:
         """The pending block, then ``depth − 1`` one-token steps of a chain, or every level of a tree."""
-        if isinstance(tree, TreeShape):
-            return draft_static_tree(tree, t - 1, limit, self._static_expand, self.streams, t, static=True,
-                                     cache=cache)
         if tree is not None:
-            return draft_dynamic_tree(tree, t - 1, limit, self._static_expand, static=True, cache=cache)
+            return self.static_tree_draft(tree, t, limit, cache)
         state = self.static
         b = state.tokens.shape[0]
         out = self._static_feed()

@@ -300,11 +300,8 @@ class ModelDrafter(Drafter):
 
     def static_propose(self, last_tokens, t, limit, depth, tree=None, cache=None) -> Draft:
         """The pending block, then ``depth − 1`` one-token forwards of a chain, or every level of a tree."""
-        if isinstance(tree, TreeShape):
-            return draft_static_tree(tree, t - 1, limit, self._static_expand, self.streams, t, static=True,
-                                     cache=cache)
         if tree is not None:
-            return draft_dynamic_tree(tree, t - 1, limit, self._static_expand, static=True, cache=cache)
+            return self.static_tree_draft(tree, t, limit, cache)
         state = self.static
         rows = self._static_feed()
         state.marks[:, 0].copy_(state.after)

@@ -521,6 +521,22 @@ class StaticForwardProbe:
         return run
 
 
+def bound_probes(bind: Callable[[], None], fns: dict[str, Callable[[], Any]], logits: torch.Tensor,
+                 model: ImageARModel, u: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    """A drafter's static probes: each of ``fns`` first points the drafter at the probes' own state (``bind``), and
+    ``pipeline`` is one row's ``q`` pipeline and one draw over ``logits`` (a step's)."""
+    def bound(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def call():
+            bind()
+            return fn()
+        return call
+
+    def pipeline():
+        return (rng_sample(stream_probs(logits, model.sampling)[:, -1], u),)
+
+    return {**{name: bound(fn) for name, fn in fns.items()}, "pipeline": pipeline}
+
+
 def static_drafter_probes(decoder: Decoder, prompt: str, context: int, seed: int,
                           target: Callable[[], Any]) -> dict[str, Callable[[], Any]] | None:
     """The static path's drafter probes of an EAGLE drafter (``feed``, ``step``, ``pipeline``, ``propose``:
@@ -597,22 +613,13 @@ def static_drafter_probes(decoder: Decoder, prompt: str, context: int, seed: int
 
     logits = step()[0]
 
-    def pipeline():
-        return (rng_sample(stream_probs(logits, model.sampling)[:, -1], u),)
-
     def propose():
         cache.lengths.copy_(base)
         draft = drafter.static_propose(last, t, limit, depth, loop.tree, cache=constants)
         return draft.tokens, draft.q
 
-    def bound(fn: Callable[[], Any]) -> Callable[[], Any]:
-        def call():
-            bind()
-            return fn()
-        return call
-
-    return {"feed": bound(feed), "step": bound(step), "pipeline": pipeline, "propose": bound(propose),
-            "networks": bound(networks)}
+    return bound_probes(bind, {"feed": feed, "step": step, "propose": propose, "networks": networks}, logits,
+                        model, u)
 
 
 def static_model_drafter_probes(decoder: Decoder, prompt: str, context: int, seed: int,
@@ -706,17 +713,8 @@ def static_model_drafter_probes(decoder: Decoder, prompt: str, context: int, see
         logits = step()[0]
     vars(drafter).update(saved)
 
-    def pipeline():
-        return (rng_sample(stream_probs(logits, model.sampling)[:, -1], u),)
-
-    def bound(fn: Callable[[], Any]) -> Callable[[], Any]:
-        def call():
-            bind()
-            return fn()
-        return call
-
-    return {"feed": bound(feed), "step": bound(step), "pipeline": pipeline, "propose": bound(propose),
-            "networks": bound(networks)}
+    return bound_probes(bind, {"feed": feed, "step": step, "propose": propose, "networks": networks}, logits,
+                        model, u)
 
 
 def paired_interval(step: list[float], forwards: list[float], per_call: int = 1, resamples: int = 2000,

@@ -299,6 +299,20 @@ def _mean_rows(rows: list[dict[str, float]], path: str) -> dict[str, Any]:
     return {**out, "images": len(rows), "path": path, "per_image_s": out["s_per_image"]}
 
 
+def timed_calls(dec: Decoder, count: int) -> float:
+    """Seconds of ``count`` calls of a static decoder's step (its runner) on one image, after two untimed calls (the
+    first eager, the second captures); the image is left unfinished."""
+    with torch.inference_mode(), dec.static.batch([PROMPTS[0]], [0]) as (_, runner, _):
+        runner()
+        runner()
+        sync()
+        start = time.perf_counter()
+        for _ in range(count):
+            runner()
+        sync()
+        return time.perf_counter() - start
+
+
 def iterations(session: Session, count: int = 64) -> None:
     """Step 4 (module doc): ``count`` timed iterations per decoder after capture, then the projection."""
     model = xl_model(session)
@@ -306,15 +320,7 @@ def iterations(session: Session, count: int = 64) -> None:
     for i in session.images(len(ITERATED), unit="decoder"):
         name = ITERATED[i]
         dec = decoder(model, name, "static", captured_mode(session))
-        with torch.inference_mode(), dec.static.batch([PROMPTS[0]], [0]) as (_, runner, _):
-            runner()
-            runner()
-            sync()
-            start = time.perf_counter()
-            for _ in range(count):
-                runner()
-            sync()
-            out["ms_per_iteration"][name] = 1e3 * (time.perf_counter() - start) / count
+        out["ms_per_iteration"][name] = 1e3 * timed_calls(dec, count) / count
         del dec
     ar_step = session.results.get("ar", {}).get("ms_per_step")
     if ar_step:
@@ -394,16 +400,7 @@ def models_ar(session: Session, count: int = 32) -> None:
             **sizes, "device": "cuda", "dtype": "bfloat16", "batch_invariant": False}
         model = yaml_model(tiny, **overrides)
         dec = decoder(model, "ar", "static", captured_mode(session))
-        with torch.inference_mode(), dec.static.batch([PROMPTS[0]], [0]) as (_, runner, _):
-            runner()
-            runner()
-            sync()
-            start = time.perf_counter()
-            for _ in range(count):
-                runner()
-            sync()
-            seconds = time.perf_counter() - start
-        ms = 1e3 * seconds / (count * dec.static.ar_steps)
+        ms = 1e3 * timed_calls(dec, count) / (count * dec.static.ar_steps)
         out[name] = {"ms_per_step": ms, "image_tokens": model.num_image_tokens,
                      "projected_s_per_image": ms * (model.num_image_tokens - 1) / 1e3,
                      "path": "static (dry run)" if session.dry_run else "captured",

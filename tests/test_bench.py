@@ -421,3 +421,21 @@ def test_the_target_clock_times_the_forwards_inside_a_decode(tiny_model):
     stats, seconds = clock.generate(ar, "zero", 0)
     assert 0 < seconds < stats.latency_s - stats.prefill_s
     assert "forward_block" not in vars(tiny_model)
+
+
+@pytest.mark.parametrize("model", ["lumina_tiny", "janus_tiny"])
+def test_the_other_adapters_bench_runs_both_paths(tmp_path, model):
+    """The bench on an adapter with structural slots (Lumina-mGPT's end-of-row slots, its static cache a
+    ``RowEndKVCache``) or per-image prompt lengths (Janus-Pro): AR, SD with the model's own draft model and SJD run on
+    both paths, the static rows costed by the static path's probes over the model's own static cache."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="bench", overrides=[f"model={model}", *SMALL, "decoders=[ar,sd,sjd]",
+                                                      "cost.trees=[]", "throughput.batch_sizes=[]",
+                                                      "call_counts=false", f"out_dir={tmp_path}", "name=m"])
+    record = bench.run_bench(cfg, model)
+    assert set(record["decoders"]) == {"ar", "sd", "sjd", "ar@static", "sd@static", "sjd@static"}
+    assert record["setup"]["static_refused"] == {}
+    static = record["costs"]["static"]
+    drafting = [d["propose_s"] for key, d in static["drafters"].items() if key.startswith("ModelDrafter")]
+    assert len(drafting) == 1 and drafting[0] > 0, static["drafters"]
+    assert all(record["decoders"][k]["cost_path"].startswith("static") for k in ("ar@static", "sd@static"))

@@ -1,7 +1,7 @@
-"""ZipAR, PJD and the SV verifiers on the static decode path (``coolsd/static/orders.py``: the ``row_window`` and
-``row_jacobi`` steps; ``baselines/sv.py``: SJD-SV's subsequence test inside the ``jacobi_window`` step): the eager
-path's tokens and statistics on the tiny models, no host read inside a step, whole-step compilation without
-recompiles, and the refusal of ZipAR's adaptive window.
+"""ZipAR (its fixed and adaptive windows), PJD and the SV verifiers on the static decode path
+(``coolsd/static/orders.py``: the ``row_window``, ``row_adaptive`` and ``row_jacobi`` steps; ``baselines/sv.py``:
+SJD-SV's subsequence test inside the ``jacobi_window`` step): the eager path's tokens and statistics on the tiny
+models, no host read inside a step, whole-step compilation without recompiles, and the refusal of VVS.
 
 Each case decodes the same prompts and seeds on both paths in float32: a batch of 3, a second batch of 3 through
 the same static workspace (its state restarted in place), and a batch of 1. Where the machine's kernels are not
@@ -29,20 +29,23 @@ from tests.helpers import CONFIGS, invariance_property
 #: per model: the suite decoders' overrides that make ZipAR and PJD more than AR on its small grid (None: the
 #: model's own defaults)
 ORDERS = {"embedded": None,
-          "tiny": {"zipar": {"window": 3}, "pjd": {"context": 3, "draft_window": 4}},
-          "janus_tiny": {"zipar": {"window": 3, "stand_in": "reference"}, "pjd": {"context": 2, "draft_window": 8}},
-          "llamagen_t2i_tiny": {"zipar": {"window": 2, "first_row_ar": True}, "pjd": {"context": 1,
-                                                                                       "draft_window": 3}},
-          "lumina_tiny": {"zipar": {"window": 2}, "pjd": {"context": 2, "draft_window": 3}},
-          "emu3_tiny": {"zipar": {"window": 1}, "pjd": {"context": 1, "draft_window": 2}}}
-DECODERS = ("sjd_sv", "gsd_sv", "lantern_sv", "zipar", "pjd")
-#: the default pass: every decoder on the embedded model, ZipAR, PJD and SJD-SV on the tiny LlamaGen and on
-#: Lumina-mGPT; the rest in the -m slow pass
+          "tiny": {"zipar": {"window": 3}, "zipar_adaptive": {"window": 3}, "pjd": {"context": 3, "draft_window": 4}},
+          "janus_tiny": {"zipar": {"window": 3, "stand_in": "reference"}, "zipar_adaptive": {"window": 3},
+                         "pjd": {"context": 2, "draft_window": 8}},
+          "llamagen_t2i_tiny": {"zipar": {"window": 2, "first_row_ar": True}, "zipar_adaptive": {"window": 2},
+                                "pjd": {"context": 1, "draft_window": 3}},
+          "lumina_tiny": {"zipar": {"window": 2}, "zipar_adaptive": {"window": 2},
+                          "pjd": {"context": 2, "draft_window": 3}},
+          "emu3_tiny": {"zipar": {"window": 1}, "zipar_adaptive": {"window": 1},
+                        "pjd": {"context": 1, "draft_window": 2}}}
+DECODERS = ("sjd_sv", "gsd_sv", "lantern_sv", "zipar", "zipar_adaptive", "pjd")
+#: the default pass: every decoder on the embedded model, ZipAR (both windows), PJD and SJD-SV on the tiny
+#: LlamaGen and on Lumina-mGPT; the rest in the -m slow pass
 QUICK = {("embedded", name) for name in DECODERS} | {(m, name) for m in ("tiny", "lumina_tiny")
-                                                     for name in ("zipar", "pjd", "sjd_sv")}
+                                                     for name in ("zipar", "zipar_adaptive", "pjd", "sjd_sv")}
 CASES = [pytest.param(m, name, marks=() if (m, name) in QUICK else pytest.mark.slow)
          for m in ORDERS for name in DECODERS]
-STEP_NAMES = {"zipar": "row_window", "pjd": "row_jacobi"}
+STEP_NAMES = {"zipar": "row_window", "zipar_adaptive": "row_adaptive", "pjd": "row_jacobi"}
 
 
 def fresh(model_name: str):
@@ -87,8 +90,9 @@ def same_generation(a, b) -> bool:
 
 @pytest.mark.parametrize(("model_name", "name"), CASES)
 def test_static_orders_and_sv_give_the_eager_tokens_and_statistics(model_name, name):
-    """ZipAR, PJD, SJD-SV, GSD-SV and LANTERN-SV give the eager decoder's tokens and statistics on the static path,
-    at batch 3 (twice through one workspace) and alone, on every tiny model (the SV rows' TV not measured on both)."""
+    """ZipAR (fixed and adaptive windows), PJD, SJD-SV, GSD-SV and LANTERN-SV give the eager decoder's tokens and
+    statistics on the static path, at batch 3 (twice through one workspace) and alone, on every tiny model (the SV
+    rows' TV not measured on both)."""
     eager, static = build(model_name, name, "eager"), build(model_name, name, "static")
     assert static.static.step_name == STEP_NAMES.get(name, "jacobi_window")
     prompts = prompts_of(eager.model)
@@ -125,10 +129,11 @@ def guarded_decode(monkeypatch, decoder: Decoder, prompts, seeds) -> tuple[SyncG
 
 
 @pytest.mark.parametrize("model_name", ["embedded", "lumina_tiny"])
-@pytest.mark.parametrize("name", ["zipar", "pjd", "sjd_sv"])
+@pytest.mark.parametrize("name", ["zipar", "zipar_adaptive", "pjd", "sjd_sv"])
 def test_static_order_and_sv_steps_read_nothing_and_iterations_at_most_once(monkeypatch, model_name, name):
-    """No host read in all of ZipAR's steps, exactly its schedule's forwards; at most one per iteration of PJD and
-    SJD-SV (whether every image has finished), at batch 1 and 3, after the first batch of a size built its state."""
+    """No host read in all of ZipAR's steps, exactly its schedule's forwards; at most one per iteration of ZipAR's
+    adaptive window, PJD and SJD-SV (whether every image has finished), at batch 1 and 3, after the first batch of a
+    size built its state."""
     static = build(model_name, name, "static")
     prompts = prompts_of(static.model)
     for batch, seeds in ((prompts[:1], [0]), (prompts, [1, 2, 3])):
@@ -142,7 +147,7 @@ def test_static_order_and_sv_steps_read_nothing_and_iterations_at_most_once(monk
 
 
 @pytest.mark.parametrize("model_name", ["embedded", "lumina_tiny"])
-@pytest.mark.parametrize("name", ["zipar", "pjd", "sjd_sv"])
+@pytest.mark.parametrize("name", ["zipar", "zipar_adaptive", "pjd", "sjd_sv"])
 def test_static_order_and_sv_steps_keep_every_storage_across_iterations_and_batches(monkeypatch, model_name, name):
     """Every step call after the first reads and writes the same storages outside it, over the iterations of two
     batches of one size (``coolsd.static.capture.stable_storage``): one CUDA graph serves every call."""
@@ -163,15 +168,14 @@ def test_static_order_and_sv_steps_keep_every_storage_across_iterations_and_batc
     assert stable_storage(ledger.calls) is None, stable_storage(ledger.calls)
 
 
-def test_static_path_refuses_the_adaptive_window_and_vvs():
-    """ZipAR's adaptive window and VVS stay on the eager path, refused with the reason and the eager path; the fixed
-    window, PJD and the SV verifiers are accepted."""
+def test_static_path_refuses_vvs_only():
+    """VVS stays on the eager path, refused with the reason and the eager path; ZipAR's fixed and adaptive windows,
+    PJD and the SV verifiers are accepted."""
     model, cfg = setup("embedded")
-    for name, reason in (("zipar_adaptive", "adaptive window"), ("vvs", "skip verification")):
-        node = OmegaConf.to_container(cfg.suite[name], resolve=True)
-        node.update(path="static", **({"tree": "dynamic"} if name == "vvs" else {}))
-        with pytest.raises(Exception, match=rf"(?s)decoder.path=static.*{reason}.*decoder.path=eager"):
-            instantiate(node, model=model)
+    node = OmegaConf.to_container(cfg.suite["vvs"], resolve=True)
+    node.update(path="static", tree="dynamic")
+    with pytest.raises(Exception, match=r"(?s)decoder.path=static.*skip verification.*decoder.path=eager"):
+        instantiate(node, model=model)
     for name in DECODERS:
         assert static_refusal(build("embedded", name, "eager")) is None, name
 
@@ -179,9 +183,9 @@ def test_static_path_refuses_the_adaptive_window_and_vvs():
 # -- compiled whole on a CPU ---------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("model_name", ["tiny", "lumina_tiny"])
-@pytest.mark.parametrize("name", ["zipar", "pjd", "sjd_sv"])
+@pytest.mark.parametrize("name", ["zipar", "zipar_adaptive", "pjd", "sjd_sv"])
 def test_static_order_and_sv_steps_compile_whole_without_recompiling(model_name, name):
-    """ZipAR's, PJD's and SJD-SV's steps compile with ``fullgraph=True, dynamic=False`` (``model.compile=true``; a
+    """ZipAR's (both windows), PJD's and SJD-SV's steps compile with ``fullgraph=True, dynamic=False`` (``model.compile=true``; a
     graph break raises), are not recompiled across forwards, acceptances and a second batch of the same size
     (dynamo's ``error_on_recompile``), and give the eager path's tokens (the uncompiled model of ``setup``), on
     LlamaGen and on Lumina-mGPT (its end-of-row slots). 20 to 40 s each (``-m slow``)."""

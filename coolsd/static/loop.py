@@ -15,8 +15,9 @@ compiled or captured (``coolsd.static.capture``):
   the first rejection and draw the next token on the device (``verify_chain``, the rules' own ``accept_prob`` and
   ``residual``), commit by a masked scatter and keep the accepted prefix by moving each image's length (no KV copy);
   a decoder's verifier (SJD-SV, GSD-SV, LANTERN-SV: ``baselines.sv``) takes ``verify_chain``'s place;
-* ``row_window`` (ZipAR's fixed window) and ``row_jacobi`` (PJD): a spatial generation order's forward of every
-  image, its inputs at their grid cells with a mask computed from cells (``coolsd.static.orders``).
+* ``row_window`` (ZipAR's fixed window), ``row_adaptive`` (ZipAR's adaptive window) and ``row_jacobi`` (PJD): a
+  spatial generation order's forward of every image, its inputs at their grid cells with a mask computed from cells
+  (``coolsd.static.orders``).
 
 Structural tokens (Lumina-mGPT's end-of-row, Emu3's end-of-line token after every row) are the adapter's, as on
 the eager path: the steps run in image tokens, and the adapter's ``static_forward`` adds the end-of-row slots to a
@@ -67,7 +68,7 @@ from coolsd.static.capture import Runner, mode_for
 from coolsd.trees import TreeShape, ancestor_mask, ancestor_masks, depths_of
 from coolsd.types import DecodeStats, Generation, Verdict
 
-STEPS = ("ar", "chain", "tree", "jacobi_window", "row_window", "row_jacobi")
+STEPS = ("ar", "chain", "tree", "jacobi_window", "row_window", "row_jacobi", "row_adaptive")
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,8 @@ class StaticLoop:
         self.tree = decoder.tree  # a static shape, an EAGLE-2 spec, or None
         #: whether the drafts are a tree (a drafter's tree, or SJD-PAC's window), verified by the parallel walk
         self.tree_drafts = decoder.order is None and (self.tree is not None or decoder.max_nodes != self.depth)
-        #: a spatial order's step (ZipAR's ``row_window``, PJD's ``row_jacobi``: ``coolsd.static.orders``), or None
+        #: a spatial order's step (ZipAR's ``row_window`` and ``row_adaptive``, PJD's ``row_jacobi``:
+        #: ``coolsd.static.orders``), or None
         self.order_step = None
         if decoder.order is not None:
             from coolsd.static.orders import order_step

@@ -1,4 +1,5 @@
-"""Spatial generation orders on the static decode path: ZipAR's fixed window and PJD as fixed-shape steps.
+"""Spatial generation orders on the static decode path: ZipAR's fixed and adaptive windows and PJD as fixed-shape
+steps.
 
 The eager loop runs a spatial order (``coolsd.orders``) forward by forward with blocks of their own widths (ZipAR's
 schedule: one input per active row; PJD: each image's rows planned on the host after a host read of its
@@ -22,6 +23,12 @@ with fixed shapes, no host read and every state on the device, so it is compiled
   loop's draws (keyed by cell and forward), and the counts, slots and carried drafts move by masked scatters. An
   image's state restarts by itself where its forward count is 0 (a new batch, or a refilled row). The loop reads
   whether every image has finished once per iteration.
+* ``row_adaptive`` (ZipAR's adaptive window, ``AdaptiveRowWindow``: PJD's engine with one input per row) is
+  ``row_jacobi``'s step with segments of two inputs (``W`` = 2: a new row's stand-in and its first token, held as a
+  draft): every active row commits its next token (``lower_rows_sample``); a new row below an incomplete row is
+  tentative (its first token carried from the forward before, tested with ``min(1, p_new/p_old)``, its next draw
+  at index 1 + the forward count, a rejected token replaced by the residual's sample) and commits its first two
+  tokens once accepted, nothing before. Its state and the one read per iteration are ``row_jacobi``'s.
 
 The attention mask of a forward is computed on the device from cells: a window over the cache's last image slots
 (every slot an image can hold; those before its image slots are the prompt's, seen) and the block, with the eager
@@ -34,9 +41,8 @@ as a slot of that cell).
 The tokens equal the eager loop's in float32 (``tests/test_static_orders_sv.py``): the same inputs at the same
 positions, the same draws, and the blocks laid out as the eager ones with the padding at their end.
 
-ZipAR's adaptive window (``AdaptiveRowWindow``) runs on the eager path only.
-
-Example: ``python run.py decoder=zipar decoder.path=static``; ``python run.py decoder=pjd decoder.path=static``.
+Example: ``python run.py decoder=zipar decoder.path=static``; ``python run.py decoder=pjd decoder.path=static``;
+``python run.py decoder=zipar_adaptive decoder.path=static``.
 """
 from __future__ import annotations
 
@@ -54,17 +60,18 @@ from coolsd.types import Draft
 def order_refusal(decoder: Any) -> str | None:
     """Why the spatial order of ``decoder`` cannot run on the static path, or None."""
     order = decoder.order
-    if isinstance(order, AdaptiveRowWindow):
-        return "ZipAR's adaptive window (AdaptiveRowWindow) runs on the eager path only"
-    if type(order) not in (RowWindow, RowJacobi):
-        return f"its generation order ({type(order).__name__}) has no static step (ZipAR's RowWindow and PJD's " \
-               "RowJacobi have one)"
+    if type(order) not in (RowWindow, AdaptiveRowWindow, RowJacobi):
+        return f"its generation order ({type(order).__name__}) has no static step (ZipAR's RowWindow and " \
+               "AdaptiveRowWindow and PJD's RowJacobi have one)"
     return None
 
 
 def order_step(decoder: Any) -> RowWindowStep | RowJacobiStep:
     """The static step of the spatial order of ``decoder`` (``order_refusal`` passed)."""
-    return RowWindowStep(decoder) if isinstance(decoder.order, RowWindow) else RowJacobiStep(decoder)
+    order = decoder.order
+    if isinstance(order, RowWindow):
+        return RowWindowStep(decoder)
+    return AdaptiveRowWindowStep(decoder) if isinstance(order, AdaptiveRowWindow) else RowJacobiStep(decoder)
 
 
 def _row_ends(model: Any) -> torch.Tensor | None:
@@ -194,7 +201,14 @@ class RowJacobiStep:
         self.model, self.rule = model, decoder.rule
         self.rows, self.cols = order.rows, order.cols
         self.context = min(order.context, self.cols)
-        self.window = min(order.window, self.cols)  # W: a row's inputs (its anchor and W − 1 drafts)
+        self.limit = min(order.window, self.cols)  # a row's inputs at most (its anchor and its drafts)
+        #: every active row commits its next token (ZipAR), not the top one only (PJD)
+        self.lower_rows_sample = order.lower_rows_sample
+        #: a new row below an incomplete row holds its first token as a draft to verify again (ZipAR's adaptive
+        #: window; ``order.tentative``)
+        self.adaptive = bool(getattr(order, "adaptive", False))
+        #: W: a segment's inputs (a row's anchor and W − 1 drafts; a tentative row: its stand-in and first token)
+        self.window = min(max(self.limit, 2 if self.adaptive else 1), self.cols)
         #: A: the most rows active at once (module doc)
         self.segments = min(self.rows, self.cols - self.context + 1)
         self.width = 1 + self.segments * self.window  # T
@@ -265,7 +279,11 @@ class RowJacobiStep:
         live = started.gather(1, row) & (c < cols) & active[:, None]  # (B, A)
         c_above = count.gather(1, (row - 1).clamp(min=0))
         above = torch.where(self.segment[..., 0] == 0, cols, c_above)
-        drafts = torch.where(live, torch.minimum(above - c, torch.full_like(c, w)) - 1, 0).clamp(min=0)
+        drafts = torch.where(live, torch.minimum(above - c, torch.full_like(c, self.limit)) - 1, 0).clamp(min=0)
+        # a new row below an incomplete row (adaptive ZipAR): its first token, drafted the forward before, if any
+        tentative = live & (c == 0) & (self.segment[..., 0] > 0) if self.adaptive else None
+        if tentative is not None:
+            drafts = torch.where(tentative, carried.gather(1, row).clamp(max=1), drafts)
         base = row * cols + c  # (B, A) each row's first draft cell
         own = c > 0
         above_end = (row - 1).clamp(min=0) * cols + cols - 1
@@ -328,6 +346,8 @@ class RowJacobiStep:
         d_valid = draft_ok.reshape(chains, w - 1)
         f_chain = fw[img][:, None]
         base_c = base.reshape(chains)
+        # the next token's draw: index 0 at the cell it commits to; a tentative first token's 1 + the forward count
+        index = 0 if tentative is None else torch.where(tentative, fw[:, None] + 1, 0).reshape(chains, 1)
         u_accept = ws.streams.uniform_keyed(d_cell, ACCEPT, f_chain, img)
         k = self.column[None, :]  # (1, W) an output's place
         o_cell = torch.where(live.reshape(chains, 1) & (k <= drafts.reshape(chains, 1)), base_c[:, None] + k, n)
@@ -335,20 +355,26 @@ class RowJacobiStep:
         verdict = verify_chain(
             self.rule, p_chain, Draft(tokens=draft.gather(1, flat_cell).reshape(chains, w - 1), q=d_q,
                                       valid=d_valid, forwards=[0] * chains),
-            u_accept, lambda accepted: ws.streams.uniform_keyed((base_c + accepted)[:, None], SAMPLE, 0, img)[:, 0])
+            u_accept,
+            lambda accepted: ws.streams.uniform_keyed((base_c + accepted)[:, None], SAMPLE, index, img)[:, 0])
         accepted = verdict.num_accepted.view(b, segments)
-        # commit: every draft at its cell (a prefix of them counts), the top row's next token after its accepted ones
+        next_token = verdict.next_token.view(b, segments)
+        # commit: every draft at its cell (a prefix of them counts), the next token after a row's accepted ones (the
+        # top row's; ZipAR: every row's)
         ws.tokens.scatter_(1, flat_cell, draft.gather(1, flat_cell))
-        bonus = live[:, 0]
-        at = torch.where(bonus, base[:, 0] + accepted[:, 0], n)
-        ws.tokens.scatter_(1, at[:, None], verdict.next_token.view(b, segments)[:, :1])
+        bonus = live & ((self.segment[..., 0] == 0) | self.lower_rows_sample)  # (B, A)
+        ws.tokens.scatter_(1, torch.where(bonus, base + accepted, n), next_token)
         # the next drafts: a fresh sample of every output, its q that output (the Jacobi update)
         carry = sample(p_chain, u_carry)  # (C, W)
         o_flat = o_cell.reshape(b, segments * w)
         draft.scatter_(1, o_flat, carry.reshape(b, segments * w))
         q.scatter_(1, o_flat[..., None].expand(-1, -1, v), p_chain.reshape(b, segments * w, v))
         # the counts, the slots kept, the carried drafts and the rows that start
-        m = torch.where(live, accepted + (self.segment[..., 0] == 0).long(), 0)  # (B, A) tokens committed per row
+        m = torch.where(live, accepted + bonus.long(), 0)  # (B, A) tokens committed per row
+        if tentative is not None:  # a tentative row: its first token and the next once accepted, else nothing
+            again = tentative & (accepted == 0) & (drafts > 0)  # rejected: the residual's sample replaces it
+            draft.scatter_(1, torch.where(again, base, n), torch.where(again, next_token, draft[:, n:]))
+            m = torch.where(tentative, torch.where(accepted == 1, 2, 0), m)
         place = self.column[None, None, :]  # (1, 1, W)
         keep_seg = (place < m[..., None]) & ((place >= 1) | own[..., None])  # (B, A, W)
         kept = torch.cat([finish[:, None], keep_seg.flatten(1)], 1)  # (B, T) in input order
@@ -395,3 +421,10 @@ class RowJacobiStep:
             second = kept & ends[cell]
             slots.scatter_(1, torch.where(second, first + 1, scratch).clamp(max=scratch), cell)
         st["filled"].add_(units.sum(1))
+
+
+class AdaptiveRowWindowStep(RowJacobiStep):
+    """ZipAR's adaptive window as one fixed-shape step (module doc): ``row_jacobi``'s step with a segment of two
+    inputs per row, every row's next token committed and a new row's first token tentative."""
+
+    name = "row_adaptive"

@@ -483,19 +483,30 @@ def static_call(fn: Callable[[], tuple[torch.Tensor, ...]], mode: str, model: Im
     return call
 
 
-class StaticForwardProbe:
-    """A static cache as the static loop has it (``DeviceKVCache`` over a prefill with ``extra_slots``), holding
-    the prompt and ``context`` image tokens; each call rewinds its lengths and forwards one more block with
-    ``model.static_forward`` (the mask over the whole capacity, built on the device from positions)."""
+def commit_context(model: ImageARModel, cache: DeviceKVCache, context: int) -> None:
+    """``context`` random image tokens committed to a batch-1 static ``cache`` as AR commits them: one
+    ``static_forward`` of one token and a ``keep`` each (a static cache with structural slots, Lumina-mGPT's
+    ``RowEndKVCache``, places them as a step does)."""
+    one = torch.ones(1, dtype=torch.long, device=model.device)
+    with model.decode_context():
+        for i, token in enumerate(torch.randint(model.codebook_size, (context,), device=model.device)):
+            model.static_forward(cache, token.view(1, 1), torch.full((1, 1), i, device=model.device))
+            cache.keep(one)
 
-    def __init__(self, model: ImageARModel, prompt: str, context: int, extra_slots: int) -> None:
+
+class StaticForwardProbe:
+    """A static cache as the static loop has it (the model's ``static_cache`` over its ``static_prefill`` with
+    ``extra_slots``, sized for a block of ``levels``), holding the prompt and ``context`` image tokens; each call
+    rewinds its lengths and forwards one more block with ``model.static_forward`` (the mask over the whole capacity,
+    built on the device from positions)."""
+
+    def __init__(self, model: ImageARModel, prompt: str, context: int, extra_slots: int,
+                 levels: tuple[int, ...] | None = None) -> None:
         self.model = model
         with _piecewise_off(model):
-            cache, _ = model.prefill([prompt], extra_slots=extra_slots)
-            if context:
-                tokens = torch.randint(model.codebook_size, (1, context), device=model.device)
-                model.forward_block(cache, tokens, torch.arange(context, device=model.device)[None])
-        self.cache = DeviceKVCache.of(cache)
+            prefilled, _ = model.static_prefill([prompt], extra_slots=extra_slots)
+        self.cache = model.static_cache(prefilled, levels)
+        commit_context(model, self.cache, context)
         self.base = self.cache.lengths.clone()
         self.context = context
 
@@ -641,16 +652,13 @@ def static_model_drafter_probes(decoder: Decoder, prompt: str, context: int, see
     streams = Streams.persistent_for(1, device)
     streams.reseed([seed])
     drafter.static_prefill([prompt], depth, tree)
-    if context:  # the context's committed tokens, through the draft model's eager forward (its own slots)
-        tokens = torch.randint(model.codebook_size, (1, context), device=device)
-        positions = torch.arange(context, device=device)[None]
-        with _piecewise_off(draft_model), padding_invariant_attention(model.batch_invariant):
-            draft_model.forward_block(drafter._prefilled[0], tokens, positions)
     first = torch.zeros(1, dtype=torch.long, device=device)
     with model.decode_context():
         drafter.static_begin(None, first, streams, depth, room=loop.drafter_room)
     state = drafter.static
     cache, width = state.cache, state.tokens.shape[1]
+    with padding_invariant_attention(model.batch_invariant):  # the context's committed tokens, in its own cache
+        commit_context(draft_model, cache, context)
     state.tokens.random_(model.codebook_size)
     state.count.fill_(width)  # a fully accepted iteration's pending tokens (the feed's cost is the same)
     state.start.fill_(context)
@@ -749,7 +757,7 @@ class StaticCostModel:
         self.network_keys: list[str] = []
         self.steps: dict[str, int] = {}  # label -> steps per runner call (add_step)
         self.model = model
-        caches: dict[int, StaticForwardProbe] = {}
+        caches: dict[tuple, StaticForwardProbe] = {}
         runs: dict[str, Callable[[], Any]] = {}
         gen = torch.Generator(device=model.device).manual_seed(seed)
         for dec in decoders.values():
@@ -758,9 +766,9 @@ class StaticCostModel:
             if plain:
                 self.ar_block = key
             if key not in self.block_probes:
-                slots = dec.max_nodes + 1
-                target = caches.get(slots) or caches.setdefault(
-                    slots, StaticForwardProbe(model, prompt, context, slots))
+                slots, levels = dec.max_nodes + 1, dec.static.levels
+                target = caches.get((slots, levels)) or caches.setdefault(
+                    (slots, levels), StaticForwardProbe(model, prompt, context, slots, levels))
                 run = runs[key] = target.block(block.tokens, TreeShape.load(block.tree) if block.tree else None)
                 u = torch.rand(1, generator=gen, device=model.device)
 

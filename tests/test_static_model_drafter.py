@@ -99,17 +99,48 @@ OTHER_TINY = ["llamagen_t2i_tiny", "lumina_tiny", "emu3_tiny", pytest.param("jan
 def test_static_model_drafter_on_the_other_tiny_models(name):
     """The same on the text-to-image tiny models (the draft model's own prefill of padded captions or prompts of
     their own lengths; a draft model whose blocks add end-of-row slots, rolled back by the lengths it recorded):
-    SD's chain, a batch of 3 and one image alone. A tree over a draft model with end-of-row slots is refused,
-    naming the chain."""
+    SD's chain, a batch of 3 and one image alone."""
     model, cfg = compose_tiny(name)
-    eager, static = build(cfg, model, "sd", "eager"), build(cfg, model, "sd", "static")
+    assert_same_on_the_tiny_model(model, cfg, "sd")
+
+
+def assert_same_on_the_tiny_model(model, cfg, label: str) -> None:
+    """Static == eager tokens and statistics for a decoder of ``CASES`` on a text-to-image tiny model, a batch
+    of 3 and one image alone."""
+    eager, static = build(cfg, model, label, "eager"), build(cfg, model, label, "static")
     prompts = ["a red cat", "a dog on a very long road in the rain", "blue", "a house"]
     pairs = list(zip(eager.generate_batch(prompts[:3], [0, 1, 2]), static.generate_batch(prompts[:3], [0, 1, 2])))
     pairs.append((eager.generate(prompts[3], 3), static.generate(prompts[3], 3)))
     assert_same(model, pairs)
-    if name in ("lumina_tiny", "emu3_tiny"):
-        with pytest.raises(Exception, match=r"decoder.path=static.*end-of-row slots.*decoder.tree=null"):
-            build(cfg, model, "sd_static_tree", "static")
+    assert all(b.stats.batch_size == (3 if i < 3 else 1) for i, (_, b) in enumerate(pairs))
+
+
+@pytest.fixture(scope="module")
+def row_end_suites():
+    """The tiny models whose draft model adds end-of-row slots to its blocks (Lumina-mGPT's, Emu3's)."""
+    return {name: compose_tiny(name) for name in ("lumina_tiny", "emu3_tiny")}
+
+
+@pytest.mark.parametrize("label", ["sd_static_tree", "lantern"])
+@pytest.mark.parametrize("name", ["lumina_tiny", "emu3_tiny"])
+def test_static_model_drafter_trees_over_end_of_row_slots(row_end_suites, name, label):
+    """Trees over a draft model whose blocks add end-of-row slots (each level's mask carried over to the model
+    slots of the levels before it, ``RowEndKVCache.tree_mask``): SD's static tree and LANTERN's EAGLE-2 tree
+    give the eager decoder's tokens and statistics on the static path, a batch of 3 and one image alone."""
+    model, cfg = row_end_suites[name]
+    assert build(cfg, model, label, "static").static.step_name == "tree"
+    assert_same_on_the_tiny_model(model, cfg, label)
+
+
+def test_sync_guard_model_drafter_tree_over_end_of_row_slots(row_end_suites, monkeypatch):
+    """At most 1 host read per iteration of a static tree over a draft model with end-of-row slots."""
+    model, cfg = row_end_suites["lumina_tiny"]
+    static = build(cfg, model, "sd_static_tree", "static")
+    prompts, seeds = ["a red cat", "blue"], [1, 2]
+    static.generate_batch(prompts, seeds)
+    guard, calls = guarded_decode(monkeypatch, static, prompts, [s + 10 for s in seeds])
+    monkeypatch.undo()
+    assert guard.total <= calls and set(guard.reads) <= {"__bool__"}, guard.where[:3]
 
 
 @pytest.mark.parametrize("label", ["sd", "sd_static_tree", "sd_dynamic_tree"])

@@ -20,11 +20,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from coolsd.decoding import Decoder
-from coolsd.static import StaticLoop
 from coolsd.static.capture import Runner, StorageLedger, stable_storage
 from coolsd.static.loop import static_refusal
-from coolsd.sync_guard import SyncGuard
 from tests.helpers import CONFIGS, invariance_property
+from tests.test_static_path import guarded_decode
 
 #: per model: the suite decoders' overrides that make ZipAR and PJD more than AR on its small grid (None: the
 #: model's own defaults)
@@ -109,23 +108,6 @@ def test_static_orders_and_sv_give_the_eager_tokens_and_statistics(model_name, n
         assert all(a.stats.iterations < eager.model.num_image_tokens - 1 for a, _ in pairs)
     else:
         assert not any(b.stats.tv_measured for _, b in pairs)
-
-
-def guarded_decode(monkeypatch, decoder: Decoder, prompts, seeds) -> tuple[SyncGuard, int]:
-    """Decode one batch with every host read of the static loop's decode counted (its steps and its one read per
-    iteration; not the prefill or the final read of the statistics); returns the guard and the step calls."""
-    guard, calls = SyncGuard(), []
-    decode = StaticLoop.decode
-
-    def counted(self, ws, runner, clock):
-        with guard:
-            calls.append(decode(self, ws, runner, clock))
-        return calls[-1]
-
-    monkeypatch.setattr(StaticLoop, "decode", counted)
-    decoder.generate_batch(prompts, seeds)
-    monkeypatch.undo()
-    return guard, calls[0]
 
 
 @pytest.mark.parametrize("model_name", ["embedded", "lumina_tiny"])

@@ -84,6 +84,23 @@ def same_generation(a, b, tv_rel: float = 1e-12) -> bool:
             and math.isclose(a.stats.tv_sum, b.stats.tv_sum, rel_tol=tv_rel, abs_tol=1e-15))
 
 
+def eager_and_static_pairs(eager: Decoder, static: Decoder, prompts, alone: int, tv_rel: float) -> list[tuple]:
+    """``prompts`` as one batch (seeds 3, 4, ...) and ``prompts[alone]`` alone (seed 7) on both paths: the same
+    generations (``same_generation``; where the machine's linears are not batch-invariant, at most one differs);
+    returns the (eager, static) pairs, the batch's first."""
+    from coolsd.static.loop import static_refusal
+
+    assert static_refusal(static) is None and static.static is not None
+    seeds = [3 + i for i in range(len(prompts))]
+    pairs = list(zip(eager.generate_batch(prompts, seeds), static.generate_batch(prompts, seeds)))
+    pairs.append((eager.generate(prompts[alone], 7), static.generate(prompts[alone], 7)))
+    differ = [i for i, (a, b) in enumerate(pairs) if not same_generation(a, b, tv_rel)]
+    bitwise = invariance_property(eager.model) == "bitwise"
+    assert not differ if bitwise else len(differ) <= 1, f"static != eager for images {differ}"
+    assert [b.stats.batch_size for _, b in pairs] == [len(prompts)] * len(prompts) + [1]
+    return pairs
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_static_path_gives_the_eager_tokens_and_statistics(embedded, name):
     """On the embedded model in float32 every static decoder (chains, Jacobi windows, static and EAGLE-2 trees,

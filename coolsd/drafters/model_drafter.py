@@ -17,8 +17,9 @@ chain: the eager chain leaves one or two; ``depth + 1`` for a tree: the accepted
 ``static_observe`` rolls the cache back by moving each image's length (a chain's to the length recorded after its
 last kept draft, so draft models whose blocks add structural slots, Lumina-mGPT's and Emu3's, roll back alike). A
 chain drafts all ``depth`` levels (those past an image's ``limit`` are invalid), a static or EAGLE-2 tree every
-level of its shape (``draft_static_tree`` / ``draft_dynamic_tree`` with ``static``; not over a draft model with
-structural slots, ``static_reason``).
+level of its shape (``draft_static_tree`` / ``draft_dynamic_tree`` with ``static``); over a draft model with
+structural slots a tree level's mask is carried over to the model slots of the levels before it
+(``RowEndKVCache.tree_mask``), and a tree's slots are dropped by the same length move.
 
 Example: ``python run.py model=tiny decoder=sd drafter=tiny`` (layer-skip self-drafting);
 ``python run.py model=tiny decoder=sd decoder.path=static`` (the same drafter on the static path).
@@ -188,10 +189,8 @@ class ModelDrafter(Drafter):
     def static_reason(self, tree: TreeShape | DynamicTree | None) -> str | None:
         """Why this drafter cannot run on the static path with ``tree`` (``Drafter.static_reason``; None: it can): a
         draft model without a static forward, one whose forwards would run in another attention kernel than the
-        target's (the static step runs every forward inside the target's decode context), or a tree over a draft
-        model that adds structural slots to its static blocks (Lumina-mGPT's and Emu3's end-of-row slots: their
-        ``static_forward`` takes a tree mask over its own block only, and a tree's later levels attend to its
-        earlier ones)."""
+        target's (the static step runs every forward inside the target's decode context). Chains and trees run
+        over every draft model with a static forward, those whose blocks add structural slots included."""
         model = type(self.model).__name__
         if not self.model.static_path:
             return f"has no static form: its draft model ({model}) has no static forward"
@@ -199,14 +198,17 @@ class ModelDrafter(Drafter):
         if mine != target:
             return (f"has no static form: its draft model's attention kernel ({mine}) is not the target's "
                     f"({target}), in whose decode context the static step runs")
-        if tree is not None and type(self.model).static_cache is not ImageARModel.static_cache:
-            return (f"drafts trees on the static path only over a draft model without structural slots, and its "
-                    f"draft model ({model}) adds end-of-row slots to its blocks; draft a chain (decoder.tree=null)")
         return None
 
     @property
     def static_path(self) -> bool:
         return self.static_reason(None) is None
+
+    @property
+    def structural(self) -> bool:
+        """Whether the draft model adds structural slots to its static blocks (its own ``static_cache``:
+        Lumina-mGPT's and Emu3's end-of-row slots, a ``RowEndKVCache``)."""
+        return type(self.model).static_cache is not ImageARModel.static_cache
 
     @staticmethod
     def static_width(depth: int, tree: TreeShape | DynamicTree | None) -> int:
@@ -218,7 +220,7 @@ class ModelDrafter(Drafter):
         """The draft model's prefill of the images the next ``static_begin`` or ``static_refill`` starts, as the
         eager ``begin`` runs it (padding-invariant attention on a batch-invariant target, no decode context, no
         piecewise compiled layers), at the capacity one iteration needs beyond the image: the pending block, then
-        the chain's ``depth − 1`` draft forwards or every node of the tree."""
+        the chain's ``depth − 1`` draft forwards or every node of the tree (with its structural slot)."""
         from coolsd.static.loop import _piecewise_off
 
         if isinstance(tree, TreeShape):
@@ -227,6 +229,8 @@ class ModelDrafter(Drafter):
             nodes = tree.depth * tree.top_k
         else:
             nodes = depth - 1
+        if tree is not None and self.structural:  # a level reserves a structural slot for each node
+            nodes *= 2
         room = self.static_width(depth, tree) + nodes
         with _piecewise_off(self.model), padding_invariant_attention(self.target.batch_invariant):
             cache, _ = self.model.static_prefill(list(prompts), extra_slots=room)
@@ -292,10 +296,20 @@ class ModelDrafter(Drafter):
         return DraftRows(q=stream_probs(logits, self.target.sampling), finite=finite_images(logits))
 
     def _static_expand(self, request: Expansion) -> DraftRows:
-        """``_expand`` of the static path: the root request feeds the fixed pending block."""
+        """``_expand`` of the static path: the root request feeds the fixed pending block. Over a draft model
+        with structural slots (a ``RowEndKVCache``) the levels are recorded from the root on, and each level's
+        mask in image units is carried over to the model slots of the levels before it
+        (``RowEndKVCache.tree_mask``)."""
+        slots = self.structural
         if request.root:
-            return self._static_feed()
-        out = self.model.static_forward(self.cache, request.tokens, self._clamp(request.positions), request.mask)
+            rows = self._static_feed()
+            if slots:
+                self.cache.open_tree()
+            return rows
+        mask = self.cache.tree_mask(request.mask) if slots else request.mask
+        out = self.model.static_forward(self.cache, request.tokens, self._clamp(request.positions), mask)
+        if slots:
+            self.cache.record_tree()
         return DraftRows(q=stream_probs(out.logits, self.target.sampling), finite=finite_images(out.logits))
 
     def static_propose(self, last_tokens, t, limit, depth, tree=None, cache=None) -> Draft:

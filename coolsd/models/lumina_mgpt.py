@@ -531,6 +531,9 @@ class RowEndKVCache(DeviceKVCache):
     width: int = 1
     levels: tuple[int, ...] | None = None
     layout: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, T) block row of each node, (B, T) row end
+    #: a draft tree's levels since ``open_tree``: (B, R + 1) the tree node of each model slot they hold
+    #: (column R: scratch), (B,) the model slots they hold, and how many nodes
+    drafted: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
     @classmethod
     def over(cls, prefilled: StaticKVCache, width: int, levels: tuple[int, ...] | None) -> RowEndKVCache:
@@ -576,6 +579,44 @@ class RowEndKVCache(DeviceKVCache):
         model_index = torch.zeros_like(entries[:, :1]).expand(-1, 2 * n + 1).clone().scatter_(1, to, entries)
         kept_ends = (node_ends & (self.columns(n) < counts[:, None])).sum(1)
         super().keep(counts + kept_ends, model_index[:, :2 * n])
+
+    # -- a draft tree's levels (``ModelDrafter`` over a draft model with end-of-row slots) ------------------
+    def open_tree(self) -> None:
+        """Start recording the blocks that follow as a draft tree's levels after its root (``record_tree``),
+        whose masks in image units ``tree_mask`` carries over to model slots: none recorded yet."""
+        zero = torch.zeros_like(self.lengths)
+        self.drafted = (zero[:, None], zero, 0)
+
+    def record_tree(self) -> None:
+        """Record the latest block's nodes (``layout``) as the tree's next ones: the tree node of each model
+        slot they hold, an end-of-row slot its node's."""
+        owner, used, n = self.drafted
+        rows, ends = self.layout
+        t = rows.shape[1]
+        bound = owner.shape[1] - 1  # the most model slots the recorded levels hold (column bound: scratch)
+        grown = torch.cat([owner[:, :bound], torch.zeros_like(owner[:, :1]).expand(-1, 2 * t + 1)], 1)
+        node = n + self.columns(t).expand_as(rows)
+        at = used[:, None] + rows
+        grown.scatter_(1, at, node).scatter_(1, torch.where(ends, at + 1, bound + 2 * t), node)
+        self.drafted = (grown, used + t + ends.long().sum(1), n + t)
+
+    def tree_mask(self, tree_mask: torch.Tensor) -> torch.Tensor:
+        """A draft tree level's mask in image units, (F, K) or (B, F, K) over the tree's root, the N nodes
+        recorded since ``open_tree`` and the level's F nodes (``coolsd.trees.Expansion``), as
+        ``static_forward`` takes it: (B, F, E + F) over the last E model slots before the block (E: the
+        recorded levels' bound), each recorded slot seen as its node (an end-of-row slot as its node), the
+        older ones (the root's and the committed slots before it) seen by every node."""
+        owner, used, n = self.drafted
+        f, k = tree_mask.shape[-2:]
+        if k != 1 + n + f:
+            raise ValueError(f"a tree mask of shape {tuple(tree_mask.shape)} does not cover the root, the "
+                             f"{n} nodes recorded since open_tree and {f} new ones")
+        masks = tree_mask.expand(used.shape[0], -1, -1) if tree_mask.dim() == 2 else tree_mask
+        e = owner.shape[1] - 1
+        since = self.columns(e) - (e - used)[:, None]  # (B, E): each column's slot since the root's (< 0)
+        node = owner.gather(1, since.clamp(min=0))  # (B, E)
+        seen = masks[:, :, 1:1 + n].gather(2, node[:, None, :].expand(-1, f, -1)) | (since < 0)[:, None, :]
+        return torch.cat([seen, masks[:, :, 1 + n:]], -1)
 
 
 class EndOfRowBlocks:

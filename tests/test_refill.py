@@ -41,6 +41,18 @@ def lock_step(decoder: Decoder, prompts, seeds, width: int) -> list:
     return gens
 
 
+def assert_refill_equals_lock_step(decoder: Decoder, prompts, seeds, width: int, between=None):
+    """``prompts`` through ``width`` rows refilled as each image finishes give their lock-step images (at most one
+    differing where the machine's linears are not batch-invariant); ``between()`` is called after the lock-step
+    batches, before the refilled queue, and its value returned."""
+    lock = lock_step(decoder, prompts, seeds, width)
+    value = between() if between is not None else None
+    stream = decoder.static.generate_stream(prompts, seeds, list(range(len(prompts))), width)
+    differ = [i for i, (a, b) in enumerate(zip(lock, stream)) if not same_image(a, b)]
+    assert not differ if invariance_property(decoder.model) == "bitwise" else len(differ) <= 1, differ
+    return value
+
+
 def same_image(a, b) -> bool:
     """The same tokens and statistics (the TV to 1e-5 relative, module doc)."""
     fields = ("iterations", "accepted_hist", "target_forwards", "drafter_forwards", "tv_steps", "num_tokens")
@@ -194,10 +206,7 @@ def test_prefix_all_drafter_and_padded_captions_refill_as_lock_step():
     decoder = Decoder("sd", model, ExactRule(), draft_len=2, drafter=drafter, path="static")
     prompts = ["a red cat", "a dog on a very long road in the rain", "blue", "a house", "green tree"]
     seeds = [5, 6, 7, 8, 9]
-    lock = lock_step(decoder, prompts, seeds, 2)
-    stream = decoder.static.generate_stream(prompts, seeds, list(range(5)), 2)
-    differ = [i for i, (a, b) in enumerate(zip(lock, stream)) if not same_image(a, b)]
-    assert not differ if invariance_property(model) == "bitwise" else len(differ) <= 1, differ
+    assert_refill_equals_lock_step(decoder, prompts, seeds, 2)
 
 
 def test_a_refilled_queue_is_one_throughput_batch():

@@ -22,8 +22,8 @@ from baselines.exact import ExactRule
 from coolsd.decoding import Decoder
 from coolsd.drafters.eagle import EagleDrafter, EagleHead
 from coolsd.kv_cache import DeviceKVCache
-from tests.helpers import CONFIGS, invariance_property
-from tests.test_refill import lock_step, same_image
+from tests.helpers import CONFIGS
+from tests.test_refill import assert_refill_equals_lock_step
 from tests.test_static_path import assert_static_reads, eager_and_static_pairs
 
 #: prompts of different lengths (57, 33 and 80 tokens with the tiny character tokenizer)
@@ -95,10 +95,7 @@ def test_refilled_janus_images_equal_their_lock_step_images(janus):
     model, cfg = janus
     decoder = build(cfg, model, "sd", "static", refill=True)
     prompts, seeds = [*PROMPTS, "a tree", "two dogs on a beach"], [20, 21, 22, 23, 24]
-    lock = lock_step(decoder, prompts, seeds, 2)
-    stream = decoder.static.generate_stream(prompts, seeds, list(range(5)), 2)
-    differ = [i for i, (a, b) in enumerate(zip(lock, stream)) if not same_image(a, b)]
-    assert not differ if invariance_property(model) == "bitwise" else len(differ) <= 1, differ
+    assert_refill_equals_lock_step(decoder, prompts, seeds, 2)
 
 
 # -- the fixed prompt width and the prompt lengths on the device ---------------------------------------------

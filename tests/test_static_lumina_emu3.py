@@ -34,10 +34,10 @@ from baselines.jacobi import JacobiDrafter
 from coolsd.decoding import Decoder
 from coolsd.drafters.eagle import EagleDrafter, EagleHead
 from coolsd.models.lumina_mgpt import EndOfRowBlocks, RowEndKVCache
-from tests.helpers import CONFIGS, chi_square_pvalue, invariance_property
+from tests.helpers import CONFIGS, chi_square_pvalue
 from tests.test_emu3 import EXACT_PROMPTS, enumerable_emu3, exact_grid_probs, grid_index
-from tests.test_refill import lock_step, same_image
-from tests.test_static_path import assert_static_reads, eager_and_static_pairs
+from tests.test_refill import assert_refill_equals_lock_step
+from tests.test_static_path import assert_static_reads, eager_and_static_pairs, static_lossless
 
 MODELS = ("lumina_tiny", "emu3_tiny")
 #: prompts of different lengths (19, 25 and 21 prefix tokens on lumina_tiny; 17, 23 and 19 on emu3_tiny)
@@ -132,10 +132,7 @@ def test_refilled_images_equal_their_lock_step_images(tiny):
     model, cfg = tiny
     decoder = build(cfg, model, "sd", "static", refill=True)
     prompts, seeds = [*PROMPTS, "a tree", "a cat on the sky"], [20, 21, 22, 23, 24]
-    lock = lock_step(decoder, prompts, seeds, 2)
-    stream = decoder.static.generate_stream(prompts, seeds, list(range(5)), 2)
-    differ = [i for i, (a, b) in enumerate(zip(lock, stream)) if not same_image(a, b)]
-    assert not differ if invariance_property(model) == "bitwise" else len(differ) <= 1, differ
+    assert_refill_equals_lock_step(decoder, prompts, seeds, 2)
 
 
 # -- a block and its keep, the prefill ------------------------------------------------------------------------
@@ -238,26 +235,6 @@ def test_static_steps_compile_whole_without_recompiling(config, kind):
 
 
 # -- exactness -----------------------------------------------------------------------------------------------
-def static_lossless(model) -> dict[str, Decoder]:
-    """The lossless static decoders on ``model``: AR, SD with a random EAGLE head's chain, EAGLE-1's static tree and
-    an EAGLE-2 tree, SJD, SJD-PAC (its K = 2, D = 3 tree, both branching levels full); windows and trees span the
-    end of the first row."""
-    def eagle():
-        return EagleDrafter(model, head=EagleHead(model, init_seed=4))
-
-    return {
-        "ar": Decoder("ar", model, ExactRule(), path="static"),
-        "sd_eagle_chain": Decoder("sd", model, ExactRule(), draft_len=3, path="static", drafter=eagle()),
-        "sd_eagle_tree": Decoder("sd", model, ExactRule(), path="static", drafter=eagle(), tree="mc_sim_7b_63"),
-        "sd_eagle_dynamic_tree": Decoder("sd", model, ExactRule(), path="static", drafter=eagle(), tree="dynamic",
-                                         dynamic_tree={"top_k": 2, "depth": 3, "total_tokens": 6}),
-        "sjd": Decoder("sjd", model, ExactRule(), draft_len=3, path="static",
-                       drafter=JacobiDrafter(model, init="random")),
-        "sjd_pac": Decoder("sjd_pac", model, ExactRule(), draft_len=7, path="static", drafter=JacobiDrafter(
-            model, init="random_uniform_q", carry="maximal", tree_width=2, tree_depth=3)),
-    }
-
-
 @pytest.fixture(scope="module")
 def enumerable():
     model = enumerable_emu3()
@@ -273,7 +250,7 @@ def test_static_lossless_decoders_are_exact_on_an_enumerable_emu3(enumerable, na
     (0..n−1); the test fails when a p-value is below ``ALPHA`` = 1e-3, the false-alarm probability per prompt for
     a correct implementation and a random choice of seeds."""
     model, exact = enumerable
-    decoder = static_lossless(model)[name]
+    decoder = static_lossless(model, chain=3)[name]
     assert decoder.static is not None
     counts = {prompt: torch.zeros(model.codebook_size ** model.num_image_tokens) for prompt in EXACT_PROMPTS}
     for start in range(0, n, BATCH):

@@ -321,10 +321,11 @@ def exact_grid_probs(model: LlamaGen, prompt: str) -> torch.Tensor:
                         for grid in itertools.product(range(v), repeat=n)])
 
 
-def static_lossless(model: LlamaGen) -> dict[str, Decoder]:
+def static_lossless(model, chain: int = 2) -> dict[str, Decoder]:
     """Every lossless decoder the static path runs: AR, SD with a random EAGLE head's chain, the EAGLE-1 static tree
     and an EAGLE-2 dynamic tree, SJD, SJD-PAC (its K = 2, D = 3 tree, both branching levels full), SCD-MC, SCD-GS;
-    drafts past the grid's end (4 tokens) are invalid, so the trees are cut by the limit."""
+    drafts past the grid's end (4 tokens) are invalid, so the trees are cut by the limit; ``chain``: the EAGLE
+    chain's L."""
     def jacobi(**options):
         return JacobiDrafter(model, **{"init": "random", **options})
 
@@ -333,7 +334,7 @@ def static_lossless(model: LlamaGen) -> dict[str, Decoder]:
 
     return {
         "ar": Decoder("ar", model, ExactRule(), path="static"),
-        "sd_eagle_chain": Decoder("sd", model, ExactRule(), draft_len=2, path="static", drafter=eagle()),
+        "sd_eagle_chain": Decoder("sd", model, ExactRule(), draft_len=chain, path="static", drafter=eagle()),
         "sd_eagle_tree": Decoder("sd", model, ExactRule(), path="static", drafter=eagle(), tree="mc_sim_7b_63"),
         "sd_eagle_dynamic_tree": Decoder("sd", model, ExactRule(), path="static", drafter=eagle(), tree="dynamic",
                                          dynamic_tree=dict(top_k=2, depth=3, total_tokens=6)),

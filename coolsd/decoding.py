@@ -172,7 +172,10 @@ class Decoder:
         #: subsequence test (``baselines.sv``); a joint test without an analytic one-step TV sets ``analytic_tv``
         self.verifier = verifier
         self.tv_measured = bool(getattr(verifier, "analytic_tv", True))
-        if verifier is not None and (self.tree is not None or self.max_depth != self.max_nodes):
+        #: whether the verifier also verifies the drafter's own trees (PathRelax's paths), not chains only
+        self.verifies_trees = bool(getattr(verifier, "verifies_trees", False))
+        if verifier is not None and (self.tree is not None or (self.max_depth != self.max_nodes
+                                                               and not self.verifies_trees)):
             raise ValueError(self._tree_refusal())
         #: the eager loop's round, chosen once: plain AR to the end of the image, a whole image in a spatial order,
         #: one forward of a dynamic order, or the speculative iteration
@@ -497,9 +500,9 @@ class Decoder:
                                f"{self.max_nodes}")
         a0 = sum(count for _, count in drafter_draws)
         u_accept, u_sample = u_all[:, a0: a0 + m], u_all[:, a0 + self.max_nodes]
-        if not draft.is_chain and self.verifier is not None:
+        if not draft.is_chain and self.verifier is not None and not self.verifies_trees:
             raise ValueError(self._tree_refusal())
-        verify = (self.verifier or verify_chain) if draft.is_chain else verify_tree
+        verify = (self.verifier or verify_chain) if draft.is_chain or self.verifies_trees else verify_tree
         verdict = verify(rule, p, draft, u_accept, u_sample)
         seen = out  # what the drafter reads: the target's output, the skipping images' features in their rows
         if skips is not None:

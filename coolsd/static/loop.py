@@ -282,7 +282,7 @@ class StaticLoop:
         # 3. accept / resample with each image's ACCEPT draws 0..M−1 and SAMPLE draw 0 at t (the eager loop's)
         u = ws.streams.uniforms(t, index=self._draws)
         u_accept, u_sample = u[:, :m], u[:, decoder.max_nodes]
-        if self.tree_drafts:
+        if self.tree_drafts and not decoder.verifies_trees:
             verdict = verify_tree_parallel(decoder.rule, p, draft, u_accept, u_sample, self.width, depth,
                                            tests=decoder.track_tv, ancestors=mask, plan=plan,
                                            internal=self.internal, cache=self._constants)
@@ -337,7 +337,7 @@ class StaticLoop:
         """The most nodes at each depth of a block (``levels``): one per depth of AR and a chain, a static shape's
         own, an EAGLE-2 tree's ``top_k`` children of the root and ``top_k`` of each of its ``top_k`` frontier nodes
         below, SJD-PAC's window tree (the drafter's ``template``: ``tree_width`` siblings per branching level, then
-        its chain)."""
+        its chain), or what the drafter's ``block_levels(nodes)`` says (PathRelax's ``K`` paths)."""
         if self.order_step is not None:
             return self.order_step.levels
         if self.step_name == "ar":
@@ -351,6 +351,9 @@ class StaticLoop:
         if self.tree is not None:
             k = self.tree.top_k
             return (1, min(k, nodes)) + (min(k * k, nodes),) * (self.depth - 1)
+        block_levels = getattr(self.drafter, "block_levels", None)  # a drafter that says its own (PathRelax)
+        if block_levels is not None:
+            return block_levels(nodes)
         template = getattr(self.drafter, "template", None)
         if template is None:
             return None

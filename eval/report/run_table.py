@@ -40,9 +40,10 @@ FID_KEYS = ("fid", "fid_classifier", "fid_random_conv")  # marked † below FID_
 BIASED = "†"
 BIAS_NOTE = (f"{BIASED} FID over fewer than {FID_MIN_IMAGES:,} images: strongly biased upwards (the bias falls "
              "like 1/N, so FIDs of different N are not comparable); compare KID, which is unbiased.")
-TV_NOTE = ("TV – = not measured: the decoder verifies subsequences jointly (SJD-SV and its GSD / LANTERN "
-           "variants, baselines/sv.py), and a joint test has no analytic one-step TV; its distance to the target is "
-           "measured by the chi-square test on the lookup model instead (docs/jacobi-and-spatial.md).")
+TV_NOTE = ("TV – = not measured: the decoder's verification is not a sequence of token tests (SJD-SV and its GSD / "
+           "LANTERN variants verify subsequences jointly, baselines/sv.py; PathRelax commits the longest of "
+           "parallel paths, baselines/pathrelax.py), so it has no analytic one-step TV; its distance to the target "
+           "is measured by the chi-square test on the lookup model instead (docs/jacobi-and-spatial.md).")
 INTERVAL_NOTE = ("± = half the width of the 95 % interval (run.json `<metric>_ci` holds its ends; intervals of "
                  "ratios, speedup and FID are asymmetric); no ± = fewer than 2 images, or not estimable.")
 

@@ -113,14 +113,16 @@ def select_decoders(cfg: DictConfig, decoder_overridden: bool) -> dict[str, Dict
     ``decoder.refill=true`` every one refills its finished rows (AR's batches are unchanged by it).
 
     ``compare``: ``auto`` (the set ``all``, the default run's decoders, when no ``decoder=`` was given on the
-    command line, else none), ``none``, the name of a set of ``compare_sets`` (suite entry -> overrides of its
-    config, e.g. ``jacobi``: every window as long as SJD's), or a list of suite names.
+    command line, else the decoder's ``compare_auto`` entry, e.g. PathRelax beside SJD, or none), ``none``, the
+    name of a set of ``compare_sets`` (suite entry -> overrides of its config, e.g. ``jacobi``: every window as long
+    as SJD's), or a list of suite names.
     """
     suite = cfg.suite
     mode = cfg.compare
     sets = OmegaConf.select(cfg, "compare_sets", default=None) or {}
     if mode == "auto":
-        mode = "none" if decoder_overridden else "all"
+        beside = OmegaConf.select(cfg, f"compare_auto.{cfg.decoder.name}", default=None)
+        mode = "all" if not decoder_overridden else list(beside) if beside else "none"
     overrides: dict[str, Any] = {}
     if mode == "none":
         names = []

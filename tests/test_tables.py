@@ -187,10 +187,46 @@ def test_a_row_made_under_two_arithmetics_is_marked(tmp_path):
     assert "several float32 arithmetics" in tables.markdown
 
 
+def test_a_pathrelax_row_says_it_is_lossy(tmp_path):
+    """PathRelax beside SJD in a Jacobi table: its label says "lossy", since no TV column can (its verification is
+    not a token test, so its TV is not measured; the notes say why the cell is empty). The row preset is the one
+    ``experiment=table_jacobi_lumina`` and ``table_jacobi_emu3`` sweep (the authors' 2 paths x 12)."""
+    for name in ("table_jacobi_lumina", "table_jacobi_emu3"):
+        assert "pathrelax" in sweep(compose_with([f"experiment={name}"], hydra_cfg=True))["row"]
+    decoder = OmegaConf.to_container(compose_with(["experiment=table_jacobi_lumina", "row=pathrelax"]).decoder,
+                                     resolve=True)
+    assert decoder["name"] == "pathrelax" and decoder["draft_len"] == 24 and decoder["drafter"]["paths"] == 2
+    runs = tmp_path / "runs"
+    shutil.copytree(FIXTURES / "lumina", runs / "lumina")
+    shutil.copytree(runs / "lumina" / "1_sjd", runs / "lumina" / "4_pathrelax")  # SJD's numbers, PathRelax's config
+    path = runs / "lumina" / "4_pathrelax" / "run.json"
+    record = json.loads(path.read_text())
+    metrics = {**record["per_decoder"]["sjd"], "mean_accepted_length": 2.6, "tv_per_step": None,
+               "tv_measured": False}
+    metrics.pop("tv_per_step_ci")
+    record.update(decoder="pathrelax", metrics=metrics, per_decoder={"ar": record["per_decoder"]["ar"],
+                                                                     "pathrelax": metrics})
+    record["config"]["decoder"] = decoder
+    path.write_text(json.dumps(record))
+    frame = mt.measured_frame(mt.deduplicate(mt.measurements(mt.find_records([runs])))[0])
+    tables = mt.build_tables(frame, [], "t", mt.COLUMN_KEYS)
+    rows = table_cells(tables.markdown)
+    model = mt.MODEL_LABELS["lumina_mgpt_768"]
+    methods = [method for m, method in rows if m == model]
+    assert methods.index("SJD") < methods.index("PathRelax (lossy)") < methods.index("vanilla SD (EAGLE-1 tree)")
+    assert rows[(model, "PathRelax (lossy)")][-1] == "—" and rows[(model, "SJD")][-1] != "—"  # TV per step
+    assert mt.TV_NOTE in tables.markdown and "PathRelax" in mt.TV_NOTE
+    no_tv = mt.build_tables(frame[frame["decoder"] != "pathrelax"], [], "t", mt.COLUMN_KEYS)
+    assert mt.TV_NOTE not in no_tv.markdown  # the note only where a row's TV is not measured
+
+
 #: the reported-only methods (``published_numbers.csv`` rows with a ``reason``) and the ones without any number
 REPORTED = {"CSD (content-aware SD)", "CASCADE", "MuLo-SD (2× drafter)", "MuLo-SD (4× drafter)",
             "SJD2 (SJD2 paper, 592 steps)", "SJD2 (SJD-PAC paper)", "SSD", "SSD, r=2 (80 steps)", "Hawk", "SJD++",
-            "Entropy-aware SJD (535.5 steps)", "Entropy-aware SJD (1,594.5 steps)"}
+            "Entropy-aware SJD (535.5 steps)", "Entropy-aware SJD (1,594.5 steps)",
+            "ADT-Tree (abstract, MS-COCO 2017)", "ADT-Tree (abstract, PartiPrompts)",
+            "HB-SJD (batch 8-64, low end of the range)", "HB-SJD (batch 8-64, high end of the range)",
+            "Lock-step batched SJD (HB-SJD paper's baseline)"}
 NO_NUMBERS = {"CSD (content-aware SD)", "CASCADE", "SJD++"}  # abstracts only: every number stays empty
 
 
@@ -212,7 +248,7 @@ def test_reported_rows_print_apart_marked_reported_with_their_reason(fixture_tab
     for (model, method), cells in rows.items():  # a method may be reported for several models (SJD2, SSD)
         row = csv_rows[(csv_rows["method"] == method) & (csv_rows["model"] == model)].iloc[0]
         assert cells[-1] == row["reason"] and cells[-1] != "—" and pd.isna(row["decoder"])  # its reason, no decoder
-        numbers = cells[2:-1]  # between venue/benchmark and source/reason
+        numbers = cells[2:-2]  # between venue/benchmark and source/reason
         if method in NO_NUMBERS:
             assert set(numbers) == {"—"}, (method, numbers)
             assert row[["clip_score", "fid", "mean_accepted_length", "latency_s", "speedup"]].isna().all()
@@ -227,6 +263,34 @@ def test_reported_rows_print_apart_marked_reported_with_their_reason(fixture_tab
     assert set(kept["method"]) == REPORTED and kept["decoder"].isna().all() and kept["reason"].notna().all()
     assert kept.loc[kept["method"].isin(NO_NUMBERS), ["fid", "speedup"]].isna().all().all()
     assert "\\caption{Reported, not reproduced" in (fixture_tables / "fixture_table.tex").read_text()
+
+
+def test_adt_tree_and_hb_sjd_print_with_their_sources(fixture_tables):
+    """ADT-Tree (arXiv 2512.21857) prints its abstract's two speedups, each row with its source and the reason its
+    released code cannot be run for it (LANTERN's code; the flag goes unread, cited by commit and lines); HB-SJD
+    (arXiv 2608.18183) prints its abstract's range at batch 8-64 (both ends) and its lock-step baseline, the source
+    saying which batch gives which end is not stated. Fails if a row or its source goes missing."""
+    md = (fixture_tables / "fixture_table.md").read_text().split(mt.REPORTED_TITLE)[1]
+    header = next(line for line in md.splitlines() if line.startswith("| model |"))
+    titles = [c.strip() for c in header.strip("|").split("|")][2:]  # the cells after model and method
+    rows = {method: dict(zip(titles, cells)) for (_, method), cells in table_cells(md).items()}
+    for method, benchmark, speedup in (("ADT-Tree (abstract, MS-COCO 2017)", "MS-COCO 2017", "3.13×"),
+                                       ("ADT-Tree (abstract, PartiPrompts)", "PartiPrompts", "3.05×")):
+        row = rows[method]
+        assert row["speedup (×) ↑"] == speedup and row["benchmark"] == benchmark
+        assert "arXiv 2512.21857" in row["venue / arXiv"] and "abstract (arXiv 2512.21857v1)" in row["source"]
+        reason = row["why not reproduced"]
+        for cited in ("Haodong-Lei-Ray/ADT-Tree@6526280", "jadohu/LANTERN@3a56e45",
+                      "entrypoints/generate_images.py lines 59-60", "models/ea_model_anole.py lines 1017-1031"):
+            assert cited in reason, (method, cited)
+    metrics = [title for title in titles if title.endswith(("↑", "↓"))]
+    for method, speedup in (("HB-SJD (batch 8-64, low end of the range)", "1.30×"),
+                            ("HB-SJD (batch 8-64, high end of the range)", "1.49×"),
+                            ("Lock-step batched SJD (HB-SJD paper's baseline)", "0.94×")):
+        hb = rows[method]
+        assert hb["venue / arXiv"] == "arXiv 2608.18183" and "which batch gives which end is not stated" in hb["source"]
+        assert hb["speedup (×) ↑"] == speedup and "decoder.refill" in hb["why not reproduced"]
+        assert all(hb[title] == "—" for title in metrics if title != "speedup (×) ↑")  # nothing else is given
 
 
 def test_published_rows_of_reproduced_methods_follow_the_measured_decoders(fixture_tables, tmp_path):

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 DECODER_LABELS = {  # the order is the tables' method order
     "ar": "AR", "sjd": "SJD", "scd_mc": "SCD-MC", "scd_gs": "SCD-GS", "sjd_pac": "SJD-PAC", "gsd": "GSD",
+    "pathrelax": "PathRelax (lossy)",  # lossy, and no TV column can say so: its path choice is not a token test
     "sd": "vanilla SD", "lantern": "LANTERN", "lantern_pp": "LANTERN++", "coolsd": "COOL-SD", "zipar": "ZipAR",
     "zipar_adaptive": "adaptive ZipAR", "pjd": "PJD", "sjd_sv": "SJD-SV (unofficial)", "gsd_sv": "GSD-SV (unofficial)",
     "lantern_sjd": "LANTERN (Jacobi)", "vvs": "VVS"}

@@ -72,7 +72,7 @@ from eval.report.evaluation_card import (FIELDS, KEY_FIELDS, NOT_RECORDED, confl
                                          record_card, value_text)
 from eval.report.labels import (ALWAYS_NOTED, DECODER_LABELS, HEADLINE, STRENGTH, SWEEP_KEYS, canonical,
                                 decoder_options, method_label)
-from eval.report.run_table import CODE_MARK, CODE_NOTE, FID_KEYS, MIXED_MARK, MIXED_NOTE, marks
+from eval.report.run_table import CODE_MARK, CODE_NOTE, FID_KEYS, MIXED_MARK, MIXED_NOTE, TV_NOTE, marks
 
 PUBLISHED_CSV = Path(__file__).resolve().parent / "published_numbers.csv"
 PUBLISHED_TITLE = ("Published: COOL-SD paper (arXiv 2601.09212) main table, as reported; not measured here "
@@ -457,6 +457,7 @@ def measured_frame(rows: Sequence[Measurement]) -> pd.DataFrame:
             "speedup_ar_from": m.metrics.get("speedup_ar_from"),
             "fid_num_images": m.metrics.get("fid_num_images"),
             "num_timed": m.metrics.get("num_timed"),
+            "tv_measured": m.metrics.get("tv_measured") is not False,  # False: no analytic TV (SJD-SV, PathRelax)
             "hardware": hardware(m.environment, m.world_size),
             "torch": m.environment.get("torch"),
             "started": m.started,
@@ -899,6 +900,8 @@ def build_tables(measured: pd.DataFrame, notes: Sequence[str], name: str, wanted
             all_notes.append(MIXED_NOTE)
         if measured["method"].str.contains(CODE_MARK.strip(), regex=False).any():
             all_notes.append(CODE_NOTE)
+        if "tv_measured" in measured and not measured["tv_measured"].all():
+            all_notes.append(TV_NOTE)
         shared = sorted({str(f) for f in measured.get("speedup_ar_from", pd.Series(dtype=object)).dropna()})
         if shared:
             all_notes.append("AR timed once per table and GPU kind (eval.ar_timing=table): the speedups of the rows "

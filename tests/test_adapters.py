@@ -74,6 +74,7 @@ ADAPTERS = [
     Adapter("janus_tiny", ("model.pretrained=true", "model.arch=null", "+model.repo_id=deepseek-community/Janus-Pro-1B"),
             published="janus_pro_1b"),
     Adapter("lumina_tiny", ("model.pretrained=true", "+model.tokenizer_dir={empty}"), published="lumina_mgpt_768"),
+    Adapter("anole_tiny", ("model.pretrained=true",), published="anole_7b"),
     Adapter("emu3_tiny", ("model.pretrained=true", "model.arch=null", "+model.repo_id=BAAI/Emu3-Gen-hf"),
             published="emu3_gen"),
 ]

@@ -42,6 +42,9 @@ NEEDS = {
     # Lumina-mGPT: random weights of random_init's sizes (no hub, no Meta files); EAGLE from a tiny checkpoint
     ("model", "lumina_mgpt_768"): ["model.pretrained=false"],
     ("drafter", "lumina_mgpt_768"): ["model.pretrained=false", "drafter.checkpoint={lumina_eagle_checkpoint}"],
+    # Anole: the same random Chameleon sizes (random_init as lumina_mgpt_768's); EAGLE from that tiny checkpoint
+    ("model", "anole_7b"): ["model.pretrained=false"],
+    ("drafter", "anole_7b"): ["model.pretrained=false", "drafter.checkpoint={lumina_eagle_checkpoint}"],
     # Emu3-Gen: a random tiny model on a 4x4 grid instead of the hub download; EAGLE from a tiny checkpoint
     ("model", "emu3_gen"): ["model.pretrained=false", "model.arch={}", "model.image_area=1024"],
     ("drafter", "emu3_gen"): ["model.pretrained=false", "model.arch={}", "model.image_area=1024",

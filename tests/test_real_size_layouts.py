@@ -14,6 +14,7 @@ meta tensors: ``torch.save`` keeps their shapes and no storage).
 | ``jadohu/llamagen_drafter``, ``jadohu/llamagen2_drafter`` (``config.json`` + ``pytorch_model.bin``) | jadohu/LANTERN ``data/configs/llamagen_t2i{,2}_config.json`` + ``models/drafters/cnets_llamagen.py: Model`` | ``EagleDrafter(checkpoint=..., prefix="all")`` |
 | ``deepseek-community/Janus-Pro-1B`` / ``-7B`` | deepseek-ai/Janus-Pro-{1B,7B} ``config.json`` + deepseek-ai/Janus ``janus/models/{modeling_vlm,siglip_vit,projector,vq_model}.py``, renamed as transformers' ``convert_janus_weights_to_hf.py`` does | ``strict_load`` into ``JanusForConditionalGeneration`` inside ``JanusPro`` (``load_pretrained`` refuses missing / unexpected / mismatched keys; ``published_janus_pro``, checked by ``tests/test_adapters.py``) |
 | ``Alpha-VLLM/Lumina-mGPT-7B-768`` | Chameleon-7B's ``config.json`` values + Lumina-mGPT ``model/chameleon/modeling_chameleon.py`` (qk-norm per model-parallel shard) and ``convert_chameleon_weights_to_hf.py`` (``model.vqmodel.*`` = the VQGAN's non-decoder keys) | ``build_lumina_lm`` |
+| ``leloy/Anole-7b-v0.1-hf`` (Anole-7b, the checkpoint LANTERN and PathSpec load) | Chameleon-7B's ``config.json`` values (jadohu/LANTERN ``data/configs/anole_config.json``, one layer of the same sizes) + transformers' Chameleon layout as jadohu/LANTERN ``models/kv_variants/modeling_anole_kv.py`` declares it (qk-norm per head, ``ChameleonLayerNorm((num_heads, head_dim))``) and ``convert_chameleon_weights_to_hf.py`` (``model.vqmodel.*``) | ``build_lumina_lm`` |
 | ``vqgan.ckpt`` (Meta's Chameleon tokenizer) | its ``vqgan.yaml`` + Meta's ``chameleon/vqgan.py`` (taming layout; ``tests/test_lumina.py: meta_decoder_shapes``) | ``load_vqgan`` |
 | ``BAAI/Emu3-Gen-hf`` (language model) | BAAI/Emu3-Gen ``config.json`` values + baaivision/Emu3 ``emu3/mllm/modeling_emu3.py`` (``Emu3ForCausalLM``), renamed as transformers' ``conversion_mapping.py`` loads it | ``strict_load`` into ``Emu3ForConditionalGeneration`` |
 | ``BAAI/Emu3-Gen-hf`` (vision tokenizer, ``model.vqmodel.*``) | BAAI/Emu3-VisionTokenizer's config (the defaults of baaivision/Emu3 ``emu3/tokenizer/configuration_emu3visionvq.py``) + ``emu3/tokenizer/modeling_emu3visionvq.py`` (``Emu3VisionVQModel``), renamed as transformers' ``convert_emu3_weights_to_hf.py`` wrote the -hf checkpoint (attention 1x1 convolutions as linear weights) and as ``conversion_mapping.py`` loads it | the same ``strict_load``; exact layout of ``Emu3ForConditionalGeneration.model.vqmodel`` |
@@ -724,6 +725,30 @@ def test_lumina_mgpt_7b_768_loads_strictly_through_build_lumina_lm():
             build_lumina_lm(config, meta_state(corrupt), "corrupt")
 
 
+def anole_keys() -> Shapes:
+    """leloy/Anole-7b-v0.1-hf's safetensors: Lumina-mGPT's Chameleon-7B keys with the qk-norm weight and bias per
+    head, (num_heads, head_dim), as transformers' ``ChameleonLayerNorm((num_heads, head_dim))`` holds them (LANTERN's
+    ``modeling_anole_kv.py`` loads the checkpoint into that module with ``from_pretrained``)."""
+    heads = {"q": CHAMELEON_7B["num_attention_heads"], "k": CHAMELEON_7B["num_key_value_heads"]}
+    return {k: (heads[k.rsplit(".", 2)[-2][0]], s[1]) if ".self_attn." in k and "_norm." in k else s
+            for k, s in lumina_keys().items()}
+
+
+def test_anole_7b_loads_strictly_through_build_lumina_lm():
+    from transformers import ChameleonConfig
+
+    from coolsd.models.lumina_mgpt import build_lumina_lm
+
+    config = ChameleonConfig(**CHAMELEON_7B, vocabulary_map={"<image>": 8711})
+    shapes = anole_keys()
+    lm = build_lumina_lm(config, meta_state(shapes), "leloy/Anole-7b-v0.1-hf")
+    assert_layout(lm, lumina_lm_layout())  # the same module as Lumina-mGPT's, qk-norm rows already per head
+    assert sum(p.numel() for p in lm.parameters()) == 7_013_666_816
+    for corrupt in broken({k: s for k, s in shapes.items() if not k.startswith("model.vqmodel.")}):
+        with pytest.raises(ValueError, match="does not match"):
+            build_lumina_lm(config, meta_state(corrupt), "corrupt")
+
+
 def test_chameleon_vqgan_ckpt_loads_strictly_through_load_vqgan(tmp_path):
     from coolsd.models.chameleon_vqgan import load_vqgan
 
@@ -1088,17 +1113,33 @@ def published_lumina_mgpt() -> Published:
     language model) and the decoder of Meta's VQGAN (``vqgan.yaml``)."""
     from coolsd.models.lumina_mgpt import LuminaMGPT
 
+    init = chameleon_7b_init()
+    model = LuminaMGPT(**yaml_model("lumina_mgpt_768", pretrained=False, random_init=init, header="forced",
+                                    device="meta"))
+    decoder = meta_decoder_shapes(n_embed=CHAMELEON_VQGAN_YAML["n_embed"], **init["vqgan"])
+    return Published(model, {"lm": lumina_lm_layout(), "vqgan": decoder}, (48, 48), 8192)
+
+
+def chameleon_7b_init() -> dict[str, Any]:
+    """``random_init`` of the Chameleon adapters at Chameleon-7B's sizes, with the decoder of Meta's VQGAN."""
     c, dd = CHAMELEON_7B, CHAMELEON_VQGAN_YAML["ddconfig"]
     vqgan = {"embed_dim": CHAMELEON_VQGAN_YAML["embed_dim"],
              **{k: dd[k] for k in ("z_channels", "ch", "ch_mult", "num_res_blocks", "attn_resolutions", "resolution")}}
-    init = {"hidden_size": c["hidden_size"], "intermediate_size": c["intermediate_size"],
+    return {"hidden_size": c["hidden_size"], "intermediate_size": c["intermediate_size"],
             "num_hidden_layers": c["num_hidden_layers"], "num_attention_heads": c["num_attention_heads"],
             "num_key_value_heads": c["num_key_value_heads"], "vocab_size": c["vocab_size"],
             "num_codes": CHAMELEON_VQGAN_YAML["n_embed"], "shuffle_codes": False, "vqgan": vqgan}
-    model = LuminaMGPT(**yaml_model("lumina_mgpt_768", pretrained=False, random_init=init, header="forced",
-                                    device="meta"))
-    decoder = meta_decoder_shapes(n_embed=CHAMELEON_VQGAN_YAML["n_embed"], **vqgan)
-    return Published(model, {"lm": lumina_lm_layout(), "vqgan": decoder}, (48, 48), 8192)
+
+
+def published_anole() -> Published:
+    """``configs/model/anole_7b.yaml``'s adapter with random weights at Anole-7b's sizes (Chameleon-7B's) and the
+    decoder of Meta's VQGAN: a plain 32 x 32 grid at 512 px."""
+    from coolsd.models.anole import Anole
+
+    init = chameleon_7b_init()
+    model = Anole(**yaml_model("anole_7b", pretrained=False, random_init=init, device="meta"))
+    decoder = meta_decoder_shapes(n_embed=CHAMELEON_VQGAN_YAML["n_embed"], **init["vqgan"])
+    return Published(model, {"lm": lumina_lm_layout(), "vqgan": decoder}, (32, 32), 8192)
 
 
 def published_emu3_gen() -> Published:
@@ -1123,5 +1164,6 @@ PUBLISHED: dict[str, Callable[[], Published]] = {
     "janus_pro_1b": published_janus_pro("1B"),
     "janus_pro_7b": published_janus_pro("7B"),
     "lumina_mgpt_768": published_lumina_mgpt,
+    "anole_7b": published_anole,
     "emu3_gen": published_emu3_gen,
 }

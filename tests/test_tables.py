@@ -619,7 +619,8 @@ def test_rows_compose_and_the_tiny_table_matches_the_llamagen_table():
 # the tree and LANTERN++ resampling path each paper table's code base uses (docs/reference-behaviour.md, LANTERN;
 # Janus-Pro has no published LANTERN++ code: the harness uses Lumina-mGPT's)
 TABLE_TREES = {"table_llamagen": ("naive_extend_57", "reference_q"), "tiny_table": ("naive_extend_57", "reference_q"),
-               "table_lumina": ("mc_sim_7b_63", "reference"), "table_janus_pro": ("mc_sim_7b_63", "reference")}
+               "table_lumina": ("mc_sim_7b_63", "reference"), "table_janus_pro": ("mc_sim_7b_63", "reference"),
+               "table_anole": ("naive_extend_57", "reference_q")}
 
 
 @pytest.mark.parametrize("name", sorted(TABLE_TREES))

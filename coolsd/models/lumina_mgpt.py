@@ -57,6 +57,9 @@ Written after Alpha-VLLM/Lumina-mGPT ``lumina_mgpt/inference_solver.py``, ``data
 ``data/convertsation.py``, ``model/chameleon_vae_ori/vocab.py``, tyshiwo1/Accelerating-T2I-AR-with-SJD
 ``scheduler/logit_processor_3dim.py`` and jadohu/LANTERN ``models/drafters/cnets_lumina_mgpt.py``.
 
+Anole (``coolsd.models.anole``) is this adapter with Anole's layout (a plain grid, one slot per image token), through
+the hooks ``tokenizer_files``, ``image_header``, ``unconditional_ids`` and ``_eager_cache``.
+
 Example: ``python run.py model=lumina_mgpt_768 decoder=coolsd model.tokenizer_dir=ckpts/chameleon/tokenizer``;
 ``python run.py model=lumina_tiny`` (random weights).
 """
@@ -868,14 +871,15 @@ class LuminaMGPT(EndOfRowBlocks, CodesInVocabulary, ImageARModel):
         if pretrained:  # every file is looked up before anything is built; one error lists what is missing
             errors = []
             try:
-                files = chameleon_tokenizer_files(tokenizer_dir)
+                files = self.tokenizer_files(tokenizer_dir)
             except MissingWeightsError as err:
                 errors.append(str(err))
             try:
                 lm_config, shards = lumina_lm_files(hub_repo, revision)
             except MissingWeightsError as err:
                 errors.append(str(err))
-            missing_together("Lumina-mGPT files are missing (looked up before building the model)", errors)
+            missing_together(f"{self.model_name} files are missing (looked up before building the model)",
+                             errors)
             tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(files["text_tokenizer.json"]))
             self.lm = build_lumina_lm(lm_config, read_lumina_state(shards, dtype, device), hub_repo)
             vqgan = load_vqgan(files["vqgan.yaml"], files["vqgan.ckpt"])
@@ -907,6 +911,11 @@ class LuminaMGPT(EndOfRowBlocks, CodesInVocabulary, ImageARModel):
         self.contiguous_codes = bool(torch.equal(self.vocabulary.code_to_bpe, contiguous))
         self.lm.to(dtype=dtype)  # the language model only: the RoPE frequencies stay float32
         self.place(device, float32=(self.vqgan,))
+
+    def tokenizer_files(self, tokenizer_dir: str | None) -> dict[str, Path]:
+        """Meta's tokenizer files (``text_tokenizer.json``, ``vqgan.yaml``, ``vqgan.ckpt``) of a pretrained model:
+        Lumina-mGPT's come from the folder ``model.tokenizer_dir`` (a licensed manual download)."""
+        return chameleon_tokenizer_files(tokenizer_dir)
 
     # -- prompts ---------------------------------------------------------------------------------------------
     def text_ids(self, prompt: str) -> list[int]:
@@ -972,6 +981,10 @@ class LuminaMGPT(EndOfRowBlocks, CodesInVocabulary, ImageARModel):
         voc = self.vocabulary
         return [voc.image_start, *(voc.token_id(size_token(units)) for units in self.size_units)]
 
+    def unconditional_ids(self) -> list[int]:
+        """The unconditional CFG stream's context: the image header alone (``inference_solver.py``)."""
+        return self.image_header()
+
     # -- the network ------------------------------------------------------------------------------------
     def _hidden(self, ids: torch.Tensor, positions: torch.Tensor, kv: StaticKVCache | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -1003,9 +1016,9 @@ class LuminaMGPT(EndOfRowBlocks, CodesInVocabulary, ImageARModel):
             for k, prompt in enumerate(prompts):
                 self.check_header(prompt, self.sample_header(prompt, u[k]))
         conds = [self.prompt_ids(p) for p in prompts]
-        header = self.image_header()
+        uncond = self.unconditional_ids()
         s, b = self.num_streams, len(prompts)
-        seqs = [seq for cond in conds for seq in ([cond, header] if s == 2 else [cond])]
+        seqs = [seq for cond in conds for seq in ([cond, uncond] if s == 2 else [cond])]
         p = self._prefix_width(prompts, seqs, width)  # every stream of every image left-padded to p slots
         rows = self.grid[0]
         kv = StaticKVCache(
@@ -1027,10 +1040,15 @@ class LuminaMGPT(EndOfRowBlocks, CodesInVocabulary, ImageARModel):
                               kv, mask)
         if width is not None:
             return kv, self._output(hidden[:, -1:])
-        cache = LuminaCache(kv=kv, prefix_len=p, width=self.grid[1],
-                            position_base=torch.tensor(bases, device=self.device).view(b, s).t(),
-                            slot=[[] for _ in range(b)], newline=[[] for _ in range(b)])
-        return cache, self._output(hidden[:, -1:])
+        bases = torch.tensor(bases, device=self.device).view(b, s).t()  # (S, B)
+        return self._eager_cache(kv, bases), self._output(hidden[:, -1:])
+
+    def _eager_cache(self, kv: StaticKVCache, position_base: torch.Tensor) -> LuminaCache:
+        """The eager path's image-unit view of a prefill's model-slot cache; ``position_base`` (S, B): each
+        stream's prompt length (the position of its first image-part slot)."""
+        b = position_base.shape[1]
+        return LuminaCache(kv=kv, prefix_len=kv.prefix_len, width=self.grid[1], position_base=position_base,
+                           slot=[[] for _ in range(b)], newline=[[] for _ in range(b)])
 
     def _output(self, hidden: torch.Tensor) -> TargetOutput:
         """Hidden states of the cache rows (B·S, T, H) -> per-stream output (S, B, T, ·)."""
@@ -1052,7 +1070,7 @@ class LuminaMGPT(EndOfRowBlocks, CodesInVocabulary, ImageARModel):
 
     def make_draft_layer(self, norm_eps: float | None = None) -> ChameleonDraftLayer:
         """A fresh ``ChameleonDraftLayer`` of this model's width (see ``ImageARModel.make_draft_layer``)."""
-        layer = ChameleonDraftLayer(self.lm.config, width=self.grid[1],
+        layer = ChameleonDraftLayer(self.lm.config, width=self.grid[1] if self.stand_in_is_end_of_row else None,
                                     norm_eps=self.lm.config.rms_norm_eps if norm_eps is None else norm_eps)
         return layer.to(device=self.device, dtype=self.lm.lm_head.weight.dtype)
 
@@ -1069,9 +1087,10 @@ class ChameleonDraftLayer(nn.Module):
     width): image tokens keep the gaps of the end-of-row tokens between rows, which the drafter never sees
     (the target's output for a row's last token, the drafter's ``f_t`` there, is the end-of-row token's
     output). Only differences of positions matter to RoPE, so the offset of the image part is left out.
+    ``width=None``: a target without end-of-row tokens (Anole, ``coolsd.models.anole``), plain ``t + 1``.
     """
 
-    def __init__(self, config: ChameleonConfig, width: int, norm_eps: float) -> None:
+    def __init__(self, config: ChameleonConfig, width: int | None, norm_eps: float) -> None:
         super().__init__()
         small = ChameleonConfig(
             vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=1,
@@ -1097,6 +1116,8 @@ class ChameleonDraftLayer(nn.Module):
     def rope_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Pair positions t (T,) -> the image-part positions of x_{t+1}, end-of-row gaps included."""
         nxt = positions.long() + 1
+        if self.width is None:
+            return nxt
         return nxt + torch.div(nxt, self.width, rounding_mode="floor")
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache | None,

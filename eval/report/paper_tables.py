@@ -131,6 +131,7 @@ PROTOCOLS = {  # fid_protocol of a run (eval.metrics.FIDKID) -> what the caption
 
 MODEL_LABELS = {  # config name -> the paper's name; the order is the tables' model order
     "lumina_mgpt_768": "Lumina-mGPT 7B (768 px)",
+    "anole_7b": "Anole 7B (512 px)",
     "llamagen_t2i_512": "LlamaGen-XL (T2I, 512 px)",
     "llamagen_t2i_512_lantern": "LlamaGen-XL (T2I, 512 px, LANTERN sampling)",
     "llamagen_t2i_256": "LlamaGen-XL (T2I, 256 px)",

@@ -190,6 +190,7 @@ RECIPES: dict[str, Recipe] = {
     "coolsd.models.janus_pro.JanusPro": Recipe(lambda node: {"pretrained": False, "arch": {}}, _janus_sizes),
     "coolsd.models.lumina_mgpt.LuminaMGPT": Recipe(lambda node: {"pretrained": False, "random_init": None},
                                                    _lumina_sizes),
+    "coolsd.models.anole.Anole": Recipe(lambda node: {"pretrained": False, "random_init": None}, _lumina_sizes),
     "coolsd.models.emu3.Emu3Gen": Recipe(lambda node: {"pretrained": False, "arch": {}}, _emu3_sizes),
     "coolsd.models.lookup.LookupModel": Recipe(lambda node: {}),
 }

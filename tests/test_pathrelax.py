@@ -30,11 +30,10 @@ from baselines.pathrelax import PathJacobiDrafter, PathRelax, PathVerifier, path
 from coolsd.acceptance import vanilla_residual
 from coolsd.decoding import Decoder
 from coolsd.types import Draft
-from tests.helpers import CONFIGS, chi_square_pvalue
+from tests.helpers import CONFIGS
 from tests.test_jacobi import PROMPTS, lookup
-from tests.test_sv import sequences, tv_lower_bound
+from tests.test_sv import ALPHA, assert_departs, sequences
 
-ALPHA = 1e-3
 N_LOSSY = 8000
 N_ALONE = 400
 FIXTURES = Path(__file__).resolve().parent / "golden" / "pathrelax_acceptance.json"
@@ -161,20 +160,13 @@ def test_one_path_is_sjd_token_for_token():
 
 def test_pathrelax_is_not_exact_and_its_gap_is_measured():
     """Module doc: χ² rejects at ALPHA on both prompts, batch 16 = alone, and the TV lower bound is above 0."""
+    assert ALPHA == 1e-3  # the level assert_departs tests at (the module doc's)
     model = lookup()
     decoder = pathrelax(model, paths=2, depth=3)
     batched = sequences(decoder, N_LOSSY, sizes=(16,))
     alone = sequences(decoder, N_ALONE, sizes=(1,))
     assert all(alone[p] == batched[p][: len(alone[p])] for p in PROMPTS)
-    for prompt in PROMPTS:
-        probs = model.exact_sequence_probs(prompt)
-        counts = torch.bincount(torch.tensor(batched[prompt]), minlength=probs.numel())
-        pvalue = chi_square_pvalue(counts, probs)
-        gap, low, high = tv_lower_bound(batched[prompt], probs)
-        print(f"PathRelax (2 paths x 3) on lookup prompt {prompt!r}, {int(counts.sum())} images: chi-square "
-              f"p = {pvalue:.3g}, TV >= {gap:.3f} [{low:.3f}, {high:.3f}] (95 %)")
-        assert pvalue < ALPHA, (prompt, pvalue)
-        assert low > 0, (prompt, gap, low, high)
+    assert_departs(model, batched, "PathRelax (2 paths x 3)")
 
 
 def test_carried_drafts_shift_every_path_by_the_winners_commit():

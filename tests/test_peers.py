@@ -180,6 +180,10 @@ def test_keep_adds_peers_to_a_table_and_keeps_earlier_rows_as_measured(tmp_path)
     assert "### pjd: [boyaliao/PJD]" in text and "(this writing;" not in text  # the same machine
     with pytest.raises(ValueError, match="prompts=20, this run with prompts=5"):
         comparison.keep(now, {**meta, "prompts": 5}, earlier)
+    # keeping a table that itself kept those rows names the run that measured them
+    comparison.write(tmp_path / "kept.md", record, merged)
+    _, again = comparison.keep(now, {**meta, "command": "third"}, json.loads((tmp_path / "kept.json").read_text()))
+    assert again["kept"]["command"] == "first" and again["kept"]["date"] == "d0"
     with pytest.raises(NotImplementedError, match="no checkout of boyaliao/PJD"):
         pjd.build(tmp_path, {}, pjd.SPEC.pairs[0])
 
@@ -223,6 +227,89 @@ def test_the_script_lists_peers_not_given_with_their_clone_command(tmp_path):
     bad = subprocess.run([sys.executable, "scripts/bench_peers.py", "--peer", "nobody=/tmp"], capture_output=True,
                          text=True, cwd=comparison.ROOT, timeout=300)
     assert bad.returncode != 0 and "unknown peer" in bad.stderr
+
+
+# -- PathRelax: the acceptance fixtures and the pair ---------------------------------------------------------------
+def test_pathrelax_fixture_file_holds_the_generators_inputs_and_verdicts_that_follow_from_its_uniforms():
+    """tests/golden/pathrelax_acceptance.json was made by their sampler at the pinned commit from
+    ``pathrelax.fixture_cases()``: the stored inputs are those cases bitwise (float32), and every stored verdict
+    follows from the stored uniforms under the test the file states (u < min(1, p/q) in float32, the first longest
+    path chosen, the residual a distribution)."""
+    import json
+
+    from eval.bench.peers import pathrelax
+
+    record = json.loads((comparison.ROOT / "tests/golden/pathrelax_acceptance.json").read_text())
+    assert record["source"]["commit"] == pathrelax.SPEC.commit
+    assert record["source"]["command"].startswith("python -m eval.bench.peers.pathrelax fixtures")
+    cases = pathrelax.fixture_cases()
+    assert [c["name"] for c in record["cases"]] == [c["name"] for c in cases] and len(cases) >= 40
+    tags = set()
+    for stored, made in zip(record["cases"], cases):
+        tokens = torch.tensor(stored["draft_tokens"])
+        q = torch.tensor(stored["draft_prob"], dtype=torch.float32)
+        p = torch.tensor(stored["target_prob"], dtype=torch.float32)
+        assert torch.equal(tokens, made["draft_tokens"]) and torch.equal(q, made["draft_prob"])
+        assert torch.equal(p, made["target_prob"])
+        assert (tokens[:, 0] == tokens[0, 0]).all() and (p[:, 0] == p[0, 0]).all()   # one root
+        u = torch.tensor(stored["u"], dtype=torch.float32)
+        paths, l1, _ = p.shape
+        ratio = (p[torch.arange(paths)[:, None], torch.arange(l1 - 1), tokens[:, 1:]]
+                 / q[torch.arange(paths)[:, None], torch.arange(1, l1), tokens[:, 1:]]).clamp(max=1)
+        first = ((u < ratio).long().cumprod(-1).sum(-1) + 1).tolist()
+        assert first == stored["first_misaligned"]
+        assert stored["matched_num"] == max(first) and stored["chosen_path"] == first.index(max(first))
+        residual = stored["residual"]
+        assert (residual is None) == (stored["matched_num"] == l1)
+        if residual is not None:
+            assert abs(sum(residual) - 1) < 1e-5
+        tags.update(stored["tags"])
+    assert {"free", "forced", "tie", "zeros", "q_zero_at_draft"} <= tags
+    assert any(c["chosen_path"] > 0 for c in record["cases"]) and any(c["residual"] is None for c in record["cases"])
+
+
+def test_pathrelax_fixture_maker_records_the_uniforms_and_residuals_the_sampler_used():
+    """On a stand-in of their sampler (tests/peer_fake.py ``TreeSampler``): the uniforms replayed from the
+    generator's state are those it read, and the residuals kept per path are those it returned."""
+    from eval.bench.peers import pathrelax
+
+    case = pathrelax.build_case("t", 3, 4, 16, seed=5, script=["aar", "aaaa", ""], keep=6)
+    samplers = []
+
+    def make(**kwargs):
+        samplers.append(peer_fake.TreeSampler(**kwargs))
+        return samplers[-1]
+
+    verdict = pathrelax.run_their_sampler(make, case, seed=7)
+    fake = samplers[0]
+    tokens = case["draft_tokens"]
+    assert torch.equal(verdict["u"], fake.rs[torch.arange(3)[:, None], torch.arange(1, 5), tokens[:, 1:]])
+    assert verdict["first_misaligned"][:2] == [3, 5] and verdict["chosen_path"] == 1
+    assert verdict["matched_num"] == 5 and verdict["residual"] is None
+    kept = [r for r in verdict["residual_per_path"] if r is not None]
+    assert len(kept) == len(fake.returned) and all(torch.equal(a, b) for a, b in zip(kept, fake.returned))
+    assert verdict["residual_per_path"][1] is None
+
+
+def test_pathrelax_pair_runs_their_tree_and_refuses_another():
+    """Ours runs their Grouped_Tree_2 (2 paths of 12, random fresh drafts) on the SJD peers' tiny Lumina; the export
+    refuses another tree, the worker side another method."""
+    from eval.bench.peers import pathrelax as glue
+
+    assert comparison.PEERS["pathrelax"] == "eval.bench.peers.pathrelax"
+    pair = glue.SPEC.pairs[0]
+    ours = comparison.build_ours(glue, pair, {})
+    assert (ours.drafter.paths, ours.draft_len, ours.drafter.init) == (2, 24, "random")
+    payload = glue.export(ours, pair)
+    assert payload["window"] == 25 and payload["grid"] == tuple(ours.model.grid)
+    other = glue.SPEC.__class__(**{**glue.SPEC.__dict__, "pairs": (Pair(
+        pair.ours, pair.theirs, overrides=(*pair.overrides, "decoder.drafter.paths=3", "decoder.draft_len=36")),)})
+    wide = type(sys)("wide_pathrelax")
+    wide.__dict__.update(glue.__dict__, SPEC=other)
+    with pytest.raises(ValueError, match="decoder.drafter.paths=2 decoder.draft_len=24"):
+        glue.export(comparison.build_ours(wide, other.pairs[0], {}), other.pairs[0])
+    with pytest.raises(ValueError, match="no method"):
+        glue.build(Path("."), payload, Pair("pathrelax", "lantern"))
 
 
 # -- real peers (their clones needed) ---------------------------------------------------------------------------------

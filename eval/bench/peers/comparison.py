@@ -60,6 +60,7 @@ PEERS: dict[str, str] = {
     "zipar": "eval.bench.peers.zipar",
     "vvs": "eval.bench.peers.vvs",
     "pjd": "eval.bench.peers.pjd",
+    "pathrelax": "eval.bench.peers.pathrelax",
 }
 
 LEVEL = 0.95
@@ -405,6 +406,8 @@ def keep(record: dict[str, Any], meta: dict[str, Any], kept: dict[str, Any]) -> 
     images = {**{k: v for k, v in kept.get("images", {}).items() if k.split("/")[0] in peers}, **record["images"]}
     skipped = {k: v for k, v in record["skipped"].items() if k not in peers}
     earlier = kept["meta"]
+    if earlier.get("kept") and set(peers) <= set(earlier["kept"]["peers"]):
+        earlier = {**earlier, **earlier["kept"]}   # rows the earlier run kept itself: their own run measured them
     info = {k: earlier.get(k) for k in ("command", "date", "cpu", "torch", "transformers", "prompts", "seed", "warmup",
                                         "threads", "path", "compiled")}
     for k in ("prompts", "seed", "warmup", "threads"):

@@ -271,9 +271,12 @@ def their_image_tokens(vocab: dict) -> torch.Tensor:
     return torch.tensor(chameleon_vae_ori.VocabTranslation(info)._vocab.image_tokens, dtype=torch.long)
 
 
-def build_lumina(root: Path, payload: dict, scheduler: str, options: dict) -> Callable[[dict, int], PeerImage]:
+def build_lumina(root: Path, payload: dict, scheduler: str, options: dict, processor_options: dict | None = None,
+                 generation_options: dict | None = None) -> Callable[[dict, int], PeerImage]:
     """Their Lumina-mGPT sampler (module ``scheduler`` under ``root``, ``renew_pipeline_sampler(**options)``) on
-    our weights; returns the per-image call (conditioning from ``lumina_inputs``, seed) -> ``PeerImage``."""
+    our weights; returns the per-image call (conditioning from ``lumina_inputs``, seed) -> ``PeerImage``.
+    ``processor_options`` go to their ``create_logits_processor``, ``generation_options`` into the
+    ``GenerationConfig`` (a fork's extra settings, e.g. ``eval.bench.peers.pathrelax``'s static tree)."""
     import copy
     import importlib
 
@@ -296,10 +299,11 @@ def build_lumina(root: Path, payload: dict, scheduler: str, options: dict) -> Ca
         text_top_k=payload["text_top_k"], use_chameleon_tokenizer=False, _init_doubled_attn_mask_cfg=True,
         **options)
     template = solver.create_logits_processor(cfg=payload["cfg_scale"], image_top_k=image_top_k,
-                                              text_top_k=payload["text_top_k"])   # slow to build: once
+                                              text_top_k=payload["text_top_k"],
+                                              **(processor_options or {}))   # slow to build: once
     generation_config = GenerationConfig(
         max_new_tokens=grid_len + 2 * payload["window"] + 8, temperature=payload["temperature"], top_k=None,
-        do_sample=True, eos_token_id=[END_OF_TURN_ID],
+        do_sample=True, eos_token_id=[END_OF_TURN_ID], **(generation_options or {}),
     )   # inference_solver.generate's config; the grid criterion below stops first
     from eval.bench.peers.sjd import grid_stopwatch
 

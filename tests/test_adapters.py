@@ -77,6 +77,8 @@ ADAPTERS = [
     Adapter("anole_tiny", ("model.pretrained=true",), published="anole_7b"),
     Adapter("emu3_tiny", ("model.pretrained=true", "model.arch=null", "+model.repo_id=BAAI/Emu3-Gen-hf"),
             published="emu3_gen"),
+    Adapter("glm_image_tiny", ("model.pretrained=true", "model.arch=null", "+model.repo_id=zai-org/GLM-Image"),
+            published="glm_image"),
 ]
 PROMPTS = {"embedded": ["bag", "dress", "sneaker"], "tiny": ["three", "seven", "zero"]}
 TEXT_PROMPTS = ["a red cat", "a blue dog on a table", "a tree"]

@@ -19,6 +19,8 @@ LLAMAGEN_T2I_TINY = [
     "model.vq.codebook_size=1024", "model.vq.ch=32", "model.vq.encoder_ch_mult=[1,2]",
     "model.vq.decoder_ch_mult=[1,2]", "model.vq.z_channels=32", "model.vq.num_res_blocks=1",
 ]
+GLM_IMAGE_TINY = ["model.pretrained=false", "model.arch={}", "model.height=128", "model.width=128",
+                  "model.preview_side=2", "model.pixel_decoder=codes"]
 # Extra overrides a group option needs before it can be built on this machine (mandatory values);
 # ``{name}`` fields are filled from the ``made_files`` fixture (files the tests create).
 NEEDS = {
@@ -49,6 +51,10 @@ NEEDS = {
     ("model", "emu3_gen"): ["model.pretrained=false", "model.arch={}", "model.image_area=1024"],
     ("drafter", "emu3_gen"): ["model.pretrained=false", "model.arch={}", "model.image_area=1024",
                               "drafter.checkpoint={emu3_eagle_checkpoint}"],
+    # GLM-Image: a random tiny AR stage at glm_image_tiny's layout, pixels as code colours (no diffusers); EAGLE from
+    # a tiny checkpoint
+    ("model", "glm_image"): GLM_IMAGE_TINY,
+    ("drafter", "glm_image"): [*GLM_IMAGE_TINY, "drafter.checkpoint={glm_image_eagle_checkpoint}"],
 }
 
 
@@ -71,7 +77,11 @@ def made_files(tmp_path_factory) -> dict[str, str]:
     lumina = tmp_path_factory.mktemp("eagle_lumina_tiny")  # for lumina_mgpt_768 with pretrained=false
     save_eagle(EagleHead(LuminaMGPT(sampling={"cfg_scale": 3.0}, pretrained=False, device="cpu")), lumina)
     from coolsd.models.emu3 import Emu3Gen
+    from coolsd.models.glm_image import GlmImage
 
+    glm = tmp_path_factory.mktemp("eagle_glm_image_tiny")  # for glm_image with GLM_IMAGE_TINY
+    save_eagle(EagleHead(GlmImage(sampling={}, pretrained=False, arch={}, height=128, width=128, preview_side=2,
+                                  pixel_decoder="codes", device="cpu")), glm)
     emu3 = tmp_path_factory.mktemp("eagle_emu3_tiny")  # for emu3_gen with pretrained=false
     save_eagle(EagleHead(Emu3Gen(sampling={"cfg_scale": 3.0}, pretrained=False, arch={}, image_area=1024,
                                  device="cpu")), emu3)
@@ -81,7 +91,7 @@ def made_files(tmp_path_factory) -> dict[str, str]:
         '{"annotations": [' + ", ".join(f'{{"image_id": {i}, "id": {i}, "caption": "c{i}"}}' for i in range(3)) + "]}")
     (data / "parti.tsv").write_text("Prompt\tCategory\tChallenge\tNote\n" + "".join(f"p{i}\tA\tB\t\n" for i in range(3)))
     return {"eagle_checkpoint": str(path), "eagle_all_checkpoint": str(all_prefix), "janus_eagle_checkpoint": str(janus), "lumina_eagle_checkpoint": str(lumina),
-            "emu3_eagle_checkpoint": str(emu3),
+            "emu3_eagle_checkpoint": str(emu3), "glm_image_eagle_checkpoint": str(glm),
             "coco_captions": str(data / "annotations" / "captions_val2017.json"), "parti": str(data / "parti.tsv")}
 
 

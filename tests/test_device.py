@@ -17,8 +17,9 @@ from tests.helpers import CONFIGS
 pytestmark = pytest.mark.filterwarnings("ignore:CUDA initialization")  # the stand-in's warning, asserted below
 
 REAL = ("janus_pro_1b", "janus_pro_7b", "llamagen_t2i_256", "llamagen_t2i_512", "llamagen_t2i_256_lantern",
-        "llamagen_t2i_512_lantern", "lumina_mgpt_768", "emu3_gen")
-SMALL = ("embedded", "tiny", "janus_tiny", "llamagen_t2i_tiny", "lumina_tiny", "emu3_tiny", "lookup")
+        "llamagen_t2i_512_lantern", "lumina_mgpt_768", "anole_7b", "emu3_gen", "glm_image")
+SMALL = ("embedded", "tiny", "janus_tiny", "llamagen_t2i_tiny", "lumina_tiny", "anole_tiny", "emu3_tiny", "glm_image_tiny",
+         "lookup")
 DRIVER_WARNING = ("CUDA initialization: The NVIDIA driver on your system is too old (found version 11040). "
                   "Please update your GPU driver")
 

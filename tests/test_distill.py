@@ -175,7 +175,8 @@ def test_train_drafter_refuses_coco_val_prompts(tmp_path):
 
 
 @pytest.mark.parametrize("preset", ["train_drafter_janus_pro_1b", "train_drafter_janus_pro_7b",
-                                    "train_drafter_lumina_mgpt_768", "train_drafter_emu3_gen"])
+                                    "train_drafter_lumina_mgpt_768", "train_drafter_emu3_gen",
+                                    "train_drafter_glm_image"])
 def test_paper_scale_presets_compose(preset):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name=preset, return_hydra_config=True)

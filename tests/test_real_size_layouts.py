@@ -18,6 +18,7 @@ meta tensors: ``torch.save`` keeps their shapes and no storage).
 | ``vqgan.ckpt`` (Meta's Chameleon tokenizer) | its ``vqgan.yaml`` + Meta's ``chameleon/vqgan.py`` (taming layout; ``tests/test_lumina.py: meta_decoder_shapes``) | ``load_vqgan`` |
 | ``BAAI/Emu3-Gen-hf`` (language model) | BAAI/Emu3-Gen ``config.json`` values + baaivision/Emu3 ``emu3/mllm/modeling_emu3.py`` (``Emu3ForCausalLM``), renamed as transformers' ``conversion_mapping.py`` loads it | ``strict_load`` into ``Emu3ForConditionalGeneration`` |
 | ``BAAI/Emu3-Gen-hf`` (vision tokenizer, ``model.vqmodel.*``) | BAAI/Emu3-VisionTokenizer's config (the defaults of baaivision/Emu3 ``emu3/tokenizer/configuration_emu3visionvq.py``) + ``emu3/tokenizer/modeling_emu3visionvq.py`` (``Emu3VisionVQModel``), renamed as transformers' ``convert_emu3_weights_to_hf.py`` wrote the -hf checkpoint (attention 1x1 convolutions as linear weights) and as ``conversion_mapping.py`` loads it | the same ``strict_load``; exact layout of ``Emu3ForConditionalGeneration.model.vqmodel`` |
+| ``zai-org/GLM-Image`` (AR stage, ``vision_language_encoder/``) | the defaults of transformers' ``GlmImage*Config`` (documented as zai-org/GLM-Image's) + transformers' ``models/glm_image/modeling_glm_image.py``, the checkpoint's own format | ``strict_load`` into ``GlmImageForConditionalGeneration`` inside ``GlmImage`` (``load_pretrained`` refuses missing / unexpected / mismatched keys; ``published_glm_image``) |
 | ``google/flan-t5-xl`` as ``T5EncoderModel`` | its ``config.json`` + the T5 layout of its HF checkpoint (encoder half; ``encoder.embed_tokens`` is the tied alias of ``shared``) | ``strict_load`` into ``T5EncoderModel`` |
 
 Published values that could not be re-read here (no network) are Janus-Pro's, Lumina-mGPT's and Emu3's
@@ -1156,6 +1157,77 @@ def published_emu3_gen() -> Published:
     return Published(model, {"emu3": emu3_gen_hf_shapes()}, (90, 90), 32768)
 
 
+# -- GLM-Image (zai-org/GLM-Image vision_language_encoder/, transformers' GLM-Image layout) ---------------------------
+GLM_IMAGE = {
+    "text": {"vocab_size": 168064, "hidden_size": 4096, "intermediate_size": 13696, "num_hidden_layers": 40,
+             "num_attention_heads": 32, "num_key_value_heads": 2, "vision_vocab_size": 16512},
+    "vision": {"depth": 40, "hidden_size": 1536, "intermediate_size": 6144, "image_size": 2048, "patch_size": 16},
+    "vq": {"embed_dim": 2048, "num_embeddings": 16384, "latent_channels": 1536},
+}  # the defaults of transformers' GlmImage*Config (auto_docstring checkpoint="zai-org/GLM-Image"), the GLM-4-9B
+#   sizes of the model card; zai-org/GLM-Image's own config.json not read (no network); rope values are not shapes
+
+
+def glm_image_keys(c: dict) -> Shapes:
+    """The AR stage's state dict as transformers' GLM-Image classes write it (the checkpoint's own format, released
+    with them): GLM-4's text layers (biased q/k/v, fused gate/up MLP, sandwich norms), the vision encoder of
+    image-to-image (fused biased qkv, learned 2-D position table), the VQ's quantiser and 1x1 convolutions, and
+    ``lm_head`` over the vision vocabulary."""
+    t, v, q = c["text"], c["vision"], c["vq"]
+    h, head = t["hidden_size"], t["hidden_size"] // t["num_attention_heads"]
+    kv = t["num_key_value_heads"] * head
+    out = {"model.language_model.embed_tokens.weight": (t["vocab_size"], h),
+           "model.language_model.norm.weight": (h,), "lm_head.weight": (t["vision_vocab_size"], h)}
+    for i in range(t["num_hidden_layers"]):
+        p = f"model.language_model.layers.{i}."
+        out.update({p + "self_attn.q_proj.weight": (h, h), p + "self_attn.q_proj.bias": (h,),
+                    p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.k_proj.bias": (kv,),
+                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.v_proj.bias": (kv,),
+                    p + "self_attn.o_proj.weight": (h, h),
+                    p + "mlp.gate_up_proj.weight": (2 * t["intermediate_size"], h),
+                    p + "mlp.down_proj.weight": (h, t["intermediate_size"])})
+        for norm in ("input_layernorm", "post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"):
+            out[p + norm + ".weight"] = (h,)
+    d, ps = v["hidden_size"], v["patch_size"]
+    out.update({"model.visual.embeddings.position_embedding.weight": ((v["image_size"] // ps) ** 2, d),
+                "model.visual.patch_embed.proj.weight": (d, 3, ps, ps), "model.visual.patch_embed.proj.bias": (d,)})
+    for i in range(v["depth"]):
+        p = f"model.visual.blocks.{i}."
+        out.update({p + "norm1.weight": (d,), p + "norm1.bias": (d,), p + "norm2.weight": (d,), p + "norm2.bias": (d,),
+                    p + "attn.qkv.weight": (3 * d, d), p + "attn.qkv.bias": (3 * d,),
+                    p + "attn.proj.weight": (d, d), p + "attn.proj.bias": (d,),
+                    p + "mlp.fc1.weight": (v["intermediate_size"], d), p + "mlp.fc1.bias": (v["intermediate_size"],),
+                    p + "mlp.fc2.weight": (d, v["intermediate_size"]), p + "mlp.fc2.bias": (d,)})
+    e, lat = q["embed_dim"], q["latent_channels"]
+    out.update({"model.vqmodel.quantize.embedding.weight": (q["num_embeddings"], e),
+                "model.vqmodel.quant_conv.weight": (e, lat, 1, 1), "model.vqmodel.quant_conv.bias": (e,),
+                "model.vqmodel.post_quant_conv.weight": (lat, e, 1, 1), "model.vqmodel.post_quant_conv.bias": (lat,)})
+    return out
+
+
+def glm_image_config():
+    from transformers import GlmImageConfig
+
+    text = {**GLM_IMAGE["text"], "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": 0.5, "mrope_section": [8, 12, 12]}}
+    return GlmImageConfig(text_config=text, vision_config=GLM_IMAGE["vision"], vq_config=GLM_IMAGE["vq"])
+
+
+def published_glm_image() -> Published:
+    """``configs/model/glm_image.yaml``'s adapter over ``GlmImageForConditionalGeneration`` of the published config (a
+    prebuilt model) with a tokenizer of GLM-Image's 16,512 vision tokens and grid markers; pixels off (the diffusion
+    decoder is not part of the AR stage's checkpoint)."""
+    from transformers import GlmImageForConditionalGeneration
+
+    from coolsd.models.glm_image import TINY_TEXT, GlmImage, GlmImageArch, tiny_tokenizer, tiny_vocabulary
+
+    with torch.device("meta"):
+        hf = GlmImageForConditionalGeneration(glm_image_config())
+    arch = GlmImageArch(codebook_size=GLM_IMAGE["vq"]["num_embeddings"], extra_vision_tokens=128)
+    tokenizer = tiny_tokenizer(tiny_vocabulary(arch, TINY_TEXT.split()), "<|dit_token_16384|>")
+    model = GlmImage(**yaml_model("glm_image", device="meta", pixel_decoder="codes"), model=hf, tokenizer=tokenizer)
+    return Published(model, {"glm": glm_image_keys(GLM_IMAGE)}, (40, 32), 16384)
+
+
 #: every adapter's published instances (``Adapter.published`` in tests/test_adapters.py names them)
 PUBLISHED: dict[str, Callable[[], Published]] = {
     "embedded": published_embedded,
@@ -1166,4 +1238,5 @@ PUBLISHED: dict[str, Callable[[], Published]] = {
     "lumina_mgpt_768": published_lumina_mgpt,
     "anole_7b": published_anole,
     "emu3_gen": published_emu3_gen,
+    "glm_image": published_glm_image,
 }

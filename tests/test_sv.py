@@ -434,7 +434,8 @@ def test_the_sv_table_preset_runs_gsds_setup():
 
 # -- the configs on every model ---------------------------------------------------------------------------------
 CASES = {"sjd_sv": [], "gsd_sv": [], "lantern_sv": ["decoder=lantern_sjd", "decoder.sv.enabled=true"]}
-MODELS = ("lookup", "embedded", "tiny", "lumina_tiny", "janus_tiny", "llamagen_t2i_tiny", "emu3_tiny")  # ~0.2-4 s each
+MODELS = ("lookup", "embedded", "tiny", "lumina_tiny", "janus_tiny", "llamagen_t2i_tiny", "emu3_tiny",
+          "glm_image_tiny")  # ~0.2-4 s each
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -3,7 +3,9 @@
 The table (``eval/sweep/gpu_costs.csv``) gives one batch-1 latency per (basis, model config, decoder), each with its
 ``source``: ``paper`` = the papers' reported latencies (``eval/report/published_numbers.csv``; a decoder whose paper
 gives only a speedup is the COOL-SD table's AR latency of that model divided by it), ``h200`` = this harness
-measured eager on an H200 (``results/bench/h200/README.md``; LlamaGen-XL only). ``options`` narrows a row to
+measured eager on an H200 (``results/bench/h200/README.md``; LlamaGen-XL only), ``derived`` = no latency of the
+model is published or measured, so its row scales another model's published time per forward by parameters and
+forwards (GLM-Image; its source says how: a planning figure, not a GPU number). ``options`` narrows a row to
 decoder configs with those values (``delta=2.0``); the most specific matching row wins. A decoder without a row
 is costed at its model's AR latency (an upper bound for every speculative decoder with a trained drafter) and
 named in the estimate.
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 COSTS_CSV = Path(__file__).resolve().parent / "gpu_costs.csv"
-BASES = ("paper", "h200")
+BASES = ("paper", "h200", "derived")
 #: images per second at batch >= BATCH_GAIN_FROM over batch 1, and where the number comes from
 BATCH_GAIN = 7.4
 BATCH_GAIN_FROM = 8

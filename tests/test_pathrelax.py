@@ -225,6 +225,19 @@ def test_the_static_path_gives_the_eager_tokens_and_reads_once_per_iteration(mon
     assert_static_reads(monkeypatch, static, [(["dress", "bag", "coat"], [0, 1, 2])], ar_steps=None)
 
 
+def test_refilled_rows_give_their_lock_step_images():
+    """``decoder.refill=true``: a finished image's row takes the next prompt (its paths restart empty) and every
+    image keeps its lock-step tokens and statistics (``tests.test_refill``)."""
+    from tests.test_refill import assert_refill_equals_lock_step
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["model.device=cpu", "decoder=pathrelax", "decoder.draft_len=8",
+                                                       "decoder.path=static", "decoder.refill=true"])
+    decoder = instantiate(cfg.decoder, model=instantiate(cfg.model))
+    prompts = ["dress", "bag", "sneaker", "coat", "shirt"]
+    assert_refill_equals_lock_step(decoder, prompts, list(range(len(prompts))), 2)
+
+
 def test_bad_settings_name_the_key():
     model = lookup()
     with pytest.raises(ValueError, match="decoder.draft_len=7 must be a multiple of decoder.drafter.paths=2"):

@@ -17,15 +17,15 @@ correct implementation fails for a random choice of seeds, per test and per prom
   and a 1 x 2 full grid after a 1 x 2 preview (``enumerable_glm_image``: one sequence of 2 x 2 codes, 256 grids per
   prompt), the exact sequence distribution by teacher forcing the adapter (``exact_grid_probs``, through the
   reference's temperature 0.9 and top-p 0.75); ``N_QUICK`` images per lossless decoder (``N_FULL`` under ``-m
-  slow``), seeds 0..n-1, in batches of ``BATCH`` mixing two prompts of different lengths; Pearson chi-square per
-  prompt (cells of expected count < 5 pooled).
+  slow``), seeds 0..n-1, in batches of 100 mixing two prompts of different lengths; Pearson chi-square per
+  prompt on the top-p support's cells (cells of expected count < 5 pooled); ``tests/test_emu3.py``'s
+  ``exact_grid_probs``, ``lossless_decoders`` and ``grid_pvalues``, shared.
 * ``test_the_exactness_test_rejects_a_broken_residual_on_glm_image``: the same test must reject SD that resamples
   from p after a rejection, on at least one prompt (p-values 6e-83 and 0.5: top-p leaves the shorter prompt 17
   cells, where the broken residual differs too little at ``N_QUICK``).
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -44,7 +44,8 @@ from coolsd.models import glm_image as G
 from coolsd.models.glm_image import GlmImage, layer_skip_copy
 from coolsd.trees import TreeShape, ancestor_mask, depths_of
 from coolsd.types import TargetOutput
-from tests.helpers import CONFIGS, chi_square_pvalue, forward1, keep1, prefill1
+from tests.helpers import CONFIGS, forward1, keep1, prefill1
+from tests.test_emu3 import EXACT_PROMPTS, exact_grid_probs, grid_pvalues, lossless_decoders
 from tests.test_lossless import ResampleFromTarget
 
 EXACT = {"rtol": 1e-9, "atol": 1e-9}
@@ -298,8 +299,6 @@ def test_without_diffusers_a_pixel_decoder_is_refused_naming_the_extra(monkeypat
 ALPHA = 1e-3
 N_QUICK = 2000  # images per decoder in the default suite (1000 per prompt)
 N_FULL = 8000  # in CI's -m slow pass
-BATCH = 100
-EXACT_PROMPTS = ("a red cat", "a photo of the blue sky on a table")  # prompts of two lengths: left padding
 
 
 def enumerable_glm_image() -> GlmImage:
@@ -310,85 +309,11 @@ def enumerable_glm_image() -> GlmImage:
         CONFIGS / "model" / "glm_image_tiny.yaml").arch), "codebook_size": 4, "init_std": 0.1})
 
 
-def grid_index(model: GlmImage, tokens: torch.Tensor) -> int:
-    index = 0
-    for code in tokens.tolist():
-        index = index * model.codebook_size + int(code)
-    return index
-
-
-def exact_grid_probs(model: GlmImage, prompt: str) -> torch.Tensor:
-    """Probability of every sequence (V^N,), base-V raster order: the product of the adapter's guided
-    distributions teacher-forced on its prefixes (one prefill and one block per prefix, each alone)."""
-    v, n = model.codebook_size, model.num_image_tokens
-    step = {}
-    for prefix in itertools.product(range(v), repeat=n - 1):
-        cache, first = prefill1(model, prompt)
-        out = forward1(model, cache, torch.tensor(prefix), torch.arange(n - 1))
-        logits = torch.cat([first.logits, out.logits], dim=1)
-        probs = model.probs(TargetOutput(logits=logits[:, None], hidden=logits[:, None]))[0].double()
-        for i in range(n):
-            step[prefix[:i]] = probs[i]
-    return torch.stack([torch.prod(torch.stack([step[seq[:i]][seq[i]] for i in range(n)]))
-                        for seq in itertools.product(range(v), repeat=n)])
-
-
-def lossless_decoders(model: GlmImage) -> dict[str, Decoder]:
-    """AR; SD with the layer-skip drafter and an EAGLE drafter (chain, static tree, dynamic tree); SJD, SJD-PAC,
-    SCD-MC, SCD-GS; windows and trees span the preview / full grid boundary."""
-    def eagle():
-        return EagleDrafter(model, head=EagleHead(model, init_seed=4))
-
-    def jacobi(**options):
-        return JacobiDrafter(model, **options)
-
-    return {
-        "ar": Decoder("ar", model, ExactRule()),
-        "sd_layer_skip": Decoder("sd", model, ExactRule(), draft_len=2,
-                                 drafter=ModelDrafter(model, layer_skip_copy(model, 1))),
-        "sd_eagle_chain": Decoder("sd", model, ExactRule(), draft_len=3, drafter=eagle()),
-        "sd_eagle_tree": Decoder("sd", model, ExactRule(), drafter=eagle(), tree="mc_sim_7b_63"),
-        "sd_eagle_dynamic_tree": Decoder("sd", model, ExactRule(), drafter=eagle(), tree="dynamic",
-                                         dynamic_tree={"top_k": 2, "depth": 3, "total_tokens": 6}),
-        "sjd": Decoder("sjd", model, ExactRule(), draft_len=3, drafter=jacobi(init="random")),
-        "sjd_pac": Decoder("sjd_pac", model, ExactRule(), draft_len=7, drafter=jacobi(
-            init="random_uniform_q", carry="maximal", tree_width=2, tree_depth=3)),
-        "scd_mc": Decoder("scd_mc", model, ExactRule(), draft_len=3, drafter=jacobi(init="random", carry="maximal")),
-        "scd_gs": Decoder("scd_gs", model, ExactRule(), draft_len=3, drafter=jacobi(init="random", carry="gumbel")),
-    }
-
-
 @pytest.fixture(scope="module")
 def enumerable() -> tuple[GlmImage, dict[str, torch.Tensor]]:
     model = enumerable_glm_image()
     assert model.grid == (2, 2) and model.codebook_size == 4 and model.preview_tokens == 2
     return model, {prompt: exact_grid_probs(model, prompt) for prompt in EXACT_PROMPTS}
-
-
-def grid_pvalues(decoder: Decoder, model: GlmImage, exact: dict[str, torch.Tensor], n: int) -> dict[str, float]:
-    """Chi-square p-value per prompt of ``n`` images (seeds 0..n-1, prompts alternating) in batches of ``BATCH``;
-    the first images of two batches must equal their alone decodes; no image outside the top-p support."""
-    from tests.helpers import invariance_property
-
-    bitwise = invariance_property(model) == "bitwise"
-    counts = {prompt: torch.zeros(model.codebook_size ** model.num_image_tokens) for prompt in EXACT_PROMPTS}
-    differ = []
-    for start in range(0, n, BATCH):
-        seeds = list(range(start, min(start + BATCH, n)))
-        prompts = [EXACT_PROMPTS[s % 2] for s in seeds]
-        images = decoder.generate_batch(prompts, seeds)
-        if start < 2 * BATCH:
-            for b in (0, 1):
-                if not torch.equal(decoder.generate(prompts[b], seeds[b]).tokens, images[b].tokens):
-                    differ.append(seeds[b])
-        for prompt, image in zip(prompts, images):
-            counts[prompt][grid_index(model, image.tokens)] += 1
-    assert not differ if bitwise else len(differ) <= 1, f"batched != alone for seeds {differ}"
-    for prompt in EXACT_PROMPTS:
-        assert counts[prompt][exact[prompt] == 0].sum() == 0, "an image outside the top-p support"
-    support = {prompt: exact[prompt] > 0 for prompt in EXACT_PROMPTS}  # top-p leaves few cells: test on those
-    return {prompt: chi_square_pvalue(counts[prompt][support[prompt]], exact[prompt][support[prompt]])
-            for prompt in EXACT_PROMPTS}
 
 
 @pytest.mark.parametrize("n", [N_QUICK, pytest.param(N_FULL, marks=pytest.mark.slow)])
@@ -402,8 +327,8 @@ def test_lossless_decoders_are_exact_on_an_enumerable_glm_image(enumerable, name
     for prompt in EXACT_PROMPTS:
         assert float(exact[prompt].sum()) == pytest.approx(1.0, abs=1e-6)
         assert 16 <= int((exact[prompt] > 0).sum()) < 256  # top-p leaves a support that is neither one nor all
-    decoder = lossless_decoders(model)[name]
-    pvalues = grid_pvalues(decoder, model, exact, n)
+    decoder = lossless_decoders(model, layer_skip=layer_skip_copy)[name]
+    pvalues = grid_pvalues(decoder, model, exact, n, checked=2, support_only=True)  # top-p: few cells
     assert min(pvalues.values()) > ALPHA, pvalues
 
 
@@ -411,7 +336,7 @@ def test_the_exactness_test_rejects_a_broken_residual_on_glm_image(enumerable):
     model, exact = enumerable
     decoder = Decoder("broken", model, ResampleFromTarget(), draft_len=3,
                       drafter=EagleDrafter(model, head=EagleHead(model, init_seed=4)))
-    pvalues = grid_pvalues(decoder, model, exact, N_QUICK)
+    pvalues = grid_pvalues(decoder, model, exact, N_QUICK, checked=2, support_only=True)
     # measured: 6e-83 on the longer prompt; on "a red cat" (17 cells in the top-p support) the broken residual
     # changes too little to see at N_QUICK (p = 0.5), so the check asks for one prompt
     assert min(pvalues.values()) < ALPHA, pvalues

@@ -32,7 +32,7 @@ from coolsd.decoding import Decoder
 from coolsd.types import Draft
 from tests.helpers import CONFIGS
 from tests.test_jacobi import PROMPTS, lookup
-from tests.test_sv import ALPHA, assert_departs, sequences
+from tests.test_sv import ALPHA, MODELS, assert_departs, batched_equals_alone_without_tv, sequences
 
 N_LOSSY = 8000
 N_ALONE = 400
@@ -189,25 +189,10 @@ def test_carried_drafts_shift_every_path_by_the_winners_commit():
             assert torch.equal(drafter.q[0, k, j], p[0, 1 + 3 * k + 1 + j]), (k, j)
 
 
-MODELS = ("lookup", "embedded", "tiny", "lumina_tiny", "janus_tiny", "llamagen_t2i_tiny", "emu3_tiny")
-
-
 @pytest.mark.parametrize("model_name", MODELS)
 def test_the_config_runs_on_every_model_batched_and_alone(model_name):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"model={model_name}", "decoder=pathrelax",
-                                                       "decoder.draft_len=8",
-                                                       *(["model.dtype=float64"] if model_name != "lookup" else [])])
-    model = instantiate(cfg.model)
-    decoder = instantiate(cfg.decoder, model=model)
+    decoder = batched_equals_alone_without_tv(model_name, ["decoder=pathrelax"])
     assert isinstance(decoder, PathRelax) and decoder.max_depth == 4 and decoder.max_nodes == 8
-    names = list(getattr(model, "class_names", None) or ["a cat", "a red bus", "a dog"])
-    prompts = [names[i % len(names)] for i in range(3)]
-    batch = decoder.generate_batch(prompts, [0, 1, 2])
-    for k, gen in enumerate(batch):
-        assert gen.tokens.shape == (model.num_image_tokens,)
-        assert gen.stats.mean_accepted_length >= 1.0 and gen.stats.tv_per_step is None
-        assert torch.equal(decoder.generate(prompts[k], k).tokens, gen.tokens), (model_name, k)
 
 
 def test_the_static_path_gives_the_eager_tokens_and_reads_once_per_iteration(monkeypatch):

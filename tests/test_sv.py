@@ -443,7 +443,15 @@ MODELS = ("lookup", "embedded", "tiny", "lumina_tiny", "janus_tiny", "llamagen_t
 def test_every_sv_config_runs_on_every_model_batched_and_alone(model_name, case):
     """Each new config on each model: a batch of 3 and each image alone give the same tokens (its own acceptance and
     uniforms), every image of the grid's size, accepted length ≥ 1, TV not measured."""
-    overrides = CASES[case] or [f"decoder={case}"]
+    decoder = batched_equals_alone_without_tv(model_name, CASES[case] or [f"decoder={case}"])
+    assert isinstance(decoder.verifier, SubsequenceVerifier)
+    assert isinstance(decoder, {"sjd_sv": SVDecoder, "gsd_sv": GSD, "lantern_sv": Lantern}[case])
+
+
+def batched_equals_alone_without_tv(model_name: str, overrides: list[str]) -> Decoder:
+    """The decoder of ``overrides`` (draft_len 8, float64 but on the lookup model) on ``model_name``: a batch of 3 and
+    each image alone give the same tokens, every image of the grid's size, accepted length ≥ 1, TV not measured.
+    Returns the decoder (shared with ``tests/test_pathrelax.py``)."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"model={model_name}", *overrides, "decoder.draft_len=8",
                                                        *(["model.dtype=float64"] if model_name != "lookup" else [])])
@@ -451,15 +459,14 @@ def test_every_sv_config_runs_on_every_model_batched_and_alone(model_name, case)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # LANTERN's k capped at a small codebook's size
         decoder = instantiate(cfg.decoder, model=model)
-    assert isinstance(decoder.verifier, SubsequenceVerifier)
-    assert isinstance(decoder, {"sjd_sv": SVDecoder, "gsd_sv": GSD, "lantern_sv": Lantern}[case])
     names = list(getattr(model, "class_names", None) or ["a cat", "a red bus", "a dog"])
     prompts = [names[i % len(names)] for i in range(3)]
     batch = decoder.generate_batch(prompts, [0, 1, 2])
     for k, gen in enumerate(batch):
         assert gen.tokens.shape == (model.num_image_tokens,)
         assert gen.stats.mean_accepted_length >= 1.0 and gen.stats.tv_per_step is None
-        assert torch.equal(decoder.generate(prompts[k], k).tokens, gen.tokens), (model_name, case, k)
+        assert torch.equal(decoder.generate(prompts[k], k).tokens, gen.tokens), (model_name, overrides, k)
+    return decoder
 
 
 def test_lantern_in_the_jacobi_loop_without_sv_tracks_its_tv():

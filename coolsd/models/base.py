@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import contextvars
+import copy
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -91,6 +92,17 @@ def stream_rows(x: torch.Tensor, streams: int) -> torch.Tensor:
     if streams == 1:
         return x
     return x.repeat_interleave(streams, dim=0)  # one call: the same contiguous rows as unsqueeze/expand/reshape
+
+
+def layer_skipping(target: "ImageARModel", num_layers: int, total: int) -> "ImageARModel":
+    """A draft model sharing ``target``'s weights that runs only its first ``num_layers`` of ``total`` decoder layers
+    (a shallow copy with ``active_layers`` set: no weight duplicated; the final norm and head are the target's): the
+    training-free layer-skip drafter every adapter's ``layer_skip_copy`` returns."""
+    if not 0 < num_layers <= total:
+        raise ValueError(f"drafter.draft_model.num_layers must be in 1..{total}, got {num_layers}")
+    draft = copy.copy(target)
+    draft.active_layers = num_layers
+    return draft
 
 
 def per_stream(rows: torch.Tensor, streams: int) -> torch.Tensor:

@@ -57,7 +57,6 @@ Example: ``python run.py model=emu3_gen decoder=coolsd``; ``python run.py model=
 """
 from __future__ import annotations
 
-import copy
 import itertools
 import re
 from collections.abc import Mapping, Sequence
@@ -73,6 +72,7 @@ from coolsd.models.base import (
     ImageARModel,
     Runtime,
     hf_weights,
+    layer_skipping,
     per_stream,
     pixels_to_uint8,
 )
@@ -463,9 +463,4 @@ class Emu3Gen(EndOfRowBlocks, CodesInVocabulary, ImageARModel):
 
 def layer_skip_copy(target: Emu3Gen, num_layers: int) -> Emu3Gen:
     """A draft model sharing the target's weights that runs only its first ``num_layers`` decoder layers."""
-    total = target.emu3.config.text_config.num_hidden_layers
-    if not 0 < num_layers <= total:
-        raise ValueError(f"drafter.draft_model.num_layers must be in 1..{total}, got {num_layers}")
-    draft = copy.copy(target)
-    draft.active_layers = num_layers
-    return draft
+    return layer_skipping(target, num_layers, target.emu3.config.text_config.num_hidden_layers)

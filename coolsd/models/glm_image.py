@@ -81,6 +81,7 @@ from coolsd.models.base import (
     Runtime,
     attention_context,
     hf_weights,
+    layer_skipping,
     per_stream,
     pixels_to_uint8,
 )
@@ -656,9 +657,4 @@ class GlmImage(ImageARModel):
 
 def layer_skip_copy(target: GlmImage, num_layers: int) -> GlmImage:
     """A draft model sharing the target's weights that runs only its first ``num_layers`` decoder layers."""
-    total = target.glm.config.text_config.num_hidden_layers
-    if not 0 < num_layers <= total:
-        raise ValueError(f"drafter.draft_model.num_layers must be in 1..{total}, got {num_layers}")
-    draft = copy.copy(target)
-    draft.active_layers = num_layers
-    return draft
+    return layer_skipping(target, num_layers, target.glm.config.text_config.num_hidden_layers)

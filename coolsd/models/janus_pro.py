@@ -64,6 +64,7 @@ from coolsd.models.base import (
     Runtime,
     attention_context,
     hf_weights,
+    layer_skipping,
     per_stream,
     pixels_to_uint8,
     stream_rows,
@@ -616,9 +617,4 @@ def layer_skip_copy(target: JanusPro, num_layers: int) -> JanusPro:
     Training-free self-speculation for targets without a trained EAGLE drafter (shallow copy, no weights
     duplicated); the final norm and generation head are the target's.
     """
-    total = target.janus.config.text_config.num_hidden_layers
-    if not 0 < num_layers <= total:
-        raise ValueError(f"drafter.draft_model.num_layers must be in 1..{total}, got {num_layers}")
-    draft = copy.copy(target)
-    draft.active_layers = num_layers
-    return draft
+    return layer_skipping(target, num_layers, target.janus.config.text_config.num_hidden_layers)

@@ -15,7 +15,6 @@ Example: ``python run.py model=tiny`` (a random-weight class-conditional instanc
 """
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 from dataclasses import asdict, dataclass
@@ -32,6 +31,7 @@ from coolsd.models.base import (
     attend,
     attention_context,
     check_prefix,
+    layer_skipping,
     per_stream,
     stream_rows,
 )
@@ -817,8 +817,4 @@ def layer_skip_copy(target: LlamaGenAdapter, num_layers: int) -> LlamaGenAdapter
     A cheap, training-free drafter of the same family (self-speculation by layer skipping) for models
     without a trained EAGLE head. The copy is shallow: no weights are duplicated.
     """
-    if not 0 < num_layers <= target.cfg.n_layer:
-        raise ValueError(f"drafter.draft_model.num_layers must be in 1..{target.cfg.n_layer}, got {num_layers}")
-    draft = copy.copy(target)
-    draft.active_layers = num_layers
-    return draft
+    return layer_skipping(target, num_layers, target.cfg.n_layer)

@@ -65,7 +65,6 @@ Example: ``python run.py model=lumina_mgpt_768 decoder=coolsd model.tokenizer_di
 """
 from __future__ import annotations
 
-import copy
 import json
 import random
 import warnings
@@ -91,6 +90,7 @@ from coolsd.models.base import (
     ImageARModel,
     Runtime,
     attention_context,
+    layer_skipping,
     per_stream,
     stream_rows,
     to_rows,
@@ -1235,9 +1235,4 @@ def load_lumina_lm(repo: str, revision: str | None, dtype: torch.dtype, device: 
 
 def layer_skip_copy(target: LuminaMGPT, num_layers: int) -> LuminaMGPT:
     """A draft model sharing the target's weights that runs only its first ``num_layers`` decoder layers."""
-    total = target.lm.config.num_hidden_layers
-    if not 0 < num_layers <= total:
-        raise ValueError(f"drafter.draft_model.num_layers must be in 1..{total}, got {num_layers}")
-    draft = copy.copy(target)
-    draft.active_layers = num_layers
-    return draft
+    return layer_skipping(target, num_layers, target.lm.config.num_hidden_layers)
